@@ -1,0 +1,1 @@
+"""Agent-harness inference service on Ray Serve and vLLM."""

@@ -1,0 +1,202 @@
+"""The one IR every API maps into, and the semantic events every response is built from.
+
+Request side: each protocol adapter (Anthropic Messages, Chat Completions, Responses) turns its wire request
+into a `Conversation` plus `GenerationOptions`. Response side: the parsers turn engine text into the events
+below, and each adapter's encoder maps those events onto its own wire format. Nothing else crosses between
+adapters, so adding an API is one adapter and adding a model format is one parser.
+
+Events are small slotted dataclasses because the parsers create one per delta on the hot path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Union
+
+# --------------------------------------------------------------------------------------------------------------
+# Conversation parts
+
+
+@dataclass(slots=True)
+class TextPart:
+    text: str
+
+
+@dataclass(slots=True)
+class ReasoningPart:
+    """A reasoning segment. `text` is what the model thought; `signature`/`encrypted` carry the API's
+    opaque round-trip token (Anthropic signature, Responses encrypted_content) after verification."""
+
+    text: str
+    signature: str | None = None
+    redacted: bool = False
+
+
+@dataclass(slots=True)
+class ToolCallPart:
+    id: str
+    name: str
+    arguments: str  # the arguments JSON exactly as generated (kept byte-stable for prefix reuse)
+    kind: Literal["function", "custom"] = "function"
+
+
+@dataclass(slots=True)
+class ToolResultPart:
+    tool_call_id: str
+    content: str | list["Part"]
+    is_error: bool = False
+    name: str | None = None
+
+
+@dataclass(slots=True)
+class ImagePart:
+    media_type: str | None = None
+    data: str | None = None  # base64
+    url: str | None = None
+
+
+@dataclass(slots=True)
+class DocumentPart:
+    media_type: str | None = None
+    data: str | None = None
+    text: str | None = None
+
+
+Part = Union[TextPart, ReasoningPart, ToolCallPart, ToolResultPart, ImagePart, DocumentPart]
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+@dataclass(slots=True)
+class Message:
+    role: Role
+    parts: list[Part] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ToolSpec:
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    kind: Literal["function", "custom"] = "function"  # custom = freeform text input (Responses)
+
+
+@dataclass(slots=True)
+class ToolChoice:
+    mode: Literal["auto", "none", "required", "tool"] = "auto"
+    name: str | None = None  # for mode == "tool"
+    parallel: bool = True
+
+
+@dataclass(slots=True)
+class Conversation:
+    messages: list[Message] = field(default_factory=list)
+    tools: list[ToolSpec] = field(default_factory=list)
+    tool_choice: ToolChoice = field(default_factory=ToolChoice)
+
+
+@dataclass(slots=True)
+class AgentHints:
+    """`nvext.agent_hints`: scheduling hints from the harness."""
+
+    priority: int | None = None
+    osl: int | None = None  # expected output length, for the router's decode-load estimate
+    speculative_prefill: bool = False
+    latency_sensitivity: float | None = None
+
+
+@dataclass(slots=True)
+class GenerationOptions:
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    thinking: bool | None = None  # None = the model's default; False = the client disabled thinking
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    session_key: str | None = None  # sticky-routing tie-breaker (Claude Code session id, prompt_cache_key, ...)
+    hints: AgentHints = field(default_factory=AgentHints)
+    forced_script: str | None = None  # test configs only: the exact text the engine must emit
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Semantic events (response side)
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ToolCallStart:
+    index: int
+    id: str
+    name: str
+
+
+@dataclass(slots=True)
+class ToolCallArgsDelta:
+    index: int
+    arguments: str  # a fragment; one call's fragments concatenate to a valid JSON object
+
+
+@dataclass(slots=True)
+class ToolCallEnd:
+    index: int
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+
+
+FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "error", "abort"]
+
+
+@dataclass(slots=True)
+class Finish:
+    reason: FinishReason
+    stop_sequence: str | None = None
+    error: str | None = None
+
+
+Event = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolCallEnd, Usage, Finish]
+ParserEvent = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolCallEnd]
+
+
+def fold_events(events: list[Event]) -> list[Part]:
+    """Fold a stream of parser events into assistant parts (what a non-streaming response carries).
+
+    Adjacent deltas of the same kind merge; order between reasoning, text and tool calls is kept.
+    """
+    parts: list[Part] = []
+    calls: dict[int, ToolCallPart] = {}
+    for ev in events:
+        if isinstance(ev, TextDelta):
+            if parts and isinstance(parts[-1], TextPart):
+                parts[-1].text += ev.text
+            elif ev.text:
+                parts.append(TextPart(ev.text))
+        elif isinstance(ev, ReasoningDelta):
+            if parts and isinstance(parts[-1], ReasoningPart):
+                parts[-1].text += ev.text
+            elif ev.text:
+                parts.append(ReasoningPart(ev.text))
+        elif isinstance(ev, ToolCallStart):
+            call = ToolCallPart(id=ev.id, name=ev.name, arguments="")
+            calls[ev.index] = call
+            parts.append(call)
+        elif isinstance(ev, ToolCallArgsDelta):
+            calls[ev.index].arguments += ev.arguments
+    return parts

@@ -1,0 +1,86 @@
+"""Errors the service raises, independent of any wire protocol.
+
+Each protocol adapter maps a `ServiceError` onto its own envelope and status (OpenAI's
+`{"error": {...}}`, Anthropic's `{"type": "error", "error": {...}}`, Responses' `response.failed`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+ErrorKind = Literal[
+    "invalid_request",
+    "authentication",
+    "permission",
+    "not_found",
+    "request_too_large",
+    "rate_limit",
+    "overloaded",
+    "timeout",
+    "api_error",
+]
+
+STATUS: dict[str, int] = {
+    "invalid_request": 400,
+    "authentication": 401,
+    "permission": 403,
+    "not_found": 404,
+    "request_too_large": 413,
+    "rate_limit": 429,
+    "overloaded": 529,
+    "timeout": 504,
+    "api_error": 500,
+}
+
+
+class ServiceError(Exception):
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: float | None = None,
+        status: int | None = None,
+    ):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+        self.status = status or STATUS[kind]
+
+
+class InvalidRequest(ServiceError):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__("invalid_request", message, param=param, code=code)
+
+
+class ModelNotFound(ServiceError):
+    def __init__(self, model: str):
+        super().__init__("not_found", f"model: {model}", param="model", code="model_not_found")
+        self.model = model
+
+
+class PromptTooLong(ServiceError):
+    def __init__(self, prompt_tokens: int, max_tokens: int):
+        super().__init__(
+            "invalid_request",
+            f"prompt is too long: {prompt_tokens} tokens > {max_tokens} maximum",
+            param="messages",
+            code="context_length_exceeded",
+        )
+        self.prompt_tokens = prompt_tokens
+        self.max_model_len = max_tokens
+
+
+class Overloaded(ServiceError):
+    def __init__(self, message: str = "the service is overloaded, retry shortly", retry_after: float = 1.0):
+        super().__init__("overloaded", message, code="server_is_overloaded", retry_after=retry_after)
+
+
+class EngineError(ServiceError):
+    def __init__(self, message: str):
+        super().__init__("api_error", message, code="engine_error")

@@ -1,0 +1,62 @@
+"""Server-sent-event framing and keep-alive, shared by every streaming API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, AsyncIterator, TypeVar
+
+T = TypeVar("T")
+
+SSE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "Connection": "keep-alive",
+    # Tell reverse proxies (nginx) not to buffer: each frame must reach the client as produced.
+    "X-Accel-Buffering": "no",
+}
+
+
+def frame(data: Any, event: str | None = None) -> bytes:
+    """One SSE frame. `data` is JSON-encoded unless it is already a string."""
+    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    if event is None:
+        return f"data: {payload}\n\n".encode()
+    return f"event: {event}\ndata: {payload}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+async def with_keepalive(source: AsyncIterator[T], interval: float) -> AsyncIterator[T | None]:
+    """Yield items from `source`, and `None` whenever `interval` seconds pass without one.
+
+    The caller turns `None` into its protocol's keep-alive (Anthropic `ping`, an SSE comment), so a client
+    waiting through a long queue or prefill sees bytes and does not time out. Closing this generator
+    closes `source`, which propagates cancellation to the engine request.
+    """
+    it = source.__aiter__()
+    pending: asyncio.Task | None = None
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(it.__anext__())
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                item = task.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()
+            try:
+                await pending
+            except (asyncio.CancelledError, StopAsyncIteration, Exception):
+                pass
+        aclose = getattr(it, "aclose", None)
+        if aclose is not None:
+            await aclose()

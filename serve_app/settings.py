@@ -1,0 +1,139 @@
+"""Pydantic configuration of the whole app, loaded from the Serve config's `args` (or a YAML file).
+
+One `AppSettings` describes every deployment: the models (each an Engine deployment), the router and the
+ingress. `build_app(args)` validates `args` into this model, so a typo in `config.yaml` fails at deploy time
+with the field's path in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeploymentOptions(_Strict):
+    """Ray Serve deployment options passed through to `.options(...)`."""
+
+    num_replicas: int | Literal["auto"] = 1
+    max_ongoing_requests: int | None = None
+    max_queued_requests: int | None = None
+    autoscaling_config: dict[str, Any] | None = None
+    ray_actor_options: dict[str, Any] = Field(default_factory=dict)
+    placement_group_bundles: list[dict[str, float]] | None = None
+    placement_group_strategy: str | None = None
+    graceful_shutdown_timeout_s: float | None = None
+    health_check_period_s: float | None = None
+
+    def serve_options(self) -> dict[str, Any]:
+        opts = self.model_dump(exclude_none=True)
+        if self.autoscaling_config is not None:
+            opts.pop("num_replicas", None)
+        if not opts.get("ray_actor_options"):
+            opts.pop("ray_actor_options", None)
+        return opts
+
+
+class ModelConfig(_Strict):
+    """One served model: the weights, how vLLM runs them and how its output is parsed."""
+
+    id: str  # the served model id clients use
+    source: str | None = None  # HF id, local path, or an embedded default name; defaults to `id`
+    aliases: list[str] = Field(default_factory=list)  # further ids answered by the same engine
+    display_name: str | None = None
+    max_model_len: int = 8192
+    max_output_tokens: int = 4096
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    chat_template: str | None = None  # a path or an inline Jinja template overriding the tokenizer's
+    default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    hf_overrides: dict[str, Any] = Field(default_factory=dict)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)  # extra AsyncEngineArgs fields
+    engine_env: dict[str, str] = Field(default_factory=dict)  # env vars for the engine replica (e.g. KV cache GiB)
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+    created_at: str = "2026-11-01T00:00:00Z"
+
+    @property
+    def model_source(self) -> str:
+        return self.source or self.id
+
+    @property
+    def all_ids(self) -> list[str]:
+        return [self.id, *self.aliases]
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> "ModelConfig":
+        if self.max_output_tokens > self.max_model_len:
+            raise ValueError(f"max_output_tokens ({self.max_output_tokens}) > max_model_len ({self.max_model_len})")
+        return self
+
+
+class RouterConfig(_Strict):
+    policy: Literal["kv", "least_loaded", "round_robin", "session"] = "least_loaded"
+    # KV policy knobs (the KV-aware router issue fills these in; unknown keys are rejected).
+    overlap_weight: float = 1.0
+    prediction_ttl_s: float = 120.0
+    prediction_max_blocks: int = 200_000
+    kv_events: bool = True
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+
+class IngressConfig(_Strict):
+    api_keys: list[str] = Field(default_factory=list)  # empty = open
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_decompressed_bytes: int = 64 * 1024 * 1024
+    strip_preamble: bool = True
+    tool_dispatch: bool = False  # Chat Completions `event: tool_call_dispatch` side channel
+    ping_interval_s: float = 10.0
+    render_timeout_s: float = 30.0
+    server_secret: str | None = None  # signs thinking blocks / encrypts reasoning; random per deploy if unset
+    response_store_max_items: int = 10_000
+    response_store_ttl_s: float = 3600.0
+    deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+
+class TestingConfig(_Strict):
+    # Loads the forcing logits processor into the engines and lets a request carry `nvext.forced_script`.
+    # Only test configs turn this on.
+    forced_scripts: bool = False
+
+
+class AppSettings(_Strict):
+    models: list[ModelConfig]
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    ingress: IngressConfig = Field(default_factory=IngressConfig)
+    testing: TestingConfig = Field(default_factory=TestingConfig)
+    model_cache_dir: str | None = None  # where converted default weights live; default ~/.cache/serve_app/models
+
+    @field_validator("models")
+    @classmethod
+    def _unique_ids(cls, models: list[ModelConfig]) -> list[ModelConfig]:
+        seen: set[str] = set()
+        for m in models:
+            for mid in m.all_ids:
+                if mid in seen:
+                    raise ValueError(f"model id {mid!r} is listed twice")
+                seen.add(mid)
+        if not models:
+            raise ValueError("at least one model is required")
+        return models
+
+    def find_model(self, model_id: str) -> ModelConfig | None:
+        for m in self.models:
+            if model_id in m.all_ids:
+                return m
+        return None
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "AppSettings":
+        """Load settings from a Serve config file (first application's args) or a bare args file."""
+        data = yaml.safe_load(Path(path).read_text())
+        if isinstance(data, dict) and "applications" in data:
+            data = data["applications"][0].get("args", {})
+        return cls.model_validate(data)
