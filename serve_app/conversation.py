@@ -155,10 +155,15 @@ class ToolCallEnd:
 
 @dataclass(slots=True)
 class Usage:
+    """Token counts. `GenerationService.stream` yields one `estimated=True` Usage first, as soon as the request
+    is routed (prompt tokens exact, cached tokens as the router predicts them), so an API that must announce
+    usage before the first token (Anthropic `message_start`) can; the exact figures come in the last Usage."""
+
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    estimated: bool = False
 
 
 FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "error", "abort"]

@@ -102,6 +102,17 @@ class TestingConfig(_Strict):
     # Loads the forcing logits processor into the engines and lets a request carry `nvext.forced_script`.
     # Only test configs turn this on.
     forced_scripts: bool = False
+    # For real CLIs that cannot add body fields: when the last user/tool message matches `match` (a regex),
+    # the engine is forced to say `script`. Rules live in the test config, so no state is shared at run time.
+    script_rules: list["ScriptRule"] = Field(default_factory=list)
+
+
+class ScriptRule(_Strict):
+    match: str
+    script: str
+
+
+TestingConfig.model_rebuild()
 
 
 class AppSettings(_Strict):
