@@ -1,0 +1,154 @@
+"""The formats, as data. Names follow vLLM's `--reasoning-parser` / `--tool-call-parser`, so configs carry over.
+
+Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of four
+engines (JSON-in-tags, XML function/parameter, pythonic, Harmony). Adding a model family is adding a row here.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from serve_app.parsers.json_tags import JsonTagsFormat
+from serve_app.parsers.pythonic import PythonicFormat
+from serve_app.parsers.xml_tags import XmlFormat, dsml_param
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningFormat:
+    name: str
+    start: str
+    end: str
+    starts_in_reasoning: bool = False  # the model's template opens the think block in the prompt
+    tool_ends_reasoning: bool = False  # a tool-call section closes the think block (no end marker follows)
+    special_tokens: bool = False
+    harmony: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HarmonyFormat:
+    name: str
+    special_tokens: bool = True
+    starts: tuple[str, ...] = ()
+
+
+_THINK = ("<think>", "</think>")
+
+REASONING_PARSERS: dict[str, ReasoningFormat] = {
+    r.name: r
+    for r in (
+        ReasoningFormat("qwen3", *_THINK),
+        ReasoningFormat("deepseek_r1", *_THINK, starts_in_reasoning=True),
+        ReasoningFormat("deepseek_v3", *_THINK),
+        ReasoningFormat("nemotron_deci", *_THINK),
+        ReasoningFormat("nemotron_v3", *_THINK, starts_in_reasoning=True),
+        ReasoningFormat("glm45", *_THINK, special_tokens=True),
+        ReasoningFormat("glm47", *_THINK, special_tokens=True),
+        ReasoningFormat("kimi_k2", *_THINK, special_tokens=True),
+        ReasoningFormat("kimi_k25", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
+                        special_tokens=True),
+        ReasoningFormat("minimax_m2", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
+                        special_tokens=True),
+        ReasoningFormat("step3", *_THINK, starts_in_reasoning=True),
+        ReasoningFormat("deepseek_v4", *_THINK, tool_ends_reasoning=True),
+        ReasoningFormat("mistral", "[THINK]", "[/THINK]", special_tokens=True),
+        ReasoningFormat("gpt_oss", "<|channel|>analysis<|message|>", "<|end|>", special_tokens=True, harmony=True),
+    )
+}
+REASONING_PARSERS["openai_gptoss"] = REASONING_PARSERS["gpt_oss"]
+
+
+# -- tool formats ---------------------------------------------------------------------------------------------------
+
+_DS_SEP = "<｜tool▁sep｜>"
+_KIMI_ID = re.compile(r"^\s*((?:functions\.)?([\w.\-]+):\d+)\s*$")
+
+
+def _deepseek_v3_name(head: str) -> tuple[str, None] | None:
+    # function<｜tool▁sep｜>NAME\n```json   (head_end is the ```json fence)
+    name = head.split(_DS_SEP, 1)[-1].strip()
+    return (name, None) if name else None
+
+
+def _kimi_name(head: str) -> tuple[str, str | None] | None:
+    m = _KIMI_ID.match(head)
+    if m:
+        return m.group(2), m.group(1)
+    name = head.strip().removeprefix("functions.")
+    return (name, None) if name and " " not in name else None
+
+
+def _plain_name(head: str) -> tuple[str, None] | None:
+    name = head.strip()
+    return (name, None) if name and len(name.split()) == 1 else None
+
+
+_HERMES = JsonTagsFormat("hermes", starts=("<tool_call>",), call_end="</tool_call>")
+_DSML = "｜DSML｜"
+
+
+def _dsml(name: str, outer: str) -> XmlFormat:
+    return XmlFormat(
+        name, starts=(f"<{_DSML}{outer}>",), section_end=f"</{_DSML}{outer}>",
+        func_open=f"<{_DSML}invoke name=", func_head_end=">", func_close=f"</{_DSML}invoke>",
+        param_open=f"<{_DSML}parameter", param_head_end=">", value_close=f"</{_DSML}parameter>",
+        param_of=dsml_param)
+
+
+_QWEN3_XML = XmlFormat(
+    "qwen3_coder", starts=("<tool_call>",), section_end="</tool_call>",
+    func_open="<function=", func_head_end=">", func_close="</function>",
+    param_open="<parameter=", param_head_end=">", value_close="</parameter>",
+    implicit_closes=("<parameter=", "</function>"))
+
+_GLM = XmlFormat(
+    "glm47", starts=("<tool_call>",), section_end="</tool_call>",
+    func_open=None, func_head_end="", func_close=None,
+    param_open="<arg_key>", param_head_end="</arg_key>", value_open="<arg_value>", value_close="</arg_value>",
+    special_tokens=True)
+
+TOOL_PARSERS: dict[str, object] = {
+    "hermes": _HERMES,
+    "qwen3_json": _HERMES,
+    "qwen3_coder": _QWEN3_XML,
+    "qwen3_xml": _QWEN3_XML,
+    "nemotron_nano": _QWEN3_XML,
+    "llama3_json": JsonTagsFormat("llama3_json", starts=("<|python_tag|>",), list_sep=";", bare_start="{",
+                                  special_tokens=True),
+    "mistral": JsonTagsFormat("mistral", starts=("[TOOL_CALLS]",), head_end="[ARGS]", name_of=_plain_name,
+                              mistral_list=True, special_tokens=True),
+    "deepseek_v3": JsonTagsFormat(
+        "deepseek_v3", starts=("<｜tool▁calls▁begin｜>",), section_end="<｜tool▁calls▁end｜>",
+        call_start="<｜tool▁call▁begin｜>", call_end="<｜tool▁call▁end｜>", head_end="```json",
+        name_of=_deepseek_v3_name, special_tokens=True),
+    "deepseek_v31": JsonTagsFormat(
+        "deepseek_v31", starts=("<｜tool▁calls▁begin｜>",), section_end="<｜tool▁calls▁end｜>",
+        call_start="<｜tool▁call▁begin｜>", call_end="<｜tool▁call▁end｜>", head_end=_DS_SEP,
+        name_of=_plain_name, special_tokens=True),
+    "deepseek_v32": _dsml("deepseek_v32", "function_calls"),
+    "deepseek_v4": _dsml("deepseek_v4", "tool_calls"),
+    "kimi_k2": JsonTagsFormat(
+        "kimi_k2", starts=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"),
+        section_end="<|tool_calls_section_end|>", call_start="<|tool_call_begin|>", call_end="<|tool_call_end|>",
+        head_end="<|tool_call_argument_begin|>", name_of=_kimi_name, special_tokens=True),
+    "glm45": _GLM,
+    "glm47": _GLM,
+    "minimax_m2": XmlFormat(
+        "minimax_m2", starts=("<minimax:tool_call>",), section_end="</minimax:tool_call>",
+        func_open="<invoke name=", func_head_end=">", func_close="</invoke>",
+        param_open="<parameter name=", param_head_end=">", value_close="</parameter>", special_tokens=True),
+    "openai": HarmonyFormat("openai"),
+    "pythonic": PythonicFormat("pythonic"),
+}
+
+
+def tool_start_markers(fmt) -> tuple[str, ...]:
+    return tuple(getattr(fmt, "starts", ()))
+
+
+def needs_special_tokens(reasoning: str | None, tools: str | None) -> bool:
+    """True when a marker of either format is a special token, so the engine must run with
+    skip_special_tokens=False or the parser never sees it."""
+    r = REASONING_PARSERS.get(reasoning) if reasoning else None
+    t = TOOL_PARSERS.get(tools) if tools else None
+    return bool((r and r.special_tokens) or (t and getattr(t, "special_tokens", False)))

@@ -1,0 +1,150 @@
+"""gpt-oss Harmony channels: one engine for both the `gpt_oss` reasoning parser and the `openai` tool parser.
+
+    <|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>commentary to=functions.NAME
+    <|constrain|>json<|message|>{…}<|call|>  …  <|start|>assistant<|channel|>final<|message|>…<|return|>
+
+analysis → reasoning, final (and commentary without a recipient: preambles) → text, a `to=functions.NAME`
+recipient → a tool call whose arguments stream raw under a JsonScanner (same rules as the JSON-in-tags engine).
+The recipient may sit in the header before or after the channel.
+"""
+
+from __future__ import annotations
+
+import re
+
+from serve_app.parsers.jsonscan import ERROR, NEED_MORE, JsonScanner
+from serve_app.parsers.markers import Matcher
+from serve_app.parsers.sink import Sink
+
+START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN = (
+    "<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|constrain|>")
+MARKERS = (START, CHANNEL, MESSAGE, END, CALL, RETURN, CONSTRAIN)
+_CHANNEL = re.compile(r"<\|channel\|>\s*([\w.-]+)")
+_RECIPIENT = re.compile(r"to=([^\s<]+)")
+_WS = re.compile(r"\s*")
+HEADER_CAP = 512
+
+BODY, HEADER, ARGS_WAIT, ARGS, DROP = range(5)
+
+
+class HarmonyParser:
+    """Same interface as the composite parser: push(delta) -> events, finish() -> events."""
+
+    def __init__(self, want_reasoning: bool = True, want_tools: bool = True):
+        self.want_reasoning = want_reasoning
+        self.want_tools = want_tools
+        self.sink = Sink()
+        self.body_m = Matcher(MARKERS)
+        self.hdr_m = Matcher([MESSAGE])
+        self.state = BODY
+        self.kind = "text"
+        self.hold = ""
+        self.head = ""
+        self.raw: list[str] = []
+        self.name = ""
+        self.idx = -1
+        self.scan: JsonScanner | None = None
+
+    def _plain(self, text: str, kind: str) -> None:
+        self.sink.reasoning = kind == "reasoning"
+        self.sink.plain(text)
+
+    def _open_body(self, header: str) -> None:
+        ch = _CHANNEL.search(header)
+        channel = ch.group(1) if ch else ""
+        rcp = _RECIPIENT.search(header)
+        recipient = rcp.group(1) if rcp else ""
+        if recipient and recipient != "assistant" and self.want_tools:
+            self.name = recipient.removeprefix("functions.")
+            self.raw = [header, MESSAGE]
+            self.state = ARGS_WAIT
+            return
+        self.state = BODY
+        if channel == "analysis":
+            self.kind = "reasoning" if self.want_reasoning else "text"
+        else:
+            self.kind = "text"
+
+    def push(self, delta: str, token_ids=None) -> list:
+        out = self.sink.out = []
+        t = self.hold + delta if self.hold else delta
+        self.hold = ""
+        i = 0
+        while i < len(t):
+            st = self.state
+            if st == BODY or st == DROP:
+                p, mk = self.body_m.search(t, i)
+                if p < 0:
+                    h = self.body_m.hold_start(t, i)
+                    if st == BODY:
+                        self._plain(t[i:h], self.kind)
+                    self.hold = t[h:]
+                    break
+                if st == BODY:
+                    self._plain(t[i:p], self.kind)
+                i = p + len(mk)
+                if mk in (START, CHANNEL):
+                    self.state, self.head = HEADER, mk
+                else:  # a message end (or a stray token): the next text, if any, is plain text
+                    self.state, self.kind = BODY, "text"
+            elif st == HEADER:
+                old = len(self.head)
+                self.head += t[i:]
+                p, mk = self.hdr_m.search(self.head, max(0, old - len(MESSAGE)))
+                if p < 0:
+                    i = len(t)
+                    if len(self.head) > HEADER_CAP:
+                        self._plain(self.head, "text")
+                        self.state, self.kind = BODY, "text"
+                    break
+                t, i = self.head[p + len(mk):], 0
+                self._open_body(self.head[:p])
+                self.head = ""
+            elif st == ARGS_WAIT:
+                j = _WS.match(t, i).end()
+                if j >= len(t):
+                    break
+                if t[j] != "{":
+                    self._plain("".join(self.raw), "text")  # not a JSON call: show it as text
+                    self.state, self.kind = BODY, "text"
+                    i = j
+                    continue
+                self.idx = self.sink.start(self.name)
+                self.scan = JsonScanner()
+                self.state = ARGS
+                i = j
+            elif st == ARGS:
+                p, mk = self.body_m.search(t, i)  # special tokens cannot occur inside the JSON text
+                stop = p if p >= 0 else self.body_m.hold_start(t, i)
+                r = self.scan.feed(t[:stop], i)
+                if r == ERROR:
+                    self.raw.append(t[i:stop])
+                    self._plain("".join(self.raw), "text")  # abandoned: no ToolCallEnd
+                    self.state, self.kind = DROP, "text"
+                    i = stop
+                    continue
+                seg = t[i:stop] if r == NEED_MORE else t[i:r]
+                self.sink.args(self.idx, seg)
+                self.raw.append(seg)
+                if r == NEED_MORE:
+                    if p < 0:
+                        self.hold = t[stop:]
+                        break
+                    # the message ended before the arguments closed: cut off, abandoned
+                    self.state = DROP
+                    i = stop
+                    continue
+                self.sink.end(self.idx)
+                self.raw = []
+                self.state = DROP  # whatever follows up to <|call|> is not content
+                i = r
+            else:
+                raise AssertionError(st)
+        return out
+
+    def finish(self) -> list:
+        out = self.sink.out = []
+        if self.state == BODY and self.hold:
+            self._plain(self.hold, self.kind)
+        self.hold = ""
+        return out

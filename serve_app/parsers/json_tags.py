@@ -1,0 +1,320 @@
+"""Engine for JSON-in-tags formats: hermes/qwen3_json, llama3_json, mistral, deepseek_v3/v31, kimi_k2.
+
+A call is a name (inside a `{"name": .., "arguments": ..}` wrapper, or in a head before a separator marker) and
+an arguments JSON object. Streaming choice: the name is buffered (it is short); then the arguments object's text
+is forwarded raw as it arrives while a `JsonScanner` tracks its structure, so we know where it closes without
+re-parsing, and every forwarded prefix is a valid JSON prefix. Degradation:
+- malformed before the arguments start (no wrapper, no name, arguments not an object): the call's raw text,
+  markers included, is released as text and parsing resumes after it;
+- malformed inside the streamed arguments: the call is abandoned (no ToolCallEnd — consumers drop it, like a
+  call cut off by the end of the stream) and its raw text is released as text;
+- cut off by the end of the stream: abandoned, nothing is guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import regex
+
+from serve_app.parsers.jsonscan import AFTER, ERROR, NEED_MORE, JsonScanner
+from serve_app.parsers.markers import Matcher
+from serve_app.parsers.sink import Sink
+
+_WS = re.compile(r"\s*")
+_JSON_STR = r'"((?:[^"\\]|\\.)*)"'
+# {"name": "F", "arguments": <value follows>   |   {"name": "F"}   |   {"arguments": <value; name comes after>
+_WRAP_HEAD = regex.compile(
+    r'\s*\{\s*"name"\s*:\s*' + _JSON_STR + r'\s*(?:,\s*"(?:arguments|parameters)"\s*:\s*|(\}))'
+    r'|\s*\{\s*"(?:arguments|parameters)"\s*:\s*(?P<argsfirst>)'
+)
+_WRAP_TAIL_NAME = regex.compile(r'\s*,\s*"name"\s*:\s*' + _JSON_STR + r"\s*\}")
+HEAD_CAP = 1024  # a call head longer than this is not a call head
+
+
+@dataclass(frozen=True, slots=True)
+class JsonTagsFormat:
+    name: str
+    starts: tuple[str, ...]  # top-level markers that open a section (or a call, when call_start is None)
+    section_end: str | None = None  # e.g. <|tool_calls_section_end|>; None: the section is one call
+    call_start: str | None = None  # call marker inside a section
+    call_end: str | None = None  # None: the call ends when its JSON closes
+    head_end: str | None = None  # None: JSON wrapper {"name", "arguments"}; else the marker ending a name head
+    name_of: Callable[[str], tuple[str, str | None] | None] | None = None  # head text -> (name, model id)
+    list_sep: str | None = None  # llama3_json: wrappers separated by ';'
+    mistral_list: bool = False  # [TOOL_CALLS] followed by either a JSON list of wrappers or NAME[ARGS]{..}
+    bare_start: str | None = None  # a call may also open the text with this character, without a marker
+    special_tokens: bool = False
+
+
+(SEC, WRAP_HEAD, NAME_HEAD, ARG_WAIT, ARGS, ARGS_BUF, WRAP_TAIL, WRAP_TAIL_NAME, CALL_TAIL, AFTER_CALL,
+ LIST_OPEN) = range(11)
+OVER = -1  # the section is finished
+
+
+def _tail_scanner() -> JsonScanner:
+    """A scanner positioned just after the arguments value inside the wrapper object."""
+    s = JsonScanner()
+    s.stack.append("{")
+    s.state = AFTER
+    return s
+
+
+class JsonTagsEngine:
+    def __init__(self, fmt: JsonTagsFormat):
+        self.fmt = fmt
+        self.sec_m = Matcher([m for m in (fmt.call_start, fmt.section_end) if m])
+        self.end_m = Matcher([m for m in (fmt.call_end, fmt.section_end) if m])
+        self.head_m = Matcher([fmt.head_end] if fmt.head_end else [])
+        self.state = SEC
+        self.degraded = False
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def open(self, marker: str) -> None:
+        f = self.fmt
+        self.degraded = False
+        self.raw: list[str] = [marker]  # this call's consumed text, released as text if it turns out malformed
+        self.hold = ""
+        self.in_list = False
+        self._reset_call()
+        if f.mistral_list:
+            self.state = LIST_OPEN
+        elif f.call_start:
+            self.state = SEC
+        else:
+            self._begin_head()
+
+    def eof(self, sink: Sink) -> None:
+        """End of stream: an open call is abandoned, never guessed (its streamed prefix has no ToolCallEnd)."""
+
+    # -- helpers ----------------------------------------------------------------------------------------------
+    def _reset_call(self) -> None:
+        self.head = ""
+        self.idx = -1
+        self.name = ""
+        self.model_id = None
+        self.scan: JsonScanner | None = None
+        self.argbuf: list[str] = []
+        self.wrapped = False
+
+    def _begin_head(self) -> None:
+        self.wrapped = self.fmt.head_end is None or self.in_list
+        self.state = WRAP_HEAD if self.wrapped else NAME_HEAD
+
+    def _degrade(self, sink: Sink, rest: str) -> str:
+        """Release the call's raw text as plain text; top-level parsing resumes at `rest`."""
+        sink.plain("".join(self.raw))
+        self.raw = []
+        self.degraded = True
+        self.state = OVER
+        return rest
+
+    def _finished_call(self) -> int:
+        """State after a complete call."""
+        self.raw = []
+        self._reset_call()
+        f = self.fmt
+        if f.call_end:
+            return CALL_TAIL
+        if f.list_sep or self.in_list:
+            return AFTER_CALL
+        return OVER
+
+    # -- main loop --------------------------------------------------------------------------------------------
+    def feed(self, text: str, sink: Sink) -> str | None:
+        """Consume `text`; None while still inside the section, else the text after it (maybe empty)."""
+        f = self.fmt
+        t = self.hold + text if self.hold else text
+        self.hold = ""
+        i = 0
+        while True:
+            st = self.state
+            n = len(t)
+            if st == OVER:
+                return t[i:]
+            if i >= n and st not in (WRAP_HEAD, NAME_HEAD):
+                return None
+            if st == SEC:
+                p, mk = self.sec_m.search(t, i)
+                if p < 0:
+                    self.hold = t[self.sec_m.hold_start(t, i):]
+                    return None
+                i = p + len(mk)
+                if mk == f.section_end:
+                    self.state = OVER
+                    continue
+                self.raw = [mk]
+                self._begin_head()
+            elif st == WRAP_HEAD or st == NAME_HEAD:
+                if i >= n:
+                    return None
+                old = len(self.head)
+                self.head += t[i:] if i else t
+                t, i = "", 0
+                if st == WRAP_HEAD:
+                    m = _WRAP_HEAD.match(self.head, partial=True)
+                    if m is None or (m.partial and len(self.head) > HEAD_CAP):
+                        return self._degrade(sink, self.head)
+                    if m.partial:
+                        return None
+                    end = m.end()
+                    if m.group("argsfirst") is not None:
+                        self.name = ""
+                    else:
+                        try:
+                            self.name = json.loads('"' + m.group(1) + '"')
+                        except ValueError:
+                            return self._degrade(sink, self.head)
+                else:
+                    p, mk = self.head_m.search(self.head, max(0, old - len(f.head_end) + 1))
+                    if p < 0:
+                        if len(self.head) > HEAD_CAP:
+                            return self._degrade(sink, self.head)
+                        return None
+                    end = p + len(mk)
+                    parsed = f.name_of(self.head[:p]) if f.name_of else (self.head[:p].strip(), None)
+                    if not parsed or not parsed[0]:
+                        return self._degrade(sink, self.head)
+                    self.name, self.model_id = parsed
+                self.raw.append(self.head[:end])
+                t, i = self.head[end:], 0
+                if st == WRAP_HEAD and m.group(2):  # {"name": "F"}: a call without arguments
+                    idx = sink.start(self.name)
+                    sink.args(idx, "{}")
+                    sink.end(idx)
+                    self.state = self._finished_call()
+                    continue
+                self.head = ""
+                self.state = ARG_WAIT
+            elif st == ARG_WAIT:
+                j = _WS.match(t, i).end()
+                self.raw.append(t[i:j])
+                i = j
+                if i >= n:
+                    return None
+                c = t[i]
+                if c == "{" and self.name:
+                    self.idx = sink.start(self.name, self.model_id)
+                    self.scan = JsonScanner()
+                    self.state = ARGS
+                elif c in '{"' and self.wrapped:  # arguments before the name, or arguments as a JSON string
+                    self.scan = JsonScanner()
+                    self.argbuf = []
+                    self.state = ARGS_BUF
+                else:
+                    return self._degrade(sink, t[i:])
+            elif st == ARGS:
+                r = self.scan.feed(t, i)
+                if r == ERROR:  # the streamed prefix stays without an End: the call is abandoned
+                    return self._degrade(sink, t[i:])
+                seg = t[i:] if r == NEED_MORE else t[i:r]
+                sink.args(self.idx, seg)
+                self.raw.append(seg)
+                if r == NEED_MORE:
+                    return None
+                i = r
+                if self.wrapped:
+                    self.scan = _tail_scanner()
+                    self.state = WRAP_TAIL
+                else:
+                    sink.end(self.idx)
+                    self.state = self._finished_call()
+            elif st == ARGS_BUF:
+                r = self.scan.feed(t, i)
+                if r == ERROR:
+                    return self._degrade(sink, t[i:])
+                seg = t[i:] if r == NEED_MORE else t[i:r]
+                self.argbuf.append(seg)
+                self.raw.append(seg)
+                if r == NEED_MORE:
+                    return None
+                i = r
+                args = "".join(self.argbuf)
+                if args.startswith('"'):  # arguments given as a JSON-encoded string
+                    try:
+                        inner = json.loads(args)
+                        ok = isinstance(json.loads(inner), dict)
+                    except (ValueError, TypeError):
+                        ok = False
+                    if not ok:
+                        return self._degrade(sink, t[i:])
+                    self.argbuf = [inner]
+                if self.name:
+                    self.idx = sink.start(self.name, self.model_id)
+                    sink.args(self.idx, "".join(self.argbuf))
+                    self.scan = _tail_scanner()
+                    self.state = WRAP_TAIL
+                else:
+                    self.head = ""
+                    self.state = WRAP_TAIL_NAME
+            elif st == WRAP_TAIL:
+                r = self.scan.feed(t, i)
+                if r == NEED_MORE:
+                    self.raw.append(t[i:])
+                    return None
+                if r != ERROR:
+                    i = r
+                # complete, valid arguments: the call stands even if junk follows inside the wrapper
+                sink.end(self.idx)
+                self.state = self._finished_call()
+                if r == ERROR and self.state != CALL_TAIL:
+                    self.state = OVER
+            elif st == WRAP_TAIL_NAME:
+                self.head += t[i:]
+                t, i = "", 0
+                m = _WRAP_TAIL_NAME.match(self.head, partial=True)
+                if m is None or len(self.head) > HEAD_CAP:
+                    return self._degrade(sink, self.head)
+                if m.partial:
+                    return None
+                try:
+                    self.name = json.loads('"' + m.group(1) + '"')
+                except ValueError:
+                    return self._degrade(sink, self.head)
+                t, i = self.head[m.end():], 0
+                idx = sink.start(self.name)
+                sink.args(idx, "".join(self.argbuf))
+                sink.end(idx)
+                self.state = self._finished_call()
+            elif st == CALL_TAIL:
+                p, mk = self.end_m.search(t, i)
+                if p < 0:
+                    self.hold = t[self.end_m.hold_start(t, i):]
+                    return None
+                i = p + len(mk)
+                if mk == f.section_end or not f.section_end:
+                    self.state = AFTER_CALL if f.list_sep else OVER
+                else:
+                    self.state = SEC
+            elif st == AFTER_CALL:
+                j = _WS.match(t, i).end()
+                if j >= n:
+                    self.hold = t[i:]
+                    return None
+                c = t[j]
+                if (c == f.list_sep and not self.in_list) or (c == "," and self.in_list):
+                    i = j + 1
+                    self.raw = [t[i - 1:i]]
+                    self._begin_head()
+                elif self.in_list and c == "]":
+                    i = j + 1
+                    self.state = OVER
+                else:
+                    self.state = OVER
+            elif st == LIST_OPEN:
+                j = _WS.match(t, i).end()
+                if j >= n:
+                    self.hold = t[i:]
+                    return None
+                if t[j] == "[":
+                    self.in_list = True
+                    self.raw.append(t[i:j + 1])
+                    i = j + 1
+                else:
+                    i = j
+                self._begin_head()
+            else:
+                raise AssertionError(st)

@@ -1,0 +1,159 @@
+"""Engine for the pythonic format (`[get_weather(city="SF"), f(x=1)]`, Llama 3.2/4, ToolACE).
+
+A list of calls may only open the text. Each call is emitted when its closing parenthesis arrives: its keyword
+arguments are Python literals, converted once with `ast.literal_eval` (no partial-literal guessing). The bracket
+and quote tracking is incremental: each character is looked at once.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass
+
+from serve_app.parsers.sink import Sink
+
+_CALL_HEAD = re.compile(r"\s*([A-Za-z_][\w.\-]*)\s*\(")
+_CALL_HEAD_PARTIAL = re.compile(r"\s*(?:[A-Za-z_][\w.\-]*\s*)?$")
+CALL_CAP = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class PythonicFormat:
+    name: str
+    bare_start: str = "["
+    starts: tuple[str, ...] = ()
+    special_tokens: bool = False
+
+
+LIST_HEAD, CALL, BETWEEN, OVER = range(4)
+
+
+class PythonicEngine:
+    def __init__(self, fmt: PythonicFormat):
+        self.fmt = fmt
+        self.state = OVER
+        self.degraded = False
+
+    def open(self, marker: str) -> None:
+        self.degraded = False
+        self.state = LIST_HEAD
+        self.buf: list[str] = []  # the current call's text
+        self.head = ""
+        self.ncalls = 0
+        self.depth = 0
+        self.quote = ""
+        self.esc = False
+        self.seen_bracket = False
+
+    def eof(self, sink: Sink) -> None:
+        if self.ncalls == 0 and self.state == LIST_HEAD:
+            sink.plain(self.head)  # "[" or "[word" at the very end: it was text
+
+    def _degrade(self, sink: Sink, rest: str) -> str:
+        sink.plain(rest)
+        self.degraded = True
+        self.state = OVER
+        return ""
+
+    def _emit_call(self, sink: Sink, src: str) -> bool:
+        try:
+            node = ast.parse(src.strip(), mode="eval").body
+            if not isinstance(node, ast.Call) or node.args:
+                return False
+            name = ast.unparse(node.func)
+            args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
+            text = json.dumps(args, ensure_ascii=False)
+        except (SyntaxError, ValueError, TypeError, RecursionError):
+            return False
+        idx = sink.start(name)
+        sink.args(idx, text)
+        sink.end(idx)
+        self.ncalls += 1
+        return True
+
+    def feed(self, text: str, sink: Sink) -> str | None:
+        i, n = 0, len(text)
+        while i < n:
+            st = self.state
+            if st == OVER:
+                return text[i:]
+            if st == LIST_HEAD or st == BETWEEN:
+                self.head += text[i:]
+                i = n
+                h = self.head
+                if st == LIST_HEAD and not self.seen_bracket:
+                    j = len(h) - len(h.lstrip())
+                    if j >= len(h):
+                        return None
+                    if h[j] != "[":
+                        return self._degrade(sink, h)
+                    self.seen_bracket = True
+                    h = self.head = h[j + 1:]
+                    self.lead = "["
+                if st == BETWEEN:
+                    s = h.lstrip()
+                    if not s:
+                        return None
+                    if s[0] == "]":
+                        self.state = OVER
+                        return s[1:]
+                    if s[0] != ",":
+                        self.state = OVER  # junk after a call: the list is over
+                        return s
+                    h = self.head = s[1:]
+                m = _CALL_HEAD.match(h)
+                if m is None:
+                    if _CALL_HEAD_PARTIAL.match(h) and len(h) < 256:
+                        self.state = LIST_HEAD
+                        return None
+                    if self.ncalls == 0:
+                        return self._degrade(sink, "[" + h)
+                    self.state = OVER
+                    return h
+                self.state = CALL
+                self.buf = [h[: m.end()]]
+                self.depth = 1
+                self.quote = ""
+                self.esc = False
+                text, i, n = h[m.end():], 0, len(h) - m.end()
+                self.head = ""
+            elif st == CALL:
+                j = i
+                depth, quote, esc = self.depth, self.quote, self.esc
+                while j < n:
+                    c = text[j]
+                    j += 1
+                    if quote:
+                        if esc:
+                            esc = False
+                        elif c == "\\":
+                            esc = True
+                        elif c == quote:
+                            quote = ""
+                    elif c in "\"'":
+                        quote = c
+                    elif c in "([{":
+                        depth += 1
+                    elif c in ")]}":
+                        depth -= 1
+                        if depth == 0:
+                            break
+                self.depth, self.quote, self.esc = depth, quote, esc
+                self.buf.append(text[i:j])
+                i = j
+                if depth:
+                    if sum(map(len, self.buf)) > CALL_CAP:
+                        return self._degrade(sink, "".join(self.buf) + text[i:])
+                    return None
+                src = "".join(self.buf)
+                self.buf = []
+                if not self._emit_call(sink, src):
+                    if self.ncalls == 0:
+                        return self._degrade(sink, "[" + src + text[i:])
+                    self.state = OVER
+                    return src + text[i:]
+                self.state = BETWEEN
+                self.head = ""
+        return None

@@ -1,0 +1,93 @@
+"""Typing of XML-style parameter values from the tool's JSON schema.
+
+XML formats carry every value as text; the schema says which ones are numbers, booleans, objects or arrays.
+Values whose schema allows a string (or that the schema does not describe) are streamed as JSON strings as they
+arrive; only values that must be typed are buffered until they close and converted here.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_STRINGY = frozenset({"string", "str", "text", "varchar", "char", "enum"})
+
+
+def _types_of(prop: Any) -> frozenset[str]:
+    if not isinstance(prop, dict):
+        return frozenset()
+    t = prop.get("type")
+    out: set[str] = set()
+    if isinstance(t, str):
+        out.add(t.lower())
+    elif isinstance(t, list):
+        out.update(str(x).lower() for x in t)
+    for key in ("anyOf", "oneOf"):
+        for sub in prop.get(key) or ():
+            out |= _types_of(sub)
+    if not out and "enum" in prop:
+        vals = prop["enum"]
+        if all(isinstance(v, str) for v in vals):
+            out.add("string")
+    if not out and ("properties" in prop):
+        out.add("object")
+    return frozenset(out)
+
+
+class ToolSchemas:
+    """name -> {param -> allowed JSON types}, built once per request from OpenAI-style function schemas."""
+
+    __slots__ = ("_params",)
+
+    def __init__(self, tool_schemas: list[dict] | None):
+        self._params: dict[str, dict[str, frozenset[str]]] = {}
+        for spec in tool_schemas or ():
+            fn = spec.get("function", spec) if isinstance(spec, dict) else None
+            if not isinstance(fn, dict) or not fn.get("name"):
+                continue
+            params = fn.get("parameters") or fn.get("input_schema") or {}
+            props = params.get("properties") if isinstance(params, dict) else None
+            self._params[fn["name"]] = {k: _types_of(v) for k, v in (props or {}).items()}
+
+    def streams_as_string(self, tool: str, param: str) -> bool:
+        """True when the value may be streamed as a JSON string: the schema allows a string, or says nothing."""
+        types = self._params.get(tool, {}).get(param)
+        return not types or bool(types & _STRINGY)
+
+    def types(self, tool: str, param: str) -> frozenset[str]:
+        return self._params.get(tool, {}).get(param, frozenset())
+
+
+def coerce(raw: str, types: frozenset[str]) -> str:
+    """The JSON text for a buffered non-string value. Falls back to a JSON string when the text does not fit."""
+    s = raw.strip()
+    if s == "null" or (s == "" and "null" in types):
+        return "null"
+    if types & {"integer", "int", "number", "float", "double"}:
+        try:
+            v = int(s) if ("integer" in types or "int" in types) and "." not in s and "e" not in s.lower() else float(s)
+            if isinstance(v, float) and v.is_integer() and not ({"number", "float", "double"} & types):
+                v = int(v)
+            if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+                raise ValueError
+            return json.dumps(v)
+        except ValueError:
+            pass
+    if types & {"boolean", "bool"}:
+        low = s.lower()
+        if low in ("true", "false"):
+            return low
+    if types & {"object", "array", "dict", "list"} or not types:
+        try:
+            return json.dumps(json.loads(s), ensure_ascii=False)
+        except ValueError:
+            pass
+    return json.dumps(raw, ensure_ascii=False)
+
+
+def decode_or_string(raw: str) -> str:
+    """DSML `string="false"` values: JSON-decoded when they parse, else kept as a string (Dynamo's rule)."""
+    try:
+        return json.dumps(json.loads(raw), ensure_ascii=False)
+    except ValueError:
+        return json.dumps(raw, ensure_ascii=False)

@@ -1,0 +1,157 @@
+"""The per-request parser the ingress runs: think-tag reasoning split and tool-call parsing in one pass.
+
+One scanner looks for the reasoning markers and the tool format's start markers together, so a tool call that
+starts inside a think block (Qwen3.5, vllm#39056) is still a tool call and order is kept:
+think → call → think → call → text. Inside a tool section the format's engine consumes text until the section
+ends and hands the rest back. Outside, only a marker-sized suffix is ever held back.
+
+Event contract beyond the IR: a ToolCallStart that is never followed by its ToolCallEnd is an abandoned call (cut
+off by the end of the stream, or malformed after it started streaming); `fold_complete` drops such calls, and
+streaming encoders should treat them as truncated.
+"""
+
+from __future__ import annotations
+
+import re
+
+from serve_app.conversation import ToolCallArgsDelta, ToolCallEnd, ToolCallStart, fold_events
+from serve_app.parsers.formats import REASONING_PARSERS, TOOL_PARSERS, HarmonyFormat, ReasoningFormat
+from serve_app.parsers.harmony import HarmonyParser
+from serve_app.parsers.json_tags import JsonTagsEngine, JsonTagsFormat
+from serve_app.parsers.markers import Matcher
+from serve_app.parsers.pythonic import PythonicEngine, PythonicFormat
+from serve_app.parsers.schema import ToolSchemas
+from serve_app.parsers.sink import Sink
+from serve_app.parsers.xml_tags import XmlEngine, XmlFormat
+
+_WS = re.compile(r"\s*")
+
+
+def _engine(fmt, schemas: ToolSchemas):
+    if isinstance(fmt, JsonTagsFormat):
+        return JsonTagsEngine(fmt)
+    if isinstance(fmt, XmlFormat):
+        return XmlEngine(fmt, schemas)
+    if isinstance(fmt, PythonicFormat):
+        return PythonicEngine(fmt)
+    raise TypeError(fmt)
+
+
+class StreamParser:
+    def __init__(self, reasoning: ReasoningFormat | None, tools, tool_schemas: list[dict] | None,
+                 starts_in_reasoning: bool | None):
+        self.sink = Sink()
+        self.r = reasoning
+        self.engine = _engine(tools, ToolSchemas(tool_schemas)) if tools is not None else None
+        starts = tuple(getattr(tools, "starts", ())) if tools is not None else ()
+        self.bare = getattr(tools, "bare_start", None) if tools is not None else None
+        self.tool_starts = frozenset(starts)
+        if starts_in_reasoning is None:
+            starts_in_reasoning = bool(reasoning and reasoning.starts_in_reasoning)
+        self.in_reasoning = bool(reasoning) and starts_in_reasoning
+        think = (reasoning.start, reasoning.end) if reasoning else ()
+        # a stray end marker in text and a repeated start marker in reasoning are markup: matched and dropped
+        self.m_text = Matcher((*think, *starts))
+        self.m_reason = Matcher((*think, *starts))
+        self.active = False
+        self.entered_in_reasoning = False
+        self.text_started = False
+        self.hold = ""
+
+    def _emit(self, text: str) -> None:
+        if not text:
+            return
+        self.sink.reasoning = self.in_reasoning
+        self.sink.plain(text)
+        if not self.in_reasoning and not self.text_started and not text.isspace():
+            self.text_started = True
+
+    def push(self, delta: str, token_ids=None) -> list:
+        out = self.sink.out = []
+        t = self.hold + delta if self.hold else delta
+        self.hold = ""
+        i = 0
+        r = self.r
+        while i < len(t):
+            if self.active:
+                rest = self.engine.feed(t[i:] if i else t, self.sink)
+                if rest is None:
+                    return out
+                self.active = False
+                if self.engine.degraded:
+                    self.text_started = self.text_started or not self.in_reasoning
+                elif self.entered_in_reasoning and r is not None and r.tool_ends_reasoning:
+                    self.in_reasoning = False
+                t, i = rest, 0
+                continue
+            if self.bare and not self.in_reasoning and not self.text_started:
+                j = _WS.match(t, i).end()
+                if j >= len(t):  # only whitespace so far: a bare call may still open the text
+                    self.hold = t[i:]
+                    break
+                if t[j] == self.bare:
+                    self._open("", t, j)
+                    t, i = t[j:], 0
+                    continue
+                self.text_started = True
+            m = self.m_reason if self.in_reasoning else self.m_text
+            p, mk = m.search(t, i)
+            if p < 0:
+                h = m.hold_start(t, i)
+                self._emit(t[i:h])
+                self.hold = t[h:]
+                break
+            self._emit(t[i:p])
+            i = p + len(mk)
+            if r is not None and mk == r.start:
+                self.in_reasoning = True
+            elif r is not None and mk == r.end:
+                self.in_reasoning = False
+            else:
+                self._open(mk, t, i)
+        return out
+
+    def _open(self, marker: str, t: str, i: int) -> None:
+        self.engine.open(marker)
+        self.sink.reasoning = self.in_reasoning
+        self.entered_in_reasoning = self.in_reasoning
+        self.active = True
+
+    def finish(self) -> list:
+        out = self.sink.out = []
+        if self.active:
+            self.sink.reasoning = self.in_reasoning
+            self.engine.eof(self.sink)
+        elif self.hold:
+            self._emit(self.hold)
+        self.hold = ""
+        self.active = False
+        return out
+
+
+def make_stream_parser(reasoning: str | None = None, tools: str | None = None,
+                       tool_schemas: list[dict] | None = None, starts_in_reasoning: bool | None = None):
+    """One parser per request. `starts_in_reasoning`: True when the prompt ended inside the think block (e.g. the
+    template appended `<think>`), False when it did not (e.g. thinking disabled), None for the format's default.
+    Unknown names raise KeyError (a misconfiguration, caught at startup by the caller)."""
+    rfmt = REASONING_PARSERS[reasoning] if reasoning else None
+    tfmt = TOOL_PARSERS[tools] if tools else None
+    if (rfmt is not None and rfmt.harmony) or isinstance(tfmt, HarmonyFormat):
+        return HarmonyParser(want_reasoning=rfmt is not None and rfmt.harmony,
+                             want_tools=isinstance(tfmt, HarmonyFormat))
+    return StreamParser(rfmt, tfmt, tool_schemas, starts_in_reasoning)
+
+
+def parse_complete(text: str, reasoning: str | None = None, tools: str | None = None,
+                   tool_schemas: list[dict] | None = None, starts_in_reasoning: bool | None = None) -> list:
+    """The events of a whole text: exactly what pushing it in one piece and finishing gives."""
+    p = make_stream_parser(reasoning, tools, tool_schemas, starts_in_reasoning)
+    return p.push(text) + p.finish()
+
+
+def fold_complete(events: list) -> list:
+    """`fold_events` without abandoned calls (a ToolCallStart with no ToolCallEnd): the non-streaming result."""
+    ended = {e.index for e in events if isinstance(e, ToolCallEnd)}
+    kept = [e for e in events
+            if not isinstance(e, (ToolCallStart, ToolCallArgsDelta)) or e.index in ended]
+    return fold_events(kept)

@@ -1,0 +1,251 @@
+"""Engine for XML function/parameter formats: qwen3_coder/qwen3_xml/nemotron_nano, minimax_m2, glm45/glm47,
+deepseek_v32/v4 (DSML).
+
+Arguments stream as they are generated: at a string-typed parameter we emit `{"key": "` once, then each value
+chunk JSON-escaped, then `"` at the close tag. Only values the tool's schema types as non-strings (numbers,
+booleans, objects, arrays) are buffered — that one value — and converted when it closes. No step looks at
+anything but the current delta plus a marker-sized hold-back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from serve_app.parsers.jsonscan import json_string_chunk
+from serve_app.parsers.markers import Matcher
+from serve_app.parsers.schema import ToolSchemas, coerce, decode_or_string
+from serve_app.parsers.sink import Sink
+
+HEAD_CAP = 512
+
+
+def strip_name(head: str) -> str:
+    return head.strip().strip("\"'").strip()
+
+
+_ATTR = re.compile(r'(\w+)\s*=\s*"([^"]*)"')
+
+
+def dsml_param(head: str) -> tuple[str, str | None]:
+    attrs = dict(_ATTR.findall(head))
+    mode = None
+    if "string" in attrs:
+        mode = "string" if attrs["string"].lower() == "true" else "json"
+    return attrs.get("name", strip_name(head)), mode
+
+
+def plain_param(head: str) -> tuple[str, str | None]:
+    return strip_name(head), None
+
+
+@dataclass(frozen=True, slots=True)
+class XmlFormat:
+    name: str
+    starts: tuple[str, ...]  # section start markers (top level)
+    section_end: str
+    func_open: str | None  # None: the function name follows the section start directly (glm47)
+    func_head_end: str  # ends the function head (the name); for glm47 the name ends at param_open/section_end
+    func_close: str | None
+    param_open: str
+    param_head_end: str
+    value_close: str
+    value_open: str | None = None  # glm47: <arg_key>K</arg_key><arg_value>V</arg_value>
+    implicit_closes: tuple[str, ...] = ()  # markers that end a value without its close tag (vLLM's qwen3 rule)
+    name_of: Callable[[str], str] = strip_name
+    param_of: Callable[[str], tuple[str, str | None]] = plain_param
+    special_tokens: bool = False
+
+
+SEC, FHEAD, FBODY, PHEAD, VOPEN, PVAL, OVER = range(7)
+
+
+class XmlEngine:
+    def __init__(self, fmt: XmlFormat, schemas: ToolSchemas):
+        self.fmt = fmt
+        self.schemas = schemas
+        f = fmt
+        self.sec_m = Matcher([m for m in (f.func_open, f.section_end) if m])
+        fhead_ends = [f.func_head_end] if f.func_open else [f.param_open, f.section_end]
+        self.fhead_m = Matcher(fhead_ends)
+        self.body_m = Matcher([m for m in (f.param_open, f.func_close, f.section_end) if m])
+        self.phead_m = Matcher([f.param_head_end])
+        self.vopen_m = Matcher([f.value_open] if f.value_open else [])
+        self.val_m = Matcher([f.value_close, f.section_end, *f.implicit_closes])
+        self.state = OVER
+        self.degraded = False
+
+    def open(self, marker: str) -> None:
+        self.degraded = False
+        self.hold = ""
+        self.raw = [marker]  # text before the call is committed (its start), released if malformed
+        self._reset_call()
+        self.state = SEC if self.fmt.func_open else FHEAD
+
+    def _reset_call(self) -> None:
+        self.head = ""
+        self.idx = -1
+        self.fname = ""
+        self.nparams = 0
+        self.vmode = "string"
+        self.vkey = ""
+        self.vbuf: list[str] = []
+        self.vseen = False
+        self.pending_nl = ""
+
+    def eof(self, sink: Sink) -> None:
+        """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed."""
+
+    def _degrade(self, sink: Sink, rest: str) -> str:
+        sink.plain("".join(self.raw))
+        self.degraded = True
+        self.state = OVER
+        return rest
+
+    # -- call pieces --------------------------------------------------------------------------------------------
+    def _start_value(self, sink: Sink, head: str) -> None:
+        key, mode = self.fmt.param_of(head)
+        if mode is None:
+            mode = "string" if self.schemas.streams_as_string(self.fname, key) else "typed"
+        self.vmode, self.vkey = mode, key
+        self.vbuf = []
+        self.vseen = False
+        self.pending_nl = ""
+        if mode == "string":
+            sep = "{" if self.nparams == 0 else ", "
+            sink.args(self.idx, sep + json.dumps(key, ensure_ascii=False) + ': "')
+        self.nparams += 1
+
+    def _value_chunk(self, sink: Sink, c: str) -> None:
+        # The templates put the value on its own lines (<parameter=k>\nV\n</parameter>): drop one newline at
+        # each end, holding a trailing one back until we know it is not the last character.
+        if not self.vseen and c:
+            self.vseen = True
+            if c[0] == "\n":
+                c = c[1:]
+        if self.pending_nl:
+            c = "\n" + c
+            self.pending_nl = ""
+        if c.endswith("\n"):
+            self.pending_nl = "\n"
+            c = c[:-1]
+        if not c:
+            return
+        if self.vmode == "string":
+            sink.args(self.idx, json_string_chunk(c))
+        else:
+            self.vbuf.append(c)
+
+    def _end_value(self, sink: Sink) -> None:
+        if self.vmode == "string":
+            sink.args(self.idx, '"')
+            return
+        raw = "".join(self.vbuf)
+        val = decode_or_string(raw) if self.vmode == "json" else coerce(raw, self.schemas.types(self.fname, self.vkey))
+        sep = "{" if self.nparams == 1 else ", "
+        sink.args(self.idx, sep + json.dumps(self.vkey, ensure_ascii=False) + ": " + val)
+
+    def _end_call(self, sink: Sink) -> None:
+        sink.args(self.idx, "}" if self.nparams else "{}")
+        sink.end(self.idx)
+        self.raw = []
+        self._reset_call()
+
+    # -- main loop ------------------------------------------------------------------------------------------------
+    def feed(self, text: str, sink: Sink) -> str | None:
+        f = self.fmt
+        t = self.hold + text if self.hold else text
+        self.hold = ""
+        i = 0
+        while True:
+            st = self.state
+            if st == OVER:
+                return t[i:]
+            n = len(t)
+            if i >= n:
+                return None
+            if st == SEC:
+                p, mk = self.sec_m.search(t, i)
+                if p < 0:
+                    self.hold = t[self.sec_m.hold_start(t, i):]
+                    return None
+                i = p + len(mk)
+                if mk == f.section_end:
+                    self.state = OVER
+                else:
+                    self.raw = [mk]
+                    self.state = FHEAD
+            elif st == FHEAD or st == PHEAD:
+                m = self.fhead_m if st == FHEAD else self.phead_m
+                old = len(self.head)
+                self.head += t[i:]
+                t, i = "", 0
+                p, mk = m.search(self.head, max(0, old - 40))
+                if p < 0:
+                    if len(self.head) > HEAD_CAP:
+                        if st == FHEAD:
+                            return self._degrade(sink, self.head)
+                        self.state = OVER  # an unreadable parameter head inside a committed call: abandon it
+                        return self.head
+                    return None
+                head, rest = self.head[:p], self.head[p + len(mk):]
+                self.head = ""
+                t, i = rest, 0
+                if st == FHEAD:
+                    name = f.name_of(head)
+                    if not name:
+                        return self._degrade(sink, rest if f.func_open else mk + rest)
+                    self.fname = name
+                    self.idx = sink.start(name)
+                    self.raw = []
+                    if f.func_open:
+                        self.state = FBODY
+                    elif mk == f.section_end:  # glm47 call without arguments
+                        self._end_call(sink)
+                        self.state = OVER
+                    else:  # glm47: the name ended at the first <arg_key>
+                        self.state = PHEAD
+                else:
+                    self._start_value(sink, head)
+                    self.state = VOPEN if f.value_open else PVAL
+            elif st == FBODY:
+                p, mk = self.body_m.search(t, i)
+                if p < 0:
+                    self.hold = t[self.body_m.hold_start(t, i):]
+                    return None
+                i = p + len(mk)
+                if mk == f.param_open:
+                    self.state = PHEAD
+                else:
+                    self._end_call(sink)
+                    self.state = OVER if mk == f.section_end else (SEC if f.func_open else FBODY)
+            elif st == VOPEN:
+                p, mk = self.vopen_m.search(t, i)
+                if p < 0:
+                    self.hold = t[self.vopen_m.hold_start(t, i):]
+                    return None
+                i = p + len(mk)
+                self.state = PVAL
+            elif st == PVAL:
+                p, mk = self.val_m.search(t, i)
+                if p < 0:
+                    h = self.val_m.hold_start(t, i)
+                    self._value_chunk(sink, t[i:h])
+                    self.hold = t[h:]
+                    return None
+                self._value_chunk(sink, t[i:p])
+                self._end_value(sink)
+                if mk == f.value_close:
+                    i = p + len(mk)
+                    self.state = FBODY
+                elif mk == f.section_end:
+                    i = p + len(mk)
+                    self._end_call(sink)
+                    self.state = OVER
+                else:  # implicit close: the marker belongs to what follows
+                    i = p
+                    self.state = FBODY
+            else:
+                raise AssertionError(st)
