@@ -174,6 +174,7 @@ class Finish:
     reason: FinishReason
     stop_sequence: str | None = None
     error: str | None = None
+    error_kind: str | None = None  # a serve_app.errors.ErrorKind when reason == "error" (e.g. "overloaded")
 
 
 Event = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolCallEnd, Usage, Finish]
