@@ -38,3 +38,328 @@ class PreparedRequest:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Implementation
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from typing import AsyncIterator, Protocol
+
+from serve_app.conversation import (
+    Event,
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallStart,
+    ToolSpec,
+    Usage,
+)
+from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
+from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong, ServiceError
+from serve_app.routing.core import Decision, RouteRequest
+from serve_app.settings import AppSettings
+
+log = logging.getLogger(__name__)
+
+
+class EngineClient(Protocol):
+    """How the service reaches engines and the router; the Ray implementation is in serve_app/ingress/clients.py."""
+
+    async def block_size(self, engine_key: str) -> int: ...
+
+    async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None: ...
+
+    def release(self, engine_key: str, request_id: str) -> None: ...
+
+    def generate(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]: ...
+
+
+def engine_key(model: ModelConfig) -> str:
+    """Models with the same weights and engine settings share one Engine deployment; this names it."""
+    import hashlib
+    import json
+
+    ident = json.dumps(
+        [model.model_source, model.max_model_len, model.hf_overrides, model.engine_kwargs, model.engine_env],
+        sort_keys=True,
+        default=str,
+    )
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", model.model_source.split("/")[-1]).strip("-")[:40]
+    return f"Engine-{slug}-{hashlib.sha256(ident.encode()).hexdigest()[:8]}"
+
+
+def tool_schemas(tools: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {"type": "function", "function": {"name": t.name, "description": t.description, "parameters": t.parameters}}
+        for t in tools
+    ]
+
+
+def _map_finish(chunk: EngineChunk, saw_tool_call: bool) -> Finish:
+    if chunk.finish_reason == "length":
+        return Finish("length")
+    if chunk.finish_reason == "abort":
+        return Finish("abort")
+    if chunk.finish_reason == "error":
+        return Finish("error", error=chunk.error or "engine error", error_kind="api_error")
+    if isinstance(chunk.stop_reason, str):
+        return Finish("stop_sequence", stop_sequence=chunk.stop_reason)
+    return Finish("tool_calls" if saw_tool_call else "stop")
+
+
+class GenerationService:
+    def __init__(self, settings: AppSettings, engines: EngineClient, tokenizer_loader=None, model_paths=None):
+        self.settings = settings
+        self.engines = engines
+        self._model_paths: dict[str, str] = dict(model_paths or {})
+        self._tokenizer_loader = tokenizer_loader
+        self._renderers: dict[str, Any] = {}  # model id -> PromptRenderer (immutable after creation)
+        self._render_locks: dict[str, asyncio.Lock] = {}
+        self._inflight = 0
+
+    # -- models ---------------------------------------------------------------------------------------------
+
+    def list_models(self) -> list[ModelConfig]:
+        return list(self.settings.models)
+
+    def resolve_model(self, model_id: str | None) -> ModelConfig:
+        if not model_id:
+            raise InvalidRequest("model: field required", param="model")
+        model = self.settings.find_model(model_id)
+        if model is None:
+            raise ModelNotFound(model_id)
+        return model
+
+    def model_path(self, model: ModelConfig) -> str:
+        path = self._model_paths.get(model.model_source)
+        if path is None:
+            from serve_app.engine.provision import ensure_model
+
+            path = ensure_model(model.model_source, self.settings.model_cache_dir)
+            self._model_paths[model.model_source] = path
+        return path
+
+    async def renderer_for(self, model_id: str):
+        """(PromptRenderer, ModelConfig) for a served id; the tokenizer loads once, off the event loop."""
+        model = self.resolve_model(model_id)
+        renderer = self._renderers.get(model.id)
+        if renderer is not None:
+            return renderer, model
+        lock = self._render_locks.setdefault(model.id, asyncio.Lock())
+        async with lock:
+            renderer = self._renderers.get(model.id)
+            if renderer is None:
+                renderer = await asyncio.to_thread(self._make_renderer, model)
+                self._renderers[model.id] = renderer
+        return renderer, model
+
+    def _make_renderer(self, model: ModelConfig):
+        from serve_app.prompt import PromptRenderer, load_tokenizer
+
+        path = self.model_path(model)
+        loader = self._tokenizer_loader or load_tokenizer
+        tok = loader(path, model.chat_template)
+        return PromptRenderer(
+            tok,
+            model,
+            strip_preamble=self.settings.ingress.strip_preamble,
+            render_timeout_s=self.settings.ingress.render_timeout_s,
+        )
+
+    # -- prompt ---------------------------------------------------------------------------------------------
+
+    async def count_tokens(self, conv: Conversation, opts: GenerationOptions, model_id: str) -> int:
+        renderer, _ = await self.renderer_for(model_id)
+        rendered = await renderer.render(conv, opts)
+        return len(rendered.token_ids)
+
+    async def prepare(self, conv: Conversation, opts: GenerationOptions, model_id: str) -> PreparedRequest:
+        renderer, model = await self.renderer_for(model_id)
+        limit = self.settings.ingress.max_inflight_requests
+        if limit and self._inflight >= limit:
+            raise Overloaded(retry_after=1.0)
+        rendered = await renderer.render(conv, opts)
+        n = len(rendered.token_ids)
+        if n >= model.max_model_len:
+            raise PromptTooLong(n, model.max_model_len)
+        room = model.max_model_len - n
+        wanted = opts.max_tokens if opts.max_tokens is not None else model.max_output_tokens
+        if wanted < 1:
+            raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
+        max_tokens = min(wanted, room, model.max_output_tokens)  # too large a request is clamped, not refused
+        return PreparedRequest(
+            request_id=uuid.uuid4().hex,
+            model_id=model_id,
+            model=model,
+            conversation=conv,
+            options=opts,
+            prompt_token_ids=rendered.token_ids,
+            max_tokens=max_tokens,
+            starts_in_reasoning=rendered.starts_in_reasoning,
+            tool_schemas=tool_schemas(conv.tools),
+        )
+
+    # -- generation -----------------------------------------------------------------------------------------
+
+    def _forced_script(self, prepared: PreparedRequest) -> str | None:
+        testing = self.settings.testing
+        if not testing.forced_scripts:
+            return None
+        if prepared.options.forced_script is not None:
+            return prepared.options.forced_script
+        if testing.script_rules:
+            last = _last_input_text(prepared.conversation)
+            for rule in testing.script_rules:
+                if re.search(rule.match, last):
+                    return rule.script
+        return None
+
+    def _engine_request(self, prepared: PreparedRequest, renderer) -> EngineRequest:
+        opts = prepared.options
+        req = EngineRequest(
+            request_id=prepared.request_id,
+            prompt_token_ids=prepared.prompt_token_ids,
+            max_tokens=prepared.max_tokens,
+            temperature=opts.temperature,
+            top_p=opts.top_p,
+            top_k=opts.top_k,
+            seed=opts.seed,
+            stop=list(opts.stop),
+            priority=opts.hints.priority or 0,
+            skip_special_tokens=not _needs_special_tokens(prepared.model),
+        )
+        script = self._forced_script(prepared)
+        if script is not None:
+            tok = renderer.tokenizer
+            req.forced_token_ids = tok.encode(script, add_special_tokens=False)
+            req.forced_eos_id = tok.eos_token_id
+        return req
+
+    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
+        from serve_app.parsers import make_stream_parser
+
+        model = prepared.model
+        key = engine_key(model)
+        renderer, _ = await self.renderer_for(model.id)
+        n_prompt = prepared.num_prompt_tokens
+        self._inflight += 1
+        decision: Decision | None = None
+        chunks: AsyncIterator[EngineChunk] | None = None
+        try:
+            block = await self.engines.block_size(key)
+            route = RouteRequest(
+                request_id=prepared.request_id,
+                block_hashes=_block_hashes(prepared.prompt_token_ids, block),
+                num_prompt_tokens=n_prompt,
+                expected_output_tokens=prepared.options.hints.osl or min(prepared.max_tokens, 512),
+                session_key=prepared.options.session_key,
+            )
+            decision = await self.engines.choose(key, route)
+            predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
+            yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
+
+            engine_req = self._engine_request(prepared, renderer)
+            if decision is not None:
+                engine_req.target_replica = decision.replica_id
+            parser = make_stream_parser(
+                reasoning=model.reasoning_parser,
+                tools=model.tool_parser if prepared.conversation.tools or model.tool_parser else None,
+                tool_schemas=prepared.tool_schemas,
+                starts_in_reasoning=prepared.starts_in_reasoning,
+            )
+            completion = reasoning_tokens = cached = 0
+            saw_tool = False
+            last: EngineChunk | None = None
+            chunks = self.engines.generate(key, engine_req)
+            async for chunk in chunks:
+                last = chunk
+                if chunk.num_cached_tokens is not None:
+                    cached = chunk.num_cached_tokens
+                completion += len(chunk.token_ids)
+                events = parser.push(chunk.text, chunk.token_ids) if chunk.text or chunk.token_ids else []
+                if events and all(isinstance(e, ReasoningDelta) for e in events):
+                    reasoning_tokens += len(chunk.token_ids)
+                for ev in events:
+                    if isinstance(ev, ToolCallStart):
+                        saw_tool = True
+                    yield ev
+                if chunk.finish_reason is not None:
+                    break
+            for ev in parser.finish():
+                if isinstance(ev, ToolCallStart):
+                    saw_tool = True
+                yield ev
+            yield Usage(n_prompt, completion, cached_tokens=cached, reasoning_tokens=reasoning_tokens)
+            if last is None or last.finish_reason is None:
+                yield Finish("error", error="the engine ended the stream without finishing", error_kind="api_error")
+            else:
+                yield _map_finish(last, saw_tool)
+        except asyncio.CancelledError:
+            raise
+        except ServiceError as e:
+            yield Finish("error", error=e.message, error_kind=e.kind)
+        except Exception as e:  # an engine/replica failure mid-stream: report it in-protocol, never hang
+            kind, message = _classify_engine_error(e)
+            log.warning("request %s failed: %s", prepared.request_id, message)
+            yield Finish("error", error=message, error_kind=kind)
+        finally:
+            self._inflight -= 1
+            if chunks is not None:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    try:
+                        await aclose()
+                    except Exception:
+                        pass
+            if decision is not None:
+                self.engines.release(key, prepared.request_id)
+
+    async def complete(self, prepared: PreparedRequest) -> list[Event]:
+        return [ev async for ev in self.stream(prepared)]
+
+
+def _classify_engine_error(e: Exception) -> tuple[str, str]:
+    name = type(e).__name__
+    if name == "BackPressureError":
+        return "overloaded", "the engine queue is full, retry shortly"
+    if name in ("RayActorError", "ActorDiedError", "ActorUnavailableError", "EngineDeadError"):
+        return "api_error", f"the engine replica failed ({name}); retry the request"
+    return "api_error", f"engine error: {name}: {e}"
+
+
+def _block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+    try:
+        from serve_app.routing.hashing import block_hashes
+    except ImportError:  # the hashing module lands with the KV router
+        return []
+    return block_hashes(token_ids, block_size)
+
+
+def _needs_special_tokens(model: ModelConfig) -> bool:
+    try:
+        from serve_app.parsers import needs_special_tokens
+    except ImportError:
+        return False
+    return needs_special_tokens(model.reasoning_parser, model.tool_parser)
+
+
+def _last_input_text(conv: Conversation) -> str:
+    """The text of the last user or tool message (what a script rule matches)."""
+    from serve_app.conversation import TextPart, ToolResultPart
+
+    for msg in reversed(conv.messages):
+        if msg.role in ("user", "tool"):
+            out: list[str] = []
+            for part in msg.parts:
+                if isinstance(part, TextPart):
+                    out.append(part.text)
+                elif isinstance(part, ToolResultPart):
+                    out.append(part.content if isinstance(part.content, str) else " ".join(
+                        p.text for p in part.content if isinstance(p, TextPart)))
+            return "\n".join(out)
+    return ""

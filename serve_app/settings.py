@@ -67,6 +67,18 @@ class ModelConfig(_Strict):
     def all_ids(self) -> list[str]:
         return [self.id, *self.aliases]
 
+    @field_validator("chat_template")
+    @classmethod
+    def _resolve_template_path(cls, value: str | None) -> str | None:
+        """A relative template path is looked up from the working directory, then from the project root."""
+        if value is None or "{" in value or Path(value).is_absolute():
+            return value
+        for base in (Path.cwd(), Path(__file__).resolve().parent.parent):
+            candidate = base / value
+            if candidate.exists():
+                return str(candidate)
+        return value
+
     @model_validator(mode="after")
     def _check_lengths(self) -> "ModelConfig":
         if self.max_output_tokens > self.max_model_len:
@@ -92,6 +104,8 @@ class IngressConfig(_Strict):
     tool_dispatch: bool = False  # Chat Completions `event: tool_call_dispatch` side channel
     ping_interval_s: float = 10.0
     render_timeout_s: float = 30.0
+    max_inflight_requests: int = 256  # per ingress replica; beyond it requests get 529 overloaded at once
+    router_timeout_s: float = 0.5  # past this the ingress routes least-loaded without the Router
     server_secret: str | None = None  # signs thinking blocks / encrypts reasoning; random per deploy if unset
     response_store_max_items: int = 10_000
     response_store_ttl_s: float = 3600.0

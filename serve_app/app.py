@@ -1,0 +1,87 @@
+"""build_app(args) -> the Ray Serve application. The only place deployments are wired.
+
+    Ingress (FastAPI, CPU) ──▶ Router (KV index + load, one per app) ──▶ Engine-<model> (vLLM, one per weights)
+
+Models whose weights and engine settings are equal share one Engine deployment (`service.engine_key`), so one
+engine can be served under several ids with different parsers or chat templates.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from serve_app.engine.deployment import Engine
+from serve_app.engine.provision import EMBEDDED, ensure_model
+from serve_app.ingress.deployment import Ingress
+from serve_app.routing.deployment import Router
+from serve_app.service import engine_key
+from serve_app.settings import AppSettings, ModelConfig
+
+
+def _engine_options(model: ModelConfig, key: str) -> dict[str, Any]:
+    opts = model.deployment.serve_options()
+    actor = dict(opts.pop("ray_actor_options", {}) or {})
+    actor.setdefault("num_cpus", 0.5)
+    env = dict(model.engine_env)
+    if env:
+        runtime_env = dict(actor.get("runtime_env") or {})
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
+        actor["runtime_env"] = runtime_env
+    opts["ray_actor_options"] = actor
+    opts["name"] = key
+    opts["request_router_config"] = RequestRouterConfig(
+        request_router_class="serve_app.routing.serve_router:TargetReplicaRouter",
+    )
+    return opts
+
+
+def _small_options(options, default_cpus: float = 0.0) -> dict[str, Any]:
+    opts = options.serve_options()
+    actor = dict(opts.pop("ray_actor_options", {}) or {})
+    actor.setdefault("num_cpus", default_cpus)
+    opts["ray_actor_options"] = actor
+    return opts
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    settings = AppSettings.model_validate(args)
+    # Convert embedded default weights once here, so the engine and the ingress don't both do it on first start.
+    for m in settings.models:
+        if m.model_source in EMBEDDED:
+            ensure_model(m.model_source, settings.model_cache_dir)
+
+    router = Router.options(**_small_options(settings.router.deployment)).bind(settings.router.model_dump())
+
+    engines: dict[str, Any] = {}
+    for m in settings.models:
+        key = engine_key(m)
+        if key in engines:
+            continue
+        engines[key] = Engine.options(**_engine_options(m, key)).bind(
+            m.model_dump(),
+            engine_key=key,
+            forced_scripts=settings.testing.forced_scripts,
+            kv_events=settings.router.kv_events,
+            model_cache_dir=settings.model_cache_dir,
+            router=router,
+        )
+
+    # One secret for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of them.
+    secret = (settings.ingress.server_secret or secrets.token_hex(32)).encode()
+    extras = _extras(settings)
+    return Ingress.options(**_small_options(settings.ingress.deployment)).bind(
+        settings.model_dump(), secret, engines, router, extras
+    )
+
+
+def _extras(settings: AppSettings) -> dict[str, Any]:
+    """Optional shared components (e.g. the Responses store) that other modules contribute."""
+    try:
+        from serve_app.ingress.responses.store import bind_store  # type: ignore
+    except ImportError:
+        return {}
+    return {"response_store": bind_store(settings)}

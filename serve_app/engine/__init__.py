@@ -1,0 +1,1 @@
+"""The vLLM engine deployment and default-model provisioning."""

@@ -1,0 +1,68 @@
+"""The Engine deployment: one vLLM engine per replica. Thin: the logic is in vllm_engine.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+from ray import serve
+
+from serve_app.engine.provision import ensure_model
+from serve_app.engine.vllm_engine import EngineChunk, EngineRequest, VLLMEngine
+from serve_app.settings import ModelConfig
+
+log = logging.getLogger(__name__)
+
+
+@serve.deployment(name="Engine", max_ongoing_requests=64, health_check_period_s=10)
+class Engine:
+    def __init__(self, model: dict, *, engine_key: str, forced_scripts: bool, kv_events: bool, model_cache_dir, router=None):
+        cfg = ModelConfig.model_validate(model)
+        path = ensure_model(cfg.model_source, model_cache_dir)
+        self.engine = VLLMEngine(cfg, path, forced_scripts=forced_scripts, kv_events=kv_events)
+        self.engine.start()
+        self.engine_key = engine_key
+        ctx = serve.get_replica_context()
+        self.replica_id = ctx.replica_id.unique_id
+        self._router = router
+        self._register_task = asyncio.get_event_loop().create_task(self._register()) if router is not None else None
+
+    async def _register(self) -> None:
+        """Tell the Router where this replica publishes KV events (retried: the Router may start later)."""
+        import ray
+
+        host = ray.util.get_node_ip_address()
+        e = self.engine
+        for attempt in range(30):
+            try:
+                await self._router.register_replica.remote(
+                    self.engine_key,
+                    self.replica_id,
+                    f"tcp://{host}:{e.kv_events_port}" if e.kv_events_port else None,
+                    f"tcp://{host}:{e.kv_replay_port}" if e.kv_replay_port else None,
+                    e.block_size,
+                )
+                return
+            except Exception as exc:  # noqa: BLE001 - keep serving; routing falls back to load only
+                log.info("router registration attempt %d failed: %s", attempt, exc)
+                await asyncio.sleep(min(2.0, 0.2 * (attempt + 1)))
+
+    async def generate(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        async for chunk in self.engine.generate(req):
+            yield chunk
+
+    async def info(self) -> dict:
+        return {"replica_id": self.replica_id, "block_size": self.engine.block_size, "max_model_len": self.engine.max_model_len}
+
+    async def num_unfinished(self) -> int:
+        return await self.engine.num_unfinished()
+
+    async def check_health(self) -> None:
+        await self.engine.check_health()
+
+    def __del__(self):
+        try:
+            self.engine.shutdown()
+        except Exception:
+            pass

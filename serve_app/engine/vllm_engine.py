@@ -1,0 +1,190 @@
+"""A vLLM AsyncLLM wrapped for the Engine deployment, with no Ray in it.
+
+The ingress sends token ids it rendered itself (so the router hashes exactly what the engine sees); the
+engine streams deltas (`output_kind=DELTA`: O(Δ) per step, not the whole text each time) and reports the
+prefix-cache hit. Cancelling the consumer of `generate` aborts the vLLM request (AsyncLLM does that when its
+generator is closed), which frees the KV blocks at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from serve_app.settings import ModelConfig
+
+log = logging.getLogger(__name__)
+
+FORCING_PROCESSOR = "serve_app.engine.forcing:ForcedScriptLogitsProcessor"
+
+
+@dataclass(slots=True)
+class EngineRequest:
+    """What the ingress sends to an engine replica (plain data: it crosses a Ray boundary)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    priority: int = 0
+    skip_special_tokens: bool = True
+    forced_token_ids: list[int] | None = None
+    forced_eos_id: int | None = None
+    target_replica: str | None = None  # the router's choice, honoured by the Serve request router
+
+
+@dataclass(slots=True)
+class EngineChunk:
+    """One streamed step: the new text and token ids since the previous chunk."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # stop | length | abort | error
+    stop_reason: str | int | None = None  # the stop string that ended generation, if any
+    num_cached_tokens: int | None = None  # set on the first chunk
+    error: str | None = None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def build_engine_args(
+    model: ModelConfig,
+    model_path: str,
+    *,
+    forced_scripts: bool = False,
+    kv_events_port: int | None = None,
+    kv_replay_port: int | None = None,
+    priority_scheduling: bool = True,
+):
+    from vllm.config import KVEventsConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    kwargs: dict[str, Any] = {
+        "model": model_path,
+        "served_model_name": [model.id],
+        "max_model_len": model.max_model_len,
+        "enable_prefix_caching": True,
+        # Priority lets `agent_hints.priority` reach vLLM's scheduler.
+        "scheduling_policy": "priority" if priority_scheduling else "fcfs",
+    }
+    if model.hf_overrides:
+        kwargs["hf_overrides"] = model.hf_overrides
+    if kv_events_port is not None:
+        kwargs["kv_events_config"] = KVEventsConfig(
+            enable_kv_cache_events=True,
+            publisher="zmq",
+            endpoint=f"tcp://*:{kv_events_port}",
+            replay_endpoint=f"tcp://*:{kv_replay_port}" if kv_replay_port else None,
+        )
+    if forced_scripts:
+        kwargs["logits_processors"] = [FORCING_PROCESSOR]
+    kwargs.update(model.engine_kwargs)
+    return AsyncEngineArgs(**kwargs)
+
+
+class VLLMEngine:
+    """Owns one AsyncLLM. `start()` builds it; `generate()` streams `EngineChunk`s."""
+
+    def __init__(self, model: ModelConfig, model_path: str, *, forced_scripts: bool = False, kv_events: bool = True):
+        self.model = model
+        self.model_path = model_path
+        self.forced_scripts = forced_scripts
+        self.kv_events_port = free_port() if kv_events else None
+        self.kv_replay_port = free_port() if kv_events else None
+        self.engine = None
+        self.block_size: int | None = None
+        self.max_model_len: int = model.max_model_len
+
+    def start(self) -> None:
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        for key, value in self.model.engine_env.items():
+            os.environ[key] = value
+        args = build_engine_args(
+            self.model,
+            self.model_path,
+            forced_scripts=self.forced_scripts,
+            kv_events_port=self.kv_events_port,
+            kv_replay_port=self.kv_replay_port,
+        )
+        self.engine = AsyncLLM.from_engine_args(args)
+        cfg = self.engine.vllm_config
+        self.block_size = cfg.cache_config.block_size
+        self.max_model_len = cfg.model_config.max_model_len
+
+    def sampling_params(self, req: EngineRequest):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        extra: dict[str, Any] | None = None
+        if req.forced_token_ids is not None:
+            if not self.forced_scripts:
+                raise ValueError("forced scripts are disabled on this engine")
+            extra = {"forced_token_ids": req.forced_token_ids, "forced_eos_id": req.forced_eos_id}
+        params: dict[str, Any] = {
+            "max_tokens": req.max_tokens,
+            "output_kind": RequestOutputKind.DELTA,
+            "skip_special_tokens": req.skip_special_tokens,
+            "stop": req.stop or None,
+            "extra_args": extra,
+        }
+        if req.temperature is not None:
+            params["temperature"] = req.temperature
+        if req.top_p is not None:
+            params["top_p"] = req.top_p
+        if req.top_k is not None:
+            params["top_k"] = req.top_k
+        if req.seed is not None:
+            params["seed"] = req.seed
+        if req.forced_token_ids is not None:
+            params["temperature"] = 0.0
+        return SamplingParams(**params)
+
+    async def generate(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        from vllm import TokensPrompt
+
+        assert self.engine is not None, "engine not started"
+        params = self.sampling_params(req)
+        first = True
+        async for out in self.engine.generate(
+            TokensPrompt(prompt_token_ids=req.prompt_token_ids),
+            params,
+            req.request_id,
+            priority=req.priority,
+        ):
+            comp = out.outputs[0]
+            chunk = EngineChunk(
+                text=comp.text,
+                token_ids=list(comp.token_ids),
+                finish_reason=comp.finish_reason if out.finished else None,
+                stop_reason=comp.stop_reason if out.finished else None,
+            )
+            if first:
+                chunk.num_cached_tokens = out.num_cached_tokens or 0
+                first = False
+            yield chunk
+
+    async def num_unfinished(self) -> int:
+        assert self.engine is not None
+        proc = self.engine.output_processor
+        return proc.get_num_unfinished_requests()
+
+    async def check_health(self) -> None:
+        assert self.engine is not None
+        await self.engine.check_health()
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None

@@ -1,0 +1,1 @@
+"""OpenAI Chat Completions: wire request → IR, events → chunks / completion."""

@@ -1,0 +1,114 @@
+"""Chat Completions request → Conversation + GenerationOptions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from serve_app.conversation import (
+    Conversation,
+    GenerationOptions,
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultPart,
+    ToolSpec,
+)
+from serve_app.errors import InvalidRequest
+from serve_app.ingress.common import agent_hints, parse_model
+from serve_app.protocols.chat import ChatCompletionRequest, ChatMessage
+
+
+def _content_parts(msg: ChatMessage, where: str) -> list[Part]:
+    if msg.content is None:
+        return []
+    if isinstance(msg.content, str):
+        return [TextPart(msg.content)] if msg.content else []
+    parts: list[Part] = []
+    for i, p in enumerate(msg.content):
+        if p.type in ("text", "input_text", "output_text"):
+            parts.append(TextPart(p.text or ""))
+        elif p.type == "image_url":
+            url = p.image_url.get("url") if isinstance(p.image_url, dict) else p.image_url
+            parts.append(ImagePart(url=url))
+        else:
+            raise InvalidRequest(f"{where}.content.{i}.type: unsupported content part type {p.type!r}",
+                                 param=f"{where}.content.{i}.type")
+    return parts
+
+
+def _message(msg: ChatMessage, i: int) -> Message:
+    where = f"messages.{i}"
+    if msg.role == "tool":
+        if not msg.tool_call_id:
+            raise InvalidRequest(f"{where}.tool_call_id: field required for role tool", param=f"{where}.tool_call_id")
+        content = msg.content if isinstance(msg.content, str) else _content_parts(msg, where)
+        return Message("tool", [ToolResultPart(tool_call_id=msg.tool_call_id, content=content or "", name=msg.name)])
+    parts: list[Part] = []
+    if msg.role == "assistant":
+        reasoning = msg.reasoning_content if msg.reasoning_content is not None else msg.reasoning
+        if reasoning:
+            parts.append(ReasoningPart(reasoning))
+    parts.extend(_content_parts(msg, where))
+    for call in msg.tool_calls or []:
+        if msg.role != "assistant":
+            raise InvalidRequest(f"{where}.tool_calls: only assistant messages carry tool calls", param=f"{where}.tool_calls")
+        parts.append(ToolCallPart(id=call.id, name=call.function.name, arguments=call.function.arguments))
+    return Message(msg.role, parts)
+
+
+def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
+    parallel = req.parallel_tool_calls if req.parallel_tool_calls is not None else True
+    tc = req.tool_choice
+    if tc is None or tc == "auto":
+        return ToolChoice("auto", parallel=parallel)
+    if tc == "none":
+        return ToolChoice("none", parallel=parallel)
+    if tc == "required":
+        return ToolChoice("required", parallel=parallel)
+    name = tc.function.get("name")
+    if not name:
+        raise InvalidRequest("tool_choice.function.name: field required", param="tool_choice.function.name")
+    return ToolChoice("tool", name=name, parallel=parallel)
+
+
+def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRequest, Conversation, GenerationOptions]:
+    req = parse_model(ChatCompletionRequest, body)
+    conv = Conversation(
+        messages=[_message(m, i) for i, m in enumerate(req.messages)],
+        tools=[
+            ToolSpec(
+                name=t.function.name,
+                description=t.function.description or "",
+                parameters=t.function.parameters or {"type": "object", "properties": {}},
+            )
+            for t in req.tools or []
+        ],
+        tool_choice=_tool_choice(req),
+    )
+    kwargs = dict(req.chat_template_kwargs or {})
+    thinking: bool | None = None
+    if "enable_thinking" in kwargs:
+        thinking = bool(kwargs["enable_thinking"])
+    elif req.reasoning_effort is not None:
+        thinking = req.reasoning_effort not in ("none", "minimal")
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    nvext = req.nvext
+    opts = GenerationOptions(
+        max_tokens=req.max_completion_tokens or req.max_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
+        seed=req.seed,
+        stop=stop,
+        thinking=thinking,
+        reasoning_effort=req.reasoning_effort,
+        chat_template_kwargs=kwargs,
+        session_key=req.prompt_cache_key or req.user,
+        hints=agent_hints(nvext.agent_hints if nvext else None),
+        forced_script=nvext.forced_script if nvext else None,
+    )
+    return req, conv, opts

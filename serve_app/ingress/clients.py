@@ -1,0 +1,57 @@
+"""The ingress's way to the Router and Engine deployments (the Ray side of service.EngineClient)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import AsyncIterator
+
+from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
+from serve_app.routing.core import Decision, RouteRequest
+
+log = logging.getLogger(__name__)
+
+
+class ServeEngineClient:
+    def __init__(self, engines: dict, router, router_timeout_s: float = 0.5):
+        self._engines = engines  # engine key -> DeploymentHandle
+        self._router = router
+        self._router_timeout_s = router_timeout_s
+        self._block_sizes: dict[str, int] = {}
+
+    async def block_size(self, engine_key: str) -> int:
+        size = self._block_sizes.get(engine_key)
+        if size is None:
+            info = await self._engines[engine_key].info.remote()
+            size = self._block_sizes[engine_key] = int(info["block_size"])
+        return size
+
+    async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
+        if self._router is None:
+            return None
+        try:
+            return await asyncio.wait_for(self._router.choose.remote(engine_key, req), self._router_timeout_s)
+        except Exception as e:  # noqa: BLE001 - an unavailable Router must not fail requests
+            log.warning("router unavailable (%s); routing least-loaded", type(e).__name__)
+            return None
+
+    def release(self, engine_key: str, request_id: str) -> None:
+        if self._router is not None:
+            try:
+                self._router.release.remote(engine_key, request_id)
+            except Exception:  # noqa: BLE001
+                pass
+
+    async def generate(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        gen = self._engines[engine_key].options(stream=True).generate.remote(req)
+        finished = False
+        try:
+            async for chunk in gen:
+                yield chunk
+                if chunk.finish_reason is not None:
+                    finished = True
+        finally:
+            if not finished:
+                # The client went away (or we stopped early): cancelling the Serve call cancels the replica's
+                # generator, and AsyncLLM aborts the request and frees its KV blocks.
+                gen.cancel()

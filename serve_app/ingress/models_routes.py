@@ -1,0 +1,87 @@
+"""GET /health, GET /v1/models, GET /v1/models/{id} (OpenAI shape, Anthropic shape with `anthropic-version`,
+plus Codex's `models` array)."""
+
+from __future__ import annotations
+
+import calendar
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse
+
+from serve_app.errors import ModelNotFound
+from serve_app.ingress.auth import check_api_key
+from serve_app.ingress.context import IngressContext, get_ctx
+from serve_app.settings import ModelConfig
+
+router = APIRouter()
+
+
+def _epoch(created_at: str) -> int:
+    try:
+        return calendar.timegm(time.strptime(created_at[:19], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return 0
+
+
+def openai_model(model_id: str, m: ModelConfig) -> dict[str, Any]:
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": _epoch(m.created_at),
+        "owned_by": "serve_app",
+        "root": m.model_source,
+        "parent": None if model_id == m.id else m.id,
+        "max_model_len": m.max_model_len,
+        "context_window": m.max_model_len,
+        "max_output_tokens": m.max_output_tokens,
+        "reasoning_parser": m.reasoning_parser,
+        "tool_parser": m.tool_parser,
+    }
+
+
+def _served(ctx: IngressContext) -> list[tuple[str, ModelConfig]]:
+    return [(mid, m) for m in ctx.settings.models for mid in m.all_ids]
+
+
+def _anthropic_module():
+    try:
+        from serve_app.ingress.anthropic import models as anthropic_models
+    except ImportError:
+        return None
+    return anthropic_models
+
+
+@router.get("/health")
+async def health(ctx: IngressContext = Depends(get_ctx)):
+    return {"status": "ok", "models": [m.id for m in ctx.settings.models]}
+
+
+@router.get("/v1/models")
+async def list_models(request: Request, ctx: IngressContext = Depends(get_ctx)):
+    check_api_key(request.headers, ctx.settings.ingress.api_keys)
+    served = _served(ctx)
+    anth = _anthropic_module()
+    if "anthropic-version" in request.headers and anth is not None:
+        return JSONResponse(anth.model_list(served, dict(request.query_params)))
+    body: dict[str, Any] = {"object": "list", "data": [openai_model(mid, m) for mid, m in served]}
+    try:
+        from serve_app.codex import codex_models_payload
+
+        body["models"] = codex_models_payload([m for m in ctx.settings.models])
+    except ImportError:
+        body["models"] = []
+    return JSONResponse(body)
+
+
+@router.get("/v1/models/{model_id:path}")
+async def get_model(model_id: str, request: Request, ctx: IngressContext = Depends(get_ctx)):
+    check_api_key(request.headers, ctx.settings.ingress.api_keys)
+    m = ctx.settings.find_model(model_id)
+    if m is None:
+        raise ModelNotFound(model_id)
+    anth = _anthropic_module()
+    if "anthropic-version" in request.headers and anth is not None:
+        return JSONResponse(anth.model_object(model_id, m))
+    return JSONResponse(openai_model(model_id, m))

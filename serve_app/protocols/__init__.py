@@ -1,0 +1,1 @@
+"""Wire models (pydantic) of each API."""

@@ -1,0 +1,93 @@
+"""OpenAI Chat Completions request wire model. Permissive about unknown fields, strict about types."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionCall(_Open):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCall(_Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class ContentPart(_Open):
+    type: str
+    text: str | None = None
+    image_url: dict[str, Any] | str | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDef(_Open):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class Tool(_Open):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"] = "function"
+    function: dict[str, str]
+
+
+class StreamOptions(_Open):
+    include_usage: bool = False
+
+
+class AgentHintsIn(_Open):
+    priority: int | None = None
+    osl: int | None = Field(default=None, ge=1)
+    speculative_prefill: bool = False
+    latency_sensitivity: float | None = None
+
+
+class NvExt(_Open):
+    agent_hints: AgentHintsIn | None = None
+    forced_script: str | None = None
+
+
+class ChatCompletionRequest(_Open):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = None
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    stop: Union[str, list[str], None] = None
+    tools: list[Tool] | None = None
+    tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    user: str | None = None
+    nvext: NvExt | None = None

@@ -1,0 +1,64 @@
+"""The Router deployment: one RouterCore per engine deployment, shared by every ingress replica."""
+
+from __future__ import annotations
+
+import logging
+
+from ray import serve
+
+from serve_app.routing.core import Decision, RouteRequest, RouterCore
+from serve_app.settings import RouterConfig
+
+log = logging.getLogger(__name__)
+
+
+@serve.deployment(name="Router", num_replicas=1, max_ongoing_requests=10_000)
+class Router:
+    def __init__(self, config: dict):
+        self.config = RouterConfig.model_validate(config)
+        self.cores: dict[str, RouterCore] = {}
+
+    def _core(self, engine_key: str, block_size: int | None = None) -> RouterCore:
+        core = self.cores.get(engine_key)
+        if core is None:
+            core = _make_core(self.config, block_size or 16)
+            self.cores[engine_key] = core
+        return core
+
+    async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint, block_size: int):
+        core = self._core(engine_key, block_size)
+        register = getattr(core, "register_replica", None)
+        if register is not None:
+            result = register(replica_id, events_endpoint, replay_endpoint, block_size)
+            if hasattr(result, "__await__"):
+                await result
+        else:
+            core.sync_replicas(list({*core.loads, replica_id}))
+        log.info("engine %s replica %s registered (block size %s)", engine_key, replica_id, block_size)
+
+    async def sync_replicas(self, engine_key: str, replica_ids: list[str]) -> None:
+        result = self._core(engine_key).sync_replicas(replica_ids)
+        if hasattr(result, "__await__"):
+            await result
+
+    async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
+        core = self._core(engine_key)
+        candidates = list(core.loads)
+        if not candidates:
+            return None
+        return core.choose(req, candidates)
+
+    async def release(self, engine_key: str, request_id: str) -> None:
+        core = self.cores.get(engine_key)
+        if core is not None:
+            core.release(request_id)
+
+    async def metrics(self) -> dict:
+        return {key: core.metrics() for key, core in self.cores.items()}
+
+
+def _make_core(config: RouterConfig, block_size: int) -> RouterCore:
+    try:
+        return RouterCore(policy=config.policy, block_size=block_size, config=config)
+    except TypeError:  # the simple core takes no config
+        return RouterCore(policy=config.policy, block_size=block_size)

@@ -1,0 +1,60 @@
+"""The Ray Serve request router of the Engine deployments; it runs inside each ingress process.
+
+The routing decision itself is made by the Router deployment (shared KV index and load across all ingress
+replicas) and arrives on the request as `target_replica`. This class only honours it, and falls back to Serve's
+least-queue choice when there is no target (router unavailable) or the target has gone. It also keeps the
+Router's view of live replicas current, so a dead or removed replica leaves the index.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional
+
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
+
+log = logging.getLogger(__name__)
+
+
+def _target_of(pending: Optional[PendingRequest]) -> str | None:
+    if pending is None or not pending.args:
+        return None
+    return getattr(pending.args[0], "target_replica", None)
+
+
+class TargetReplicaRouter(RequestRouter):
+    def initialize_state(self, router_app: str | None = None, engine_key: str | None = None, **_):
+        self._router_app = router_app
+        self._engine_key = engine_key
+        self._router_handle = None
+
+    async def choose_replicas(
+        self, candidate_replicas: List[RunningReplica], pending_request: Optional[PendingRequest] = None
+    ) -> List[List[RunningReplica]]:
+        target = _target_of(pending_request)
+        if target is not None:
+            for replica in candidate_replicas:
+                if replica.replica_id.unique_id == target:
+                    return [[replica]]
+        # No usable target: one group of all candidates, and Serve takes the shortest queue (least loaded).
+        return [candidate_replicas]
+
+    def update_replicas(self, replicas: List[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        self._sync([r.replica_id.unique_id for r in replicas])
+
+    def on_replica_actor_died(self, replica_id) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._sync([r.replica_id.unique_id for r in self._replicas.values() if r.replica_id != replica_id])
+
+    def _sync(self, ids: list[str]) -> None:
+        if not self._router_app or not self._engine_key:
+            return
+        try:
+            if self._router_handle is None:
+                from ray import serve
+
+                self._router_handle = serve.get_deployment_handle("Router", app_name=self._router_app)
+            self._router_handle.sync_replicas.remote(self._engine_key, ids)  # fire and forget
+        except Exception as e:  # noqa: BLE001 - the Router also learns liveness from registrations
+            log.debug("could not sync replicas to the Router: %s", e)
