@@ -116,21 +116,22 @@ TOOL_PARSERS: dict[str, object] = {
     "llama3_json": JsonTagsFormat("llama3_json", starts=("<|python_tag|>",), list_sep=";", bare_start="{",
                                   special_tokens=True),
     "mistral": JsonTagsFormat("mistral", starts=("[TOOL_CALLS]",), head_end="[ARGS]", name_of=_plain_name,
-                              mistral_list=True, special_tokens=True),
+                              head_grammar=r"\s*[\w.\-]+\s*", mistral_list=True, special_tokens=True),
     "deepseek_v3": JsonTagsFormat(
         "deepseek_v3", starts=("<｜tool▁calls▁begin｜>",), section_end="<｜tool▁calls▁end｜>",
         call_start="<｜tool▁call▁begin｜>", call_end="<｜tool▁call▁end｜>", head_end="```json",
-        name_of=_deepseek_v3_name, special_tokens=True),
+        name_of=_deepseek_v3_name, head_grammar=r"\s*\w*<｜tool▁sep｜>\s*[\w.\-]+\s*", special_tokens=True),
     "deepseek_v31": JsonTagsFormat(
         "deepseek_v31", starts=("<｜tool▁calls▁begin｜>",), section_end="<｜tool▁calls▁end｜>",
         call_start="<｜tool▁call▁begin｜>", call_end="<｜tool▁call▁end｜>", head_end=_DS_SEP,
-        name_of=_plain_name, special_tokens=True),
+        name_of=_plain_name, head_grammar=r"\s*[\w.\-]+\s*", special_tokens=True),
     "deepseek_v32": _dsml("deepseek_v32", "function_calls"),
     "deepseek_v4": _dsml("deepseek_v4", "tool_calls"),
     "kimi_k2": JsonTagsFormat(
         "kimi_k2", starts=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"),
         section_end="<|tool_calls_section_end|>", call_start="<|tool_call_begin|>", call_end="<|tool_call_end|>",
-        head_end="<|tool_call_argument_begin|>", name_of=_kimi_name, special_tokens=True),
+        head_end="<|tool_call_argument_begin|>", name_of=_kimi_name,
+        head_grammar=r"\s*(?:functions\.)?[\w.\-]+(?::\d+)?\s*", special_tokens=True),
     "glm45": _GLM,
     "glm47": _GLM,
     "minimax_m2": XmlFormat(

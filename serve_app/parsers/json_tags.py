@@ -47,6 +47,7 @@ class JsonTagsFormat:
     list_sep: str | None = None  # llama3_json: wrappers separated by ';'
     mistral_list: bool = False  # [TOOL_CALLS] followed by either a JSON list of wrappers or NAME[ARGS]{..}
     bare_start: str | None = None  # a call may also open the text with this character, without a marker
+    head_grammar: str | None = None  # regex the whole name head must match; checked as a prefix while it grows
     special_tokens: bool = False
 
 
@@ -69,6 +70,7 @@ class JsonTagsEngine:
         self.sec_m = Matcher([m for m in (fmt.call_start, fmt.section_end) if m])
         self.end_m = Matcher([m for m in (fmt.call_end, fmt.section_end) if m])
         self.head_m = Matcher([fmt.head_end] if fmt.head_end else [])
+        self.head_re = regex.compile(fmt.head_grammar) if fmt.head_grammar else None
         self.state = SEC
         self.degraded = False
 
@@ -139,14 +141,18 @@ class JsonTagsEngine:
                 return None
             if st == SEC:
                 p, mk = self.sec_m.search(t, i)
+                stop = p if p >= 0 else self.sec_m.hold_start(t, i)
+                self.raw.append(t[i:stop])
+                if t[i:stop].strip():  # not a call where one must be: the markup was text
+                    return self._degrade(sink, t[stop:])
                 if p < 0:
-                    self.hold = t[self.sec_m.hold_start(t, i):]
+                    self.hold = t[stop:]
                     return None
                 i = p + len(mk)
                 if mk == f.section_end:
                     self.state = OVER
                     continue
-                self.raw = [mk]
+                self.raw.append(mk)
                 self._begin_head()
             elif st == WRAP_HEAD or st == NAME_HEAD:
                 if i >= n:
@@ -171,7 +177,8 @@ class JsonTagsEngine:
                 else:
                     p, mk = self.head_m.search(self.head, max(0, old - len(f.head_end) + 1))
                     if p < 0:
-                        if len(self.head) > HEAD_CAP:
+                        if len(self.head) > HEAD_CAP or (self.head_re and not self.head_re.fullmatch(
+                                self.head, 0, self.head_m.hold_start(self.head), partial=True)):
                             return self._degrade(sink, self.head)
                         return None
                     end = p + len(mk)

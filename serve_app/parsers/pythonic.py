@@ -114,6 +114,7 @@ class PythonicEngine:
                     return h
                 self.state = CALL
                 self.buf = [h[: m.end()]]
+                self.buflen = m.end()
                 self.depth = 1
                 self.quote = ""
                 self.esc = False
@@ -142,9 +143,10 @@ class PythonicEngine:
                             break
                 self.depth, self.quote, self.esc = depth, quote, esc
                 self.buf.append(text[i:j])
+                self.buflen += j - i
                 i = j
                 if depth:
-                    if sum(map(len, self.buf)) > CALL_CAP:
+                    if self.buflen > CALL_CAP:
                         return self._degrade(sink, "".join(self.buf) + text[i:])
                     return None
                 src = "".join(self.buf)

@@ -22,8 +22,13 @@ from serve_app.parsers.sink import Sink
 HEAD_CAP = 512
 
 
+_NAME = re.compile(r"[\w.\-:/]+")
+
+
 def strip_name(head: str) -> str:
-    return head.strip().strip("\"'").strip()
+    """A function or parameter name, unquoted; "" when the head is not a name (then the markup was text)."""
+    name = head.strip().strip("\"'").strip()
+    return name if _NAME.fullmatch(name) else ""
 
 
 _ATTR = re.compile(r'(\w+)\s*=\s*"([^"]*)"')
@@ -168,14 +173,18 @@ class XmlEngine:
                 return None
             if st == SEC:
                 p, mk = self.sec_m.search(t, i)
+                stop = p if p >= 0 else self.sec_m.hold_start(t, i)
+                self.raw.append(t[i:stop])
+                if t[i:stop].strip():  # not a call where one must be: the markup was text
+                    return self._degrade(sink, t[stop:])
                 if p < 0:
-                    self.hold = t[self.sec_m.hold_start(t, i):]
+                    self.hold = t[stop:]
                     return None
                 i = p + len(mk)
                 if mk == f.section_end:
                     self.state = OVER
                 else:
-                    self.raw = [mk]
+                    self.raw.append(mk)
                     self.state = FHEAD
             elif st == FHEAD or st == PHEAD:
                 m = self.fhead_m if st == FHEAD else self.phead_m
@@ -196,7 +205,8 @@ class XmlEngine:
                 if st == FHEAD:
                     name = f.name_of(head)
                     if not name:
-                        return self._degrade(sink, rest if f.func_open else mk + rest)
+                        self.raw.append(head)
+                        return self._degrade(sink, mk + rest)
                     self.fname = name
                     self.idx = sink.start(name)
                     self.raw = []

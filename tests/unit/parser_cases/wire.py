@@ -1,0 +1,183 @@
+"""How each format writes reasoning and calls on the wire, written from the model templates (not from our parser),
+so the fixture tables can state the same abstract cases for every format.
+
+A case is a list of segments: ("text", s), ("reasoning", s), ("calls", [(name, args), ...]) — one section holding
+parallel calls. `expected()` is the folded result the parser must produce.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable
+
+Call = tuple[str, dict]
+
+
+def _val(v) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+
+def hermes(calls: list[Call]) -> str:
+    return "".join(
+        f'<tool_call>\n{json.dumps({"name": n, "arguments": a}, ensure_ascii=False)}\n</tool_call>' for n, a in calls)
+
+
+def qwen3_coder(calls: list[Call]) -> str:
+    out = []
+    for n, a in calls:
+        params = "".join(f"<parameter={k}>\n{_val(v)}\n</parameter>\n" for k, v in a.items())
+        out.append(f"<tool_call>\n<function={n}>\n{params}</function>\n</tool_call>")
+    return "".join(out)
+
+
+def llama3_json(calls: list[Call]) -> str:
+    return "<|python_tag|>" + "; ".join(
+        json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
+
+
+def mistral(calls: list[Call]) -> str:
+    return "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a, ensure_ascii=False)}" for n, a in calls)
+
+
+def deepseek_v3(calls: list[Call]) -> str:
+    body = "".join(
+        f"<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{json.dumps(a, ensure_ascii=False)}\n```"
+        "<｜tool▁call▁end｜>" for n, a in calls)
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+def deepseek_v31(calls: list[Call]) -> str:
+    body = "".join(f"<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{json.dumps(a, ensure_ascii=False)}<｜tool▁call▁end｜>"
+                   for n, a in calls)
+    return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
+
+
+def _dsml(outer: str) -> Callable[[list[Call]], str]:
+    d = "｜DSML｜"
+
+    def render(calls: list[Call]) -> str:
+        inv = []
+        for n, a in calls:
+            ps = "".join(
+                f'<{d}parameter name="{k}" string="{"true" if isinstance(v, str) else "false"}">{_val(v)}'
+                f"</{d}parameter>\n" for k, v in a.items())
+            inv.append(f'<{d}invoke name="{n}">\n{ps}</{d}invoke>\n')
+        return f"<{d}{outer}>\n{''.join(inv)}</{d}{outer}>"
+
+    return render
+
+
+def kimi_k2(calls: list[Call]) -> str:
+    body = "".join(f"<|tool_call_begin|>functions.{n}:{i}<|tool_call_argument_begin|>"
+                   f"{json.dumps(a, ensure_ascii=False)}<|tool_call_end|>" for i, (n, a) in enumerate(calls))
+    return f"<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>"
+
+
+def glm47(calls: list[Call]) -> str:
+    return "".join(
+        f"<tool_call>{n}\n"
+        + "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{_val(v)}</arg_value>\n" for k, v in a.items())
+        + "</tool_call>" for n, a in calls)
+
+
+def minimax_m2(calls: list[Call]) -> str:
+    inv = "".join(
+        f'<invoke name="{n}">\n' + "".join(f'<parameter name="{k}">{_val(v)}</parameter>\n' for k, v in a.items())
+        + "</invoke>\n" for n, a in calls)
+    return f"<minimax:tool_call>\n{inv}</minimax:tool_call>"
+
+
+def harmony_calls(calls: list[Call]) -> str:
+    return "".join(f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
+                   f"{json.dumps(a, ensure_ascii=False)}<|call|>" for n, a in calls)
+
+
+def pythonic(calls: list[Call]) -> str:
+    def lit(v):
+        return repr(v)
+    return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={lit(v)}" for k, v in a.items()) + ")" for n, a in calls) + "]"
+
+
+@dataclass
+class Fmt:
+    tools: str
+    reasoning: str | None
+    render: Callable[[list[Call]], str]
+    think: tuple[str, str] = ("<think>", "</think>")
+    typed_by_schema: bool = False  # values typed from the tool schema: the fixture passes one
+    text_before_calls: bool = True  # pythonic: a call list only opens the text
+    text_after_calls: bool = True  # llama3_json / pythonic: the calls run to the end of the output
+    harmony: bool = False
+    markers: tuple[str, ...] = field(default=())
+
+
+FORMATS = [
+    Fmt("hermes", "qwen3", hermes, markers=("<tool_call>", "</tool_call>")),
+    Fmt("qwen3_json", "qwen3", hermes, markers=("<tool_call>", "</tool_call>")),
+    Fmt("qwen3_coder", "qwen3", qwen3_coder, typed_by_schema=True,
+        markers=("<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>")),
+    Fmt("qwen3_xml", "nemotron_deci", qwen3_coder, typed_by_schema=True,
+        markers=("<tool_call>", "</tool_call>", "<function=", "</parameter>")),
+    Fmt("nemotron_nano", "nemotron_v3", qwen3_coder, typed_by_schema=True,
+        markers=("<tool_call>", "</tool_call>", "<function=", "</parameter>")),
+    Fmt("llama3_json", None, llama3_json, text_after_calls=False, markers=("<|python_tag|>",)),
+    Fmt("mistral", "mistral", mistral, think=("[THINK]", "[/THINK]"), text_after_calls=False,
+        markers=("[TOOL_CALLS]", "[ARGS]")),
+    Fmt("deepseek_v3", "deepseek_r1", deepseek_v3, markers=("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "```")),
+    Fmt("deepseek_v31", "deepseek_v3", deepseek_v31, markers=("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>")),
+    Fmt("deepseek_v32", None, _dsml("function_calls"), markers=("｜DSML｜",)),
+    Fmt("deepseek_v4", "deepseek_v4", _dsml("tool_calls"), markers=("｜DSML｜",)),
+    Fmt("kimi_k2", "kimi_k2", kimi_k2, markers=("<|tool_call", "<|tool_calls_section")),
+    Fmt("glm45", "glm45", glm47, typed_by_schema=True, markers=("<tool_call>", "<arg_key>", "<arg_value>")),
+    Fmt("glm47", "glm45", glm47, typed_by_schema=True, markers=("<tool_call>", "<arg_key>", "</arg_value>")),
+    Fmt("minimax_m2", "minimax_m2", minimax_m2, typed_by_schema=True,
+        markers=("<minimax:tool_call>", "<invoke", "<parameter")),
+    Fmt("openai", "gpt_oss", harmony_calls, harmony=True, markers=("<|channel|>", "<|message|>", "<|call|>")),
+    Fmt("pythonic", None, pythonic, text_before_calls=False, text_after_calls=False, markers=()),
+]
+
+
+def render_case(fmt: Fmt, segs: list) -> str:
+    out = []
+    for seg in segs:
+        kind = seg[0]
+        if kind == "calls":
+            out.append(fmt.render(seg[1]))
+        elif fmt.harmony:
+            ch = "analysis" if kind == "reasoning" else "final"
+            end = "<|end|>" if kind == "reasoning" else "<|return|>"
+            lead = "<|start|>assistant" if out else ""
+            out.append(f"{lead}<|channel|>{ch}<|message|>{seg[1]}{end}")
+        elif kind == "reasoning":
+            out.append(f"{fmt.think[0]}{seg[1]}{fmt.think[1]}")
+        else:
+            out.append(seg[1])
+    return "".join(out)
+
+
+def expected(segs: list) -> list:
+    """Folded result: ("text"|"reasoning", s) and ("call", name, args), adjacent text merged."""
+    out: list = []
+    for seg in segs:
+        if seg[0] == "calls":
+            out.extend(("call", n, a) for n, a in seg[1])
+        elif out and out[-1][0] == seg[0]:
+            out[-1] = (seg[0], out[-1][1] + seg[1])
+        elif seg[1]:
+            out.append((seg[0], seg[1]))
+    return out
+
+
+def schemas_for(segs: list) -> list[dict]:
+    """OpenAI function schemas typing each argument by its Python type (for the XML formats)."""
+    names: dict[str, dict] = {}
+    tmap = {str: "string", bool: "boolean", int: "integer", float: "number", dict: "object", list: "array"}
+    for seg in segs:
+        if seg[0] == "calls":
+            for n, a in seg[1]:
+                props = names.setdefault(n, {})
+                for k, v in a.items():
+                    props[k] = {"type": tmap[type(v)]} if v is not None else {"type": ["integer", "null"]}
+    return [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
+            for n, p in names.items()]
