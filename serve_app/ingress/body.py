@@ -67,9 +67,11 @@ async def read_json(request: Request, max_bytes: int, max_decompressed: int) -> 
     if not data.strip():
         raise InvalidRequest("request body is empty: expected a JSON object")
     try:
-        body = json.loads(data)
-    except UnicodeDecodeError:
-        raise InvalidRequest("request body is not valid UTF-8") from None
+        text = data.decode("utf-8")  # explicit: json.loads(bytes) would guess UTF-16/32 from a BOM
+    except UnicodeDecodeError as e:
+        raise InvalidRequest(f"request body is not valid UTF-8 (byte {e.start})") from None
+    try:
+        body = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as e:
         raise InvalidRequest(f"request body is not valid JSON: {e}") from None
     if not isinstance(body, dict):

