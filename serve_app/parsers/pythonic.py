@@ -37,6 +37,7 @@ class PythonicEngine:
         self.degraded = False
 
     def open(self, marker: str) -> None:
+        self.lead = marker  # whitespace before the list: given back if it turns out to be text
         self.degraded = False
         self.state = LIST_HEAD
         self.buf: list[str] = []  # the current call's text
@@ -49,10 +50,10 @@ class PythonicEngine:
 
     def eof(self, sink: Sink) -> None:
         if self.ncalls == 0 and self.state == LIST_HEAD:
-            sink.plain(self.head)  # "[" or "[word" at the very end: it was text
+            sink.plain(self.lead + ("[" if self.seen_bracket else "") + self.head)  # "[word" at the end: text
 
     def _degrade(self, sink: Sink, rest: str) -> str:
-        sink.plain(rest)
+        sink.plain(self.lead + rest if self.ncalls == 0 else rest)
         self.degraded = True
         self.state = OVER
         return ""
@@ -91,7 +92,6 @@ class PythonicEngine:
                         return self._degrade(sink, h)
                     self.seen_bracket = True
                     h = self.head = h[j + 1:]
-                    self.lead = "["
                 if st == BETWEEN:
                     s = h.lstrip()
                     if not s:

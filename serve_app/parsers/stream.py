@@ -90,7 +90,7 @@ class StreamParser:
                     self.hold = t[i:]
                     break
                 if t[j] == self.bare:
-                    self._open("", t, j)
+                    self._open(t[i:j], t, j)
                     t, i = t[j:], 0
                     continue
                 self.text_started = True
