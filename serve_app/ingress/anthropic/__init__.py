@@ -1,0 +1,1 @@
+"""Anthropic Messages API adapter: wire → IR (convert), events → SSE/JSON (encode), routes."""

@@ -1,0 +1,107 @@
+"""POST /v1/messages, POST /v1/messages/count_tokens (any query string, e.g. `?beta=true`), HEAD /."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from serve_app.conversation import Finish
+from serve_app.errors import ServiceError
+from serve_app.ingress import sse
+from serve_app.ingress.anthropic.convert import count_tokens_request, messages_request, to_conversation
+from serve_app.ingress.anthropic.encode import MessageEncoder, error_event, fold, to_frames
+from serve_app.ingress.anthropic.errors import error_response, new_request_id
+from serve_app.ingress.auth import check_api_key
+from serve_app.ingress.body import read_json
+from serve_app.ingress.context import IngressContext, get_ctx
+
+router = APIRouter()
+
+
+@router.head("/")
+async def head_root() -> Response:
+    # Claude Code's preconnect (A0.1): any status works, 200 is the friendliest.
+    return Response(status_code=200)
+
+
+async def _read(request: Request, ctx: IngressContext) -> dict:
+    ing = ctx.settings.ingress
+    check_api_key(request.headers, ing.api_keys)
+    return await read_json(request, ing.max_body_bytes, ing.max_decompressed_bytes)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request, ctx: IngressContext = Depends(get_ctx)):
+    rid = new_request_id()
+    try:
+        body = await _read(request, ctx)
+        req = count_tokens_request(body)
+        conv, opts = to_conversation(req, ctx.secret, request.headers)
+        n = await ctx.service.count_tokens(conv, opts, req.model)
+    except ServiceError as e:
+        return error_response(e, rid)
+    return JSONResponse({"input_tokens": n}, headers={"request-id": rid})
+
+
+@router.post("/v1/messages")
+async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx)):
+    rid = new_request_id()
+    try:
+        body = await _read(request, ctx)
+        req = messages_request(body)
+        conv, opts = to_conversation(req, ctx.secret, request.headers)
+        prepared = await ctx.service.prepare(conv, opts, req.model)
+    except ServiceError as e:
+        return error_response(e, rid)
+
+    encoder = MessageEncoder(
+        req.model,
+        "msg_" + prepared.request_id,
+        thinking=bool(opts.thinking),
+        secret=ctx.secret,
+        prompt_tokens=prepared.num_prompt_tokens,
+    )
+
+    if not req.stream:
+        events = await ctx.service.complete(prepared)
+        try:
+            message = fold([se for ev in events for se in encoder.event(ev)])
+        except ServiceError as e:
+            return error_response(e, rid)
+        return JSONResponse(message, headers={"request-id": rid})
+
+    stream = sse.with_keepalive(ctx.service.stream(prepared), ctx.settings.ingress.ping_interval_s)
+    # The first event (the routed Usage) comes within the router's timeout. A refusal that arrives before any
+    # output (overload at routing) keeps its HTTP status, which clients retry more readily than an in-stream error.
+    try:
+        first = await stream.__anext__()
+    except StopAsyncIteration:
+        first = Finish("error", error="the generation ended before it started", error_kind="api_error")
+    if isinstance(first, Finish) and first.reason == "error":
+        await stream.aclose()
+        return error_response(ServiceError(first.error_kind or "api_error", first.error or "engine error"), rid)
+
+    async def frames():
+        try:
+            pending = [first]
+            while True:
+                if pending:
+                    ev = pending.pop()
+                else:
+                    try:
+                        ev = await stream.__anext__()
+                    except StopAsyncIteration:
+                        break
+                out = encoder.ping() if ev is None else encoder.event(ev)
+                if out:
+                    yield to_frames(out)  # each event leaves as produced: no batching in front of the client
+                if encoder.done:
+                    break
+            if not encoder.done:  # the service always ends with Finish; never leave a client hanging if not
+                yield to_frames([error_event("api_error", "the generation ended without finishing")])
+        finally:
+            await stream.aclose()
+
+    return StreamingResponse(
+        frames(), media_type="text/event-stream", headers={**sse.SSE_HEADERS, "request-id": rid}
+    )

@@ -1,0 +1,43 @@
+"""Signatures for thinking blocks: an HMAC over the thinking text with the server key.
+
+Every thinking block this server streams ends with one `signature_delta` carrying `sign(...)`. When a client sends
+the block back in history, `verify` proves the text is what this deployment generated, so a tampered block (or
+one signed by another server, e.g. the real API) is detected. The key is `ctx.secret`, shared by all ingress
+replicas, so any replica can verify any other's signature.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+
+PREFIX = "sa1."  # version tag: lets the format change without misreading old signatures
+_DOMAIN = b"anthropic-thinking\x00"  # keeps these MACs from ever equalling another use of the same key
+
+
+class ThinkingSigner:
+    """Incremental: `update` per streamed delta (O(delta)), `signature()` once when the block closes."""
+
+    __slots__ = ("_mac",)
+
+    def __init__(self, secret: bytes):
+        self._mac = hmac.new(secret, _DOMAIN, hashlib.sha256)
+
+    def update(self, text: str) -> None:
+        self._mac.update(text.encode("utf-8"))
+
+    def signature(self) -> str:
+        return PREFIX + base64.urlsafe_b64encode(self._mac.digest()).decode().rstrip("=")
+
+
+def sign(secret: bytes, text: str) -> str:
+    s = ThinkingSigner(secret)
+    s.update(text)
+    return s.signature()
+
+
+def verify(secret: bytes, text: str, signature: str | None) -> bool:
+    if not signature or not signature.startswith(PREFIX):
+        return False
+    return hmac.compare_digest(sign(secret, text).encode(), signature.encode())

@@ -1,0 +1,225 @@
+"""Anthropic Messages API wire models (request side).
+
+Permissive where Claude Code and OpenClaw send extras (harness-contracts A3): unknown top-level fields, unknown
+block keys, `cache_control` on any block or tool, extra tool keys and unknown block types are all accepted.
+Strict on types: a field that is present must have the right type, and a wrong one becomes a 400 naming it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+
+class _Open(BaseModel):
+    # extra="allow": new Claude Code fields must never break a request (cline#261, CLIProxyAPI#512).
+    model_config = ConfigDict(extra="allow")
+
+
+class CacheControl(_Open):
+    type: str = "ephemeral"
+    ttl: str | None = None
+
+
+class Base64Source(_Open):
+    type: Literal["base64"]
+    media_type: str
+    data: str
+
+
+class UrlSource(_Open):
+    type: Literal["url"]
+    url: str
+
+
+class TextSource(_Open):
+    type: Literal["text"]
+    media_type: str | None = None
+    data: str
+
+
+class ContentSource(_Open):
+    type: Literal["content"]
+    content: str | list[dict[str, Any]]
+
+
+class FileSource(_Open):
+    type: Literal["file"]
+    file_id: str
+
+
+ImageSource = Annotated[Union[Base64Source, UrlSource, FileSource], Field(discriminator="type")]
+DocumentSource = Annotated[
+    Union[Base64Source, UrlSource, TextSource, ContentSource, FileSource], Field(discriminator="type")
+]
+
+
+class TextBlock(_Open):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+
+
+class ImageBlock(_Open):
+    type: Literal["image"]
+    source: ImageSource
+    cache_control: CacheControl | None = None
+
+
+class DocumentBlock(_Open):
+    type: Literal["document"]
+    source: DocumentSource
+    title: str | None = None
+    context: str | None = None
+    cache_control: CacheControl | None = None
+
+
+class ToolUseBlock(_Open):
+    type: Literal["tool_use", "server_tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] = Field(default_factory=dict)
+    cache_control: CacheControl | None = None
+
+
+class UnknownBlock(_Open):
+    """A block type this server does not know (e.g. a future Claude Code block): accepted and skipped."""
+
+    type: str
+
+
+def _result_block_tag(v: Any) -> str:
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in ("text", "image", "document") else "unknown"
+
+
+ToolResultContentBlock = Annotated[
+    Union[
+        Annotated[TextBlock, Tag("text")],
+        Annotated[ImageBlock, Tag("image")],
+        Annotated[DocumentBlock, Tag("document")],
+        Annotated[UnknownBlock, Tag("unknown")],
+    ],
+    Discriminator(_result_block_tag),
+]
+
+
+class ToolResultBlock(_Open):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[ToolResultContentBlock] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+
+class ThinkingBlock(_Open):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None  # accepted when absent/empty (harness-contracts E); verified when present
+    cache_control: CacheControl | None = None
+
+
+class RedactedThinkingBlock(_Open):
+    type: Literal["redacted_thinking"]
+    data: str
+    cache_control: CacheControl | None = None
+
+
+_KNOWN_BLOCKS = {
+    "text",
+    "image",
+    "document",
+    "tool_use",
+    "server_tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+}
+
+
+def _block_tag(v: Any) -> str:
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    if t == "server_tool_use":
+        return "tool_use"
+    return t if t in _KNOWN_BLOCKS else "unknown"
+
+
+ContentBlock = Annotated[
+    Union[
+        Annotated[TextBlock, Tag("text")],
+        Annotated[ImageBlock, Tag("image")],
+        Annotated[DocumentBlock, Tag("document")],
+        Annotated[ToolUseBlock, Tag("tool_use")],
+        Annotated[ToolResultBlock, Tag("tool_result")],
+        Annotated[ThinkingBlock, Tag("thinking")],
+        Annotated[RedactedThinkingBlock, Tag("redacted_thinking")],
+        Annotated[UnknownBlock, Tag("unknown")],
+    ],
+    Discriminator(_block_tag),
+]
+
+
+class InputMessage(_Open):
+    # "system" inside messages: Claude Code's mid-conversation-system beta (harness-contracts A3).
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+
+class SystemBlock(_Open):
+    type: Literal["text"] = "text"
+    text: str
+    cache_control: CacheControl | None = None
+
+
+class Tool(_Open):
+    name: str
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None  # absent on server tools (web_search_…), refused with a clear 400
+    type: str | None = None  # "custom" or absent for client tools; a dated type for server tools
+    cache_control: CacheControl | None = None
+
+
+class ToolChoiceSpec(_Open):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None
+    disable_parallel_tool_use: bool | None = None
+
+
+class ThinkingConfig(_Open):
+    type: Literal["enabled", "disabled", "adaptive"]
+    budget_tokens: int | None = None
+
+
+class OutputConfig(_Open):
+    effort: str | None = None
+
+
+class Metadata(_Open):
+    user_id: str | None = None
+
+
+class Nvext(_Open):
+    forced_script: str | None = None
+    agent_hints: dict[str, Any] | None = None
+
+
+class CountTokensRequest(_Open):
+    model: str
+    messages: list[InputMessage]
+    system: str | list[SystemBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoiceSpec | None = None
+    thinking: ThinkingConfig | None = None
+    output_config: OutputConfig | None = None
+    metadata: Metadata | None = None
+    nvext: Nvext | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int
+    stream: bool | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
