@@ -119,6 +119,8 @@ class GenerationOptions:
     session_key: str | None = None  # sticky-routing tie-breaker (Claude Code session id, prompt_cache_key, ...)
     hints: AgentHints = field(default_factory=AgentHints)
     forced_script: str | None = None  # test configs only: the exact text the engine must emit
+    ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens (benchmarks)
+    min_tokens: int = 0
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -232,6 +232,8 @@ class GenerationService:
             stop=list(opts.stop),
             priority=opts.hints.priority or 0,
             skip_special_tokens=not _needs_special_tokens(prepared.model),
+            ignore_eos=opts.ignore_eos,
+            min_tokens=opts.min_tokens,
         )
         script = self._forced_script(prepared)
         if script is not None:

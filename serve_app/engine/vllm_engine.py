@@ -38,6 +38,8 @@ class EngineRequest:
     forced_token_ids: list[int] | None = None
     forced_eos_id: int | None = None
     target_replica: str | None = None  # the router's choice, honoured by the Serve request router
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -138,6 +140,8 @@ class VLLMEngine:
             "skip_special_tokens": req.skip_special_tokens,
             "stop": req.stop or None,
             "extra_args": extra,
+            "ignore_eos": req.ignore_eos,
+            "min_tokens": req.min_tokens,
         }
         if req.temperature is not None:
             params["temperature"] = req.temperature

@@ -91,3 +91,6 @@ class ChatCompletionRequest(_Open):
     prompt_cache_key: str | None = None
     user: str | None = None
     nvext: NvExt | None = None
+    # vLLM's sampling extensions, accepted so benchmarks can ask both servers for exactly N tokens.
+    ignore_eos: bool = False
+    min_tokens: int = Field(default=0, ge=0)

@@ -110,5 +110,7 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
         session_key=req.prompt_cache_key or req.user,
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
     )
     return req, conv, opts

@@ -1,0 +1,166 @@
+"""The whole path (Ray Serve proxy → Ingress → Router → vLLM engine) through the real `openai` SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.integration
+
+MODEL = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="module")
+def client(serve_url):
+    return openai.OpenAI(base_url=f"{serve_url}/v1", api_key="unused", max_retries=0, timeout=300)
+
+
+def ask(client, content, **kw):
+    return client.chat.completions.create(
+        model=kw.pop("model", MODEL), messages=[{"role": "user", "content": content}], temperature=0, **kw
+    )
+
+
+def test_capital_of_france(client):
+    r = ask(client, "What is the capital of France?", max_tokens=30)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_stream_folds_to_the_same_text_and_usage(client):
+    full = ask(client, "Name three colors.", max_tokens=25)
+    chunks = list(ask(client, "Name three colors.", max_tokens=25, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    usage = chunks[-1].usage
+    assert usage.prompt_tokens == full.usage.prompt_tokens
+    assert usage.completion_tokens == full.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        full.choices[0].finish_reason]
+
+
+def test_usage_counts_are_exact(client, serve_url):
+    messages = [{"role": "user", "content": "Count to five."}]
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
+    tok = httpx.post(f"{serve_url}/v1/tokenize", json={"model": MODEL, "messages": messages}, timeout=60)
+    if tok.status_code == 200:
+        assert tok.json()["count"] == r.usage.prompt_tokens
+    assert r.usage.completion_tokens == 12 or r.choices[0].finish_reason == "stop"
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_cached_tokens_reported_on_a_repeated_long_prompt(client):
+    long = "You are a careful assistant. " * 60  # > one 128-token block
+    messages = [{"role": "system", "content": long}, {"role": "user", "content": "Say ok."}]
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)
+    assert r.usage.prompt_tokens_details.cached_tokens >= 128
+
+
+def test_forced_script_comes_back_byte_exact(client):
+    script = 'Exactly this: {"a": [1, 2]} — ünïcödé ✓\nline two.'
+    r = ask(client, "anything", max_tokens=200, extra_body={"nvext": {"forced_script": script}})
+    assert r.choices[0].message.content == script
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_forced_tool_call_streams_arguments_and_dispatches(client, serve_url):
+    args = {"path": "notes.txt", "content": "hello " * 50}
+    script = 'Writing.<tool_call>\n{"name": "write_file", "arguments": ' + json.dumps(args) + "}\n</tool_call>"
+    tools = [{"type": "function", "function": {"name": "write_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "write"}], "tools": tools,
+            "max_tokens": 400, "nvext": {"forced_script": script}}
+    events = []
+    with httpx.stream("POST", f"{serve_url}/v1/chat/completions", json=body, timeout=300) as resp:
+        assert resp.status_code == 200
+        name = None
+        for line in resp.iter_lines():
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("data: "):
+                data = line[6:]
+                events.append((name, None if data == "[DONE]" else json.loads(data)))
+                name = None
+    dispatch = [d for n, d in events if n == "tool_call_dispatch"]
+    assert len(dispatch) == 1
+    assert dispatch[0]["tool_call"]["function"]["name"] == "write_file"
+    assert json.loads(dispatch[0]["tool_call"]["function"]["arguments"]) == args
+    chunks = [d for n, d in events if n is None and d is not None]
+    final_i = next(i for i, (n, d) in enumerate(events) if n is None and d and d["choices"] and d["choices"][0]["finish_reason"])
+    dispatch_i = next(i for i, (n, _) in enumerate(events) if n == "tool_call_dispatch")
+    assert dispatch_i < final_i
+    arg_frags = [tc["function"]["arguments"] for c in chunks for tc in (c["choices"][0]["delta"].get("tool_calls") or [])
+                 if tc.get("function", {}).get("arguments")]
+    assert len(arg_frags) > 3  # streamed as generated, not in one piece at the end
+    assert json.loads("".join(arg_frags)) == args
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == "Writing." and "<tool_call>" not in text
+    assert events[final_i][1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_errors_in_openai_envelope(client, serve_url):
+    with pytest.raises(openai.NotFoundError) as e:
+        ask(client, "hi", model="no-such-model")
+    assert "no-such-model" in e.value.body["message"] if isinstance(e.value.body, dict) else True
+    r = httpx.post(f"{serve_url}/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = httpx.post(f"{serve_url}/v1/chat/completions", json={"model": MODEL, "messages": "hi"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+    r = httpx.post(f"{serve_url}/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                                                             "max_tokens": "lots"})
+    assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
+    r = httpx.get(f"{serve_url}/v1/models/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+def test_prompt_too_long_says_both_numbers(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        ask(client, "word " * 9000, max_tokens=5)
+    msg = str(e.value)
+    assert "8192" in msg and "tokens >" in msg
+
+
+def test_max_tokens_beyond_the_context_is_clamped(client):
+    r = ask(client, "Say hi.", max_tokens=10**6, extra_body={"nvext": {"forced_script": "hi"}})
+    assert r.choices[0].message.content == "hi"
+
+
+def test_models_endpoints(client, serve_url):
+    ids = {m.id for m in client.models.list().data}
+    assert {"smollm2-135m-instruct", "smollm2", "claude-sonnet-4-6"} <= ids
+    m = httpx.get(f"{serve_url}/v1/models/claude-sonnet-4-6").json()
+    assert m["id"] == "claude-sonnet-4-6" and m["context_window"] == 32768 and m["max_output_tokens"] == 4096
+
+
+def _running(engine_handles) -> int:
+    total = 0
+    for h in engine_handles.values():
+        total += h.num_unfinished.remote().result(timeout_s=30)
+    return total
+
+
+def test_disconnect_mid_stream_aborts_the_engine_request(serve_url, engine_handles):
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "Tell a very long story."}],
+            "max_tokens": 2000, "temperature": 0, "nvext": {"forced_script": "story " * 1500}}
+
+    async def start_and_drop():
+        async with httpx.AsyncClient(timeout=120) as c:
+            async with c.stream("POST", f"{serve_url}/v1/chat/completions", json=body) as resp:
+                seen = 0
+                async for line in resp.aiter_lines():
+                    if line.startswith("data: ") and '"content"' in line:
+                        seen += 1
+                        if seen >= 5:
+                            break  # leaving the block closes the connection mid-stream
+
+    asyncio.run(start_and_drop())
+    deadline = time.monotonic() + 30
+    while _running(engine_handles) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _running(engine_handles) == 0
