@@ -35,14 +35,18 @@ def _types_of(prop: Any) -> frozenset[str]:
 
 
 class ToolSchemas:
-    """name -> {param -> allowed JSON types}, built once per request from OpenAI-style function schemas."""
+    """name -> {param -> allowed JSON types}, built once per request from OpenAI-style function schemas
+    (`{"type": "function", "function": {...}}` or the bare function), Anthropic tools (`input_schema`) or the
+    IR's `ToolSpec`s."""
 
     __slots__ = ("_params",)
 
     def __init__(self, tool_schemas: list[dict] | None):
         self._params: dict[str, dict[str, frozenset[str]]] = {}
         for spec in tool_schemas or ():
-            fn = spec.get("function", spec) if isinstance(spec, dict) else None
+            if not isinstance(spec, dict):  # the IR's ToolSpec (or anything with .name / .parameters)
+                spec = {"name": getattr(spec, "name", None), "parameters": getattr(spec, "parameters", None)}
+            fn = spec.get("function", spec)
             if not isinstance(fn, dict) or not fn.get("name"):
                 continue
             params = fn.get("parameters") or fn.get("input_schema") or {}

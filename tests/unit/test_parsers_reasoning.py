@@ -194,3 +194,16 @@ def test_hold_back_is_bounded_and_released():
 def test_token_ids_are_accepted():
     p = make_stream_parser(reasoning="qwen3", tools="hermes")
     assert simple(fold_complete(p.push("hi", token_ids=[1, 2]) + p.finish())) == [("text", "hi")]
+
+
+def test_schemas_accepted_in_every_shape():
+    from serve_app.conversation import ToolSpec
+
+    props = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    text = "<tool_call>\n<function=f>\n<parameter=n>\n7\n</parameter>\n</function>\n</tool_call>"
+    for schemas in ([{"type": "function", "function": {"name": "f", "parameters": props}}],
+                    [{"name": "f", "input_schema": props}], [ToolSpec(name="f", parameters=props)]):
+        assert simple(fold_complete(parse_complete(text, tools="qwen3_coder", tool_schemas=schemas))) == [
+            ("call", "f", {"n": 7})]
+    # without a schema the value stays a string: nothing is guessed
+    assert simple(fold_complete(parse_complete(text, tools="qwen3_coder"))) == [("call", "f", {"n": "7"})]
