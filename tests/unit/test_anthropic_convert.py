@@ -1,0 +1,225 @@
+"""Anthropic wire request → Conversation/GenerationOptions: everything Claude Code 2.1 and OpenClaw send."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from serve_app.conversation import (
+    DocumentPart,
+    ImagePart,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
+from serve_app.errors import ServiceError
+from serve_app.ingress.anthropic import signatures
+from serve_app.ingress.anthropic.convert import (
+    count_tokens_request,
+    ir_tool_id,
+    messages_request,
+    to_conversation,
+    wire_tool_id,
+)
+
+SECRET = b"s" * 32
+BILLING = "x-anthropic-billing-header: cc_version=2.1.197.abc; cc_entrypoint=cli;"
+
+
+def conv_of(body, headers=None):
+    base = {"model": "m", "max_tokens": 32000}
+    base.update(body)
+    return to_conversation(messages_request(base), SECRET, headers)
+
+
+def test_claude_code_first_request_shape_is_accepted():
+    body = {
+        "model": "m",
+        "max_tokens": 32000,
+        "stream": True,
+        "system": [
+            {"type": "text", "text": BILLING},
+            {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
+             "cache_control": {"type": "ephemeral", "ttl": "1h", "scope": "global"}},
+        ],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]},
+            {"role": "system", "content": "<system-reminder>mid-conversation</system-reminder>"},
+        ],
+        "tools": [{"name": "Bash", "description": "run", "input_schema": {"type": "object", "properties": {}},
+                   "cache_control": {"type": "ephemeral"}, "strict": True, "defer_loading": False,
+                   "eager_input_streaming": True}],
+        "tool_choice": {"type": "auto"},
+        "thinking": {"type": "adaptive", "display": "summarized"},
+        "output_config": {"effort": "high", "task_budget": 5},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "metadata": {"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": "sess-1"})},
+        "speed": "fast",
+        "diagnostics": {"x": 1},
+    }
+    conv, opts = to_conversation(messages_request(body), SECRET, {})
+    assert conv.messages[0].role == "system"
+    assert [p.text for p in conv.messages[0].parts] == [BILLING, "You are Claude Code, Anthropic's official CLI for Claude."]
+    assert [m.role for m in conv.messages] == ["system", "user", "system"]
+    assert conv.tools[0].name == "Bash" and conv.tools[0].parameters == {"type": "object", "properties": {}}
+    assert opts.thinking is True and opts.reasoning_effort == "high"
+    assert opts.session_key == "sess-1"
+    assert opts.max_tokens == 32000  # never refused for size: the service clamps
+
+
+@pytest.mark.parametrize("thinking,expected", [(None, False), ({"type": "disabled"}, False),
+                                               ({"type": "enabled", "budget_tokens": 1024}, True),
+                                               ({"type": "adaptive"}, True)])
+def test_thinking_defaults_off(thinking, expected):
+    body = {"messages": [{"role": "user", "content": "x"}]}
+    if thinking:
+        body["thinking"] = thinking
+    assert conv_of(body)[1].thinking is expected
+
+
+def test_session_header_wins_over_metadata():
+    body = {"messages": [{"role": "user", "content": "x"}], "metadata": {"user_id": '{"session_id": "a"}'}}
+    assert conv_of(body, {"x-claude-code-session-id": "hdr"})[1].session_key == "hdr"
+    assert conv_of(body, {})[1].session_key == "a"
+    plain = {"messages": [{"role": "user", "content": "x"}], "metadata": {"user_id": "user-7"}}
+    assert conv_of(plain)[1].session_key == "user-7"
+
+
+def test_sampling_fields_and_forced_script():
+    _, opts = conv_of({"messages": [{"role": "user", "content": "x"}], "temperature": 0.2, "top_p": 0.9, "top_k": 5,
+                       "stop_sequences": ["END", ""], "nvext": {"forced_script": "hi", "agent_hints": {"osl": 12}}})
+    assert (opts.temperature, opts.top_p, opts.top_k, opts.stop) == (0.2, 0.9, 5, ["END"])
+    assert opts.forced_script == "hi" and opts.hints.osl == 12
+
+
+def test_tool_loop_history_maps_to_calls_and_tool_messages_in_order():
+    sig = signatures.sign(SECRET, "I should run ls")
+    conv, _ = conv_of({"messages": [
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "I should run ls", "signature": sig, "cache_control": {"type": "ephemeral"}},
+            {"type": "text", "text": "Running."},
+            {"type": "tool_use", "id": "toolu_abc", "name": "Bash", "input": {"command": "ls"}},
+            {"type": "tool_use", "id": "toolu_def", "name": "Bash", "input": {"command": "pwd"}},
+        ]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_abc", "content": "a.txt"},
+            {"type": "tool_result", "tool_use_id": "toolu_def", "is_error": True,
+             "content": [{"type": "text", "text": "boom"}, {"type": "text", "text": "again"}]},
+            {"type": "text", "text": "now summarise"},
+        ]},
+    ]})
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "tool", "user"]
+    asst = conv.messages[1].parts
+    assert asst[0] == ReasoningPart("I should run ls", signature=sig)
+    assert asst[1] == TextPart("Running.")
+    assert asst[2] == ToolCallPart(id="call_abc", name="Bash", arguments='{"command": "ls"}')
+    r1, r2 = conv.messages[2].parts[0], conv.messages[3].parts[0]
+    assert r1 == ToolResultPart(tool_call_id="call_abc", content="a.txt", is_error=False)
+    assert r2.tool_call_id == "call_def" and r2.is_error and r2.content == [TextPart("boom"), TextPart("again")]
+    assert conv.messages[4].parts == [TextPart("now summarise")]
+
+
+def test_tampered_or_foreign_thinking_is_refused_with_the_api_wording():
+    sig = signatures.sign(SECRET, "original")
+    for thinking, signature in [("edited", sig), ("original", "EuYBCkQYAiJA" + "x" * 40), ("original", sig[:-2] + "AA")]:
+        with pytest.raises(ServiceError) as e:
+            conv_of({"messages": [{"role": "user", "content": "q"},
+                                  {"role": "assistant", "content": [
+                                      {"type": "text", "text": "a"},
+                                      {"type": "thinking", "thinking": thinking, "signature": signature}]},
+                                  {"role": "user", "content": "q2"}]})
+        assert e.value.status == 400 and e.value.kind == "invalid_request"
+        assert e.value.message == "messages.1.content.1: Invalid `signature` in `thinking` block"
+    # Another server's key gives another signature.
+    assert not signatures.verify(b"other", "original", sig)
+
+
+def test_unsigned_and_redacted_thinking_are_accepted_but_not_replayed():
+    conv, _ = conv_of({"messages": [{"role": "user", "content": "q"},
+                                    {"role": "assistant", "content": [
+                                        {"type": "thinking", "thinking": "t", "signature": ""},
+                                        {"type": "thinking", "thinking": "t2"},
+                                        {"type": "redacted_thinking", "data": "opaque"},
+                                        {"type": "text", "text": "a"}]}]})
+    assert conv.messages[1].parts == [TextPart("a")]
+
+
+def test_images_and_documents_become_parts():
+    conv, _ = conv_of({"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBOR"}},
+        {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}},
+        {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBER"}},
+        {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "plain doc"}},
+        {"type": "text", "text": "describe"},
+    ]}]})
+    assert conv.messages[0].parts == [
+        ImagePart(media_type="image/png", data="iVBOR"), ImagePart(url="https://x/y.png"),
+        DocumentPart(media_type="application/pdf", data="JVBER"), DocumentPart(media_type="text/plain", text="plain doc"),
+        TextPart("describe"),
+    ]
+
+
+def test_unknown_block_types_are_skipped():
+    conv, _ = conv_of({"messages": [{"role": "user", "content": [{"type": "future_block", "x": 1},
+                                                                 {"type": "text", "text": "hi"}]}]})
+    assert conv.messages[0].parts == [TextPart("hi")]
+
+
+@pytest.mark.parametrize("tc,mode,name,parallel", [
+    ({"type": "auto"}, "auto", None, True),
+    ({"type": "any", "disable_parallel_tool_use": True}, "required", None, False),
+    ({"type": "tool", "name": "Bash"}, "tool", "Bash", True),
+    ({"type": "none"}, "none", None, True),
+])
+def test_tool_choice(tc, mode, name, parallel):
+    conv, _ = conv_of({"messages": [{"role": "user", "content": "x"}], "tool_choice": tc,
+                       "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]})
+    assert (conv.tool_choice.mode, conv.tool_choice.name, conv.tool_choice.parallel) == (mode, name, parallel)
+
+
+def test_server_tools_get_a_clean_400():
+    with pytest.raises(ServiceError) as e:
+        conv_of({"messages": [{"role": "user", "content": "x"}],
+                 "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 5}]})
+    assert e.value.status == 400 and "tools.0" in e.value.message
+
+
+@pytest.mark.parametrize("body,where", [
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "messages.0.content.0.text: Field required"),
+    ({"model": "m", "max_tokens": "lots", "messages": []}, "max_tokens: Input should be a valid integer"),
+    ({"model": "m", "messages": []}, "max_tokens: Field required"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "bot", "content": "x"}]}, "messages.0.role: Input should be"),
+    ({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}], "thinking": {"type": "maybe"}},
+     "thinking.type: Input should be"),
+])
+def test_validation_errors_name_the_field(body, where):
+    with pytest.raises(ServiceError) as e:
+        messages_request(body)
+    assert e.value.status == 400 and e.value.message.startswith(where)
+
+
+def test_count_tokens_body_needs_no_max_tokens():
+    req = count_tokens_request({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                "thinking": {"type": "enabled", "budget_tokens": 2000}})
+    conv, opts = to_conversation(req, SECRET)
+    assert opts.thinking is True and opts.max_tokens is None and conv.messages[0].parts == [TextPart("x")]
+
+
+@given(st.text(min_size=1, max_size=40))
+def test_tool_ids_round_trip_and_are_anthropic_safe(call_id):
+    wid = wire_tool_id(call_id)
+    assert wid.startswith("toolu_")
+    assert all(c.isascii() and (c.isalnum() or c in "_-") for c in wid)
+    assert ir_tool_id(wid) == call_id or (call_id.startswith("toolu_") and ir_tool_id(wid) == "call_" + call_id[6:])
+    assert ir_tool_id(wire_tool_id(ir_tool_id(wid))) == ir_tool_id(wid)
+
+
+def test_model_generated_ids_survive_the_round_trip():
+    for cid in ["call_0123abcd", "functions.Bash:0", "tool-1"]:
+        assert ir_tool_id(wire_tool_id(cid)) == cid
