@@ -121,6 +121,7 @@ class GenerationService:
         self._renderers: dict[str, Any] = {}  # model id -> PromptRenderer (immutable after creation)
         self._render_locks: dict[str, asyncio.Lock] = {}
         self._inflight = 0
+        self._background: set[asyncio.Task] = set()
 
     # -- models ---------------------------------------------------------------------------------------------
 
@@ -230,7 +231,7 @@ class GenerationService:
             top_k=opts.top_k,
             seed=opts.seed,
             stop=list(opts.stop),
-            priority=opts.hints.priority or 0,
+            priority=-(opts.hints.priority or 0),  # hints: higher = more important; vLLM: lower runs first
             skip_special_tokens=not _needs_special_tokens(prepared.model),
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,
@@ -276,6 +277,8 @@ class GenerationService:
             )
             completion = reasoning_tokens = cached = 0
             saw_tool = False
+            warm = prepared.options.hints.speculative_prefill
+            generated: list[int] = []  # kept only to warm the next turn's prefix
             last: EngineChunk | None = None
             chunks = self.engines.generate(key, engine_req)
             async for chunk in chunks:
@@ -283,6 +286,8 @@ class GenerationService:
                 if chunk.num_cached_tokens is not None:
                     cached = chunk.num_cached_tokens
                 completion += len(chunk.token_ids)
+                if warm:
+                    generated.extend(chunk.token_ids)
                 events = parser.push(chunk.text, chunk.token_ids) if chunk.text or chunk.token_ids else []
                 if events and all(isinstance(e, ReasoningDelta) for e in events):
                     reasoning_tokens += len(chunk.token_ids)
@@ -301,6 +306,8 @@ class GenerationService:
                 yield Finish("error", error="the engine ended the stream without finishing", error_kind="api_error")
             else:
                 yield _map_finish(last, saw_tool)
+                if warm and last.finish_reason in ("stop", "length"):
+                    self._warm_next_turn(key, engine_req, generated)
         except asyncio.CancelledError:
             raise
         except ServiceError as e:
@@ -320,6 +327,28 @@ class GenerationService:
                         pass
             if decision is not None:
                 self.engines.release(key, prepared.request_id)
+
+    def _warm_next_turn(self, key: str, done: EngineRequest, generated: list[int]) -> None:
+        """`agent_hints.speculative_prefill`: the next turn starts with this prompt plus this answer, so prefill
+        that on the same replica now (one token, lowest priority) while the harness runs its tools."""
+        warm = EngineRequest(
+            request_id=f"{done.request_id}-warm",
+            prompt_token_ids=done.prompt_token_ids + generated,
+            max_tokens=1,
+            priority=10,
+            target_replica=done.target_replica,
+        )
+
+        async def run() -> None:
+            try:
+                async for _ in self.engines.generate(key, warm):
+                    pass
+            except Exception as e:  # noqa: BLE001 - warming is best effort
+                log.debug("speculative prefill failed: %s", e)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def complete(self, prepared: PreparedRequest) -> list[Event]:
         return [ev async for ev in self.stream(prepared)]
