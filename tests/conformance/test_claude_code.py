@@ -1,0 +1,101 @@
+"""The real Claude Code CLI against the service: `claude -p` answers, and a forced two-turn Bash tool loop completes
+with the second request reusing the first's prompt prefix.
+
+Claude Code is npm-installed at test time into `.tools/claude-code` (gitignored); without npm or the registry the
+tests skip and say why. The model's words come from `tests/configs/script_rules/anthropic.yaml` (forced scripts
+keyed on markers in the prompt), through the real engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.conformance, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = ROOT / ".tools" / "claude-code"
+BIN = PREFIX / "node_modules" / ".bin" / "claude"
+MODEL = "claude-sonnet-4-6"  # alias of the 32K engine in tests/configs/test.yaml: Claude Code's prompt is ~20K
+
+
+def _install() -> Path:
+    if BIN.exists():
+        return BIN
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed, so Claude Code cannot be installed for this test")
+    PREFIX.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(PREFIX),
+                            "@anthropic-ai/claude-code"], capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.skip("npm install @anthropic-ai/claude-code timed out")
+    if r.returncode != 0 or not BIN.exists():
+        pytest.skip(f"npm could not install @anthropic-ai/claude-code: {(r.stderr or r.stdout)[-500:]}")
+    return BIN
+
+
+@pytest.fixture(scope="module")
+def claude() -> Path:
+    path = _install()
+    r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        pytest.skip(f"the installed claude binary does not run here: {r.stderr[-300:]}")
+    return path
+
+
+def run_claude(claude: Path, serve_url: str, home: Path, prompt: str, *extra: str) -> list[dict]:
+    home.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),  # a fresh home: no user settings, no login, no history
+        "ANTHROPIC_BASE_URL": serve_url,
+        "ANTHROPIC_API_KEY": "sk-test-not-checked",
+        "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024",
+        "API_TIMEOUT_MS": "900000",
+        "CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK": "1",  # a broken stream must fail the test, not be papered over
+    }
+    cmd = [str(claude), "-p", prompt, "--model", MODEL, "--output-format", "stream-json", "--verbose", *extra]
+    r = subprocess.run(cmd, cwd=home, env=env, capture_output=True, text=True, timeout=1200)
+    lines = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    assert r.returncode == 0, f"claude exited {r.returncode}\nstdout: {r.stdout[-3000:]}\nstderr: {r.stderr[-3000:]}"
+    return lines
+
+
+def test_print_mode_answers(claude, serve_url, tmp_path):
+    out = run_claude(claude, serve_url, tmp_path / "home", "CONFORMANCE_SAY_OK: reply with the word ok")
+    result = [o for o in out if o.get("type") == "result"][-1]
+    assert result["is_error"] is False, result
+    assert result["result"].strip() == "ok"
+    usage = result["usage"]
+    assert usage["input_tokens"] + usage.get("cache_read_input_tokens", 0) > 5000  # Claude Code's real prompt
+
+
+def test_two_turn_bash_tool_loop_reuses_the_prefix(claude, serve_url, tmp_path):
+    out = run_claude(claude, serve_url, tmp_path / "home", "CONFORMANCE_BASH_LOOP: run the command",
+                     "--allowedTools", "Bash")
+    assistants = [o["message"] for o in out if o.get("type") == "assistant"]
+    calls = [b for m in assistants for b in m["content"] if b["type"] == "tool_use"]
+    assert calls and calls[0]["name"] == "Bash" and calls[0]["input"]["command"] == "echo CONFORMANCE_BASH_DONE"
+    assert calls[0]["id"].startswith("toolu_")
+    results = [b for o in out if o.get("type") == "user" for b in o["message"]["content"]
+               if isinstance(b, dict) and b.get("type") == "tool_result"]
+    assert results and "CONFORMANCE_BASH_DONE" in json.dumps(results[0]["content"])
+    result = [o for o in out if o.get("type") == "result"][-1]
+    assert result["is_error"] is False, result
+    assert result["result"].strip() == "The command printed CONFORMANCE_BASH_DONE."
+    # Turn 2's prompt is turn 1's prompt + the call + its result: the engine must find turn 1's prefix cached.
+    first = next(m["usage"] for m in assistants if any(b["type"] == "tool_use" for b in m["content"]))
+    last = assistants[-1]["usage"]
+    first_prompt = first["input_tokens"] + first.get("cache_read_input_tokens", 0)
+    assert last.get("cache_read_input_tokens", 0) >= first_prompt - 256, (first, last)

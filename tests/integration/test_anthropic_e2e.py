@@ -1,0 +1,224 @@
+"""Anthropic Messages through the whole path (Ray Serve proxy → Ingress → Router → vLLM engine), driven by the
+real `anthropic` SDK. Exact outputs come from forced scripts through the real engine (`nvext.forced_script`)."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PLAIN = "smollm2-135m-instruct"  # no reasoning parser, hermes tools
+THINK = "test-qwen3"  # qwen3 reasoning parser + hermes tools
+LONG = "claude-sonnet-4-6"  # alias of the 32K (YaRN) engine
+
+BASH = {"name": "Bash", "description": "Run a shell command",
+        "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+READ = {"name": "Read", "description": "Read a file",
+        "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+USER = [{"role": "user", "content": "go"}]
+
+
+def call(name: str, args: dict) -> str:
+    return '<tool_call>\n{"name": "' + name + '", "arguments": ' + json.dumps(args) + "}\n</tool_call>"
+
+
+@pytest.fixture(scope="module")
+def client(serve_url):
+    return anthropic.Anthropic(base_url=serve_url, api_key="unused", max_retries=0, timeout=600)
+
+
+def forced(script: str) -> dict:
+    return {"nvext": {"forced_script": script}}
+
+
+def test_real_model_answers(client):
+    m = client.messages.create(model=PLAIN, max_tokens=30, temperature=0,
+                               messages=[{"role": "user", "content": "What is the capital of France?"}])
+    assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
+    assert m.content and m.content[0].type == "text" and m.content[0].text.strip()
+    assert m.stop_reason in ("end_turn", "max_tokens")
+    assert m.usage.input_tokens > 0 and 0 < m.usage.output_tokens <= 30
+
+
+def test_stream_accumulator_matches_create(client):
+    script = "<think>Check the files first.</think>I'll look." + call("Bash", {"command": "ls -la"})
+    args = dict(model=THINK, max_tokens=200, messages=USER, tools=[BASH], thinking={"type": "adaptive"},
+                extra_body=forced(script))
+    created = client.messages.create(**args)
+    with client.messages.stream(**args) as s:
+        names = [ev.type for ev in s]
+        streamed = s.get_final_message()
+    for m in (created, streamed):
+        assert [b.type for b in m.content] == ["thinking", "text", "tool_use"]
+        assert m.content[0].thinking == "Check the files first." and m.content[0].signature
+        assert m.content[1].text == "I'll look."
+        assert m.content[2].name == "Bash" and m.content[2].input == {"command": "ls -la"}
+        assert m.content[2].id.startswith("toolu_")
+        assert m.stop_reason == "tool_use"
+    assert names[0] == "message_start" and names[-1] == "message_stop"
+    assert streamed.usage.output_tokens == created.usage.output_tokens
+    assert (streamed.usage.input_tokens + streamed.usage.cache_read_input_tokens
+            == created.usage.input_tokens + created.usage.cache_read_input_tokens)
+
+
+def test_thinking_off_drops_reasoning(client):
+    script = "<think>private</think>Visible." + call("Bash", {"command": "pwd"})
+    m = client.messages.create(model=THINK, max_tokens=200, messages=USER, tools=[BASH], extra_body=forced(script))
+    assert [b.type for b in m.content] == ["text", "tool_use"]
+    assert "private" not in m.content[0].text
+
+
+def test_count_tokens_equals_the_prompt_the_engine_saw(client):
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.a1b; cc_entrypoint=cli;"},
+              {"type": "text", "text": "You are a careful assistant. " * 20, "cache_control": {"type": "ephemeral"}}]
+    kw = dict(model=THINK, system=system, tools=[BASH, READ], thinking={"type": "enabled", "budget_tokens": 1024},
+              messages=[{"role": "user", "content": [{"type": "text", "text": "Say ok.",
+                                                      "cache_control": {"type": "ephemeral"}}]}])
+    counted = client.messages.count_tokens(**kw)
+    m = client.messages.create(max_tokens=5, extra_body=forced("ok"), **kw)
+    assert counted.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens
+    assert counted.input_tokens > 300  # system + tools are counted, not just the messages
+
+
+def test_interleaved_think_tool_think_tool(client):
+    script = ("<think>First read a.</think>" + call("Read", {"path": "a"})
+              + "<think>Then read b.</think>" + call("Read", {"path": "b"}))
+    with client.messages.stream(model=THINK, max_tokens=300, messages=USER, tools=[READ], thinking={"type": "adaptive"},
+                                extra_body=forced(script)) as s:
+        m = s.get_final_message()
+    assert [b.type for b in m.content] == ["thinking", "tool_use", "thinking", "tool_use"]
+    assert [b.input for b in m.content if b.type == "tool_use"] == [{"path": "a"}, {"path": "b"}]
+    assert [b.thinking for b in m.content if b.type == "thinking"] == ["First read a.", "Then read b."]
+
+
+def test_parallel_tool_calls(client):
+    script = "Reading both." + call("Read", {"path": "x.py"}) + "\n" + call("Read", {"path": "y.py"})
+    m = client.messages.create(model=PLAIN, max_tokens=300, messages=USER, tools=[READ], extra_body=forced(script))
+    uses = [b for b in m.content if b.type == "tool_use"]
+    assert [u.input for u in uses] == [{"path": "x.py"}, {"path": "y.py"}]
+    assert len({u.id for u in uses}) == 2 and m.stop_reason == "tool_use"
+
+
+def test_20kb_tool_argument_streams_in_many_fragments(client, serve_url):
+    content = "".join(f"line {i}: the quick brown fox\n" for i in range(700))  # ~20 KB
+    assert len(content) > 20_000
+    write = {"name": "Write", "input_schema": {"type": "object", "properties": {
+        "path": {"type": "string"}, "content": {"type": "string"}}}}
+    script = call("Write", {"path": "big.txt", "content": content})
+    body = {"model": PLAIN, "max_tokens": 2048, "stream": True, "messages": USER, "tools": [write], **forced(script)}
+    fragments = 0
+    with httpx.stream("POST", f"{serve_url}/v1/messages?beta=true", json=body, timeout=600) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and '"input_json_delta"' in line:
+                fragments += 1
+    assert fragments >= 20
+    with client.messages.stream(model=PLAIN, max_tokens=2048, messages=USER, tools=[write],
+                                extra_body=forced(script)) as s:
+        m = s.get_final_message()
+    assert m.content[0].type == "tool_use" and m.content[0].input == {"path": "big.txt", "content": content}
+
+
+def test_stop_sequence(client):
+    m = client.messages.create(model=PLAIN, max_tokens=50, messages=USER, stop_sequences=["THREE"],
+                               extra_body=forced("one two THREE four"))
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == "THREE"
+    assert m.content[0].text.startswith("one two") and "four" not in m.content[0].text
+
+
+def test_max_tokens(client):
+    m = client.messages.create(model=PLAIN, max_tokens=3, messages=USER,
+                               extra_body=forced("a long answer that goes on and on and on"))
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
+
+
+def test_huge_max_tokens_is_clamped_not_refused(client):
+    m = client.messages.create(model=PLAIN, max_tokens=128000, messages=USER, extra_body=forced("fine"))
+    assert m.content[0].text == "fine" and m.stop_reason == "end_turn"
+
+
+def test_tool_loop_round_trips_signed_thinking_and_reuses_the_prefix(client):
+    system = "You are a coding agent. " * 30
+    first_script = "<think>I should list files.</think>" + call("Bash", {"command": "echo hi"})
+    kw = dict(model=THINK, max_tokens=200, system=system, tools=[BASH], thinking={"type": "adaptive"})
+    first = client.messages.create(messages=USER, extra_body=forced(first_script), **kw)
+    use = first.content[-1]
+    history = [USER[0], {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "hi"}]}]
+    second = client.messages.create(messages=history, extra_body=forced("It printed hi."), **kw)
+    assert second.content[-1].text == "It printed hi." and second.stop_reason == "end_turn"
+    assert second.usage.cache_read_input_tokens > 0
+    history[1]["content"][0]["thinking"] = "I should delete files."
+    with pytest.raises(anthropic.BadRequestError) as e:
+        client.messages.create(messages=history, extra_body=forced("no"), **kw)
+    assert "Invalid `signature` in `thinking` block" in str(e.value)
+
+
+def test_claude_code_first_request_shape(client, serve_url):
+    body = {
+        "model": LONG, "max_tokens": 32000, "stream": True,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.197.f00; cc_entrypoint=cli;"},
+                   {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude.",
+                    "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hello", "cache_control": {"type": "ephemeral"}}]},
+                     {"role": "system", "content": "<system-reminder>today is Monday</system-reminder>"}],
+        "tools": [{**BASH, "cache_control": {"type": "ephemeral"}, "eager_input_streaming": True}],
+        "tool_choice": {"type": "auto"}, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "metadata": {"user_id": json.dumps({"device_id": "d", "account_uuid": "", "session_id": "s-1"})},
+        **forced("<think>Greet back.</think>Hello!"),
+    }
+    headers = {"anthropic-version": "2023-06-01", "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,"
+               "effort-2025-11-24,made-up-beta-2099-01-01", "x-claude-code-session-id": "s-1", "x-app": "cli"}
+    events = []
+    with httpx.stream("POST", f"{serve_url}/v1/messages?beta=true", json=body, headers=headers, timeout=600) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                events.append(line[7:])
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert "signature_delta" not in events  # it is a delta type, carried under content_block_delta
+    assert events.count("content_block_start") == 2
+
+
+def test_errors_in_the_anthropic_envelope(client, serve_url):
+    def check(r, status, etype):
+        assert r.status_code == status, r.text
+        j = r.json()
+        assert j["type"] == "error" and j["error"]["type"] == etype
+        assert r.headers["request-id"]
+        return j["error"]["message"]
+
+    url = f"{serve_url}/v1/messages"
+    msg = check(httpx.post(url, json={"model": "no-such-model", "max_tokens": 5, "messages": USER}, timeout=60),
+                404, "not_found_error")
+    assert msg == "model: no-such-model"
+    too_long = "lorem ipsum dolor sit amet " * 3000
+    msg = check(httpx.post(url, json={"model": PLAIN, "max_tokens": 5, "messages": [
+        {"role": "user", "content": too_long}]}, timeout=120), 400, "invalid_request_error")
+    assert msg.startswith("prompt is too long: ") and msg.endswith(" tokens > 8192 maximum")
+    msg = check(httpx.post(url, json={"model": PLAIN, "messages": USER}, timeout=60), 400, "invalid_request_error")
+    assert msg.startswith("max_tokens")
+    check(httpx.post(url, content=b"{", headers={"content-type": "application/json"}, timeout=60), 400,
+          "invalid_request_error")
+    check(httpx.post(url, content=b"x" * (33 * 1024 * 1024), headers={"content-type": "application/json"},
+                     timeout=120), 413, "request_too_large")
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="no-such-model", max_tokens=5, messages=USER)
+
+
+def test_models_in_anthropic_shape_and_head(client, serve_url):
+    page = client.models.list(limit=1000)
+    ids = [m.id for m in page.data]
+    assert LONG in ids and PLAIN in ids
+    m = client.models.retrieve(LONG)
+    assert m.type == "model" and m.id == LONG
+    raw = httpx.get(f"{serve_url}/v1/models", headers={"anthropic-version": "2023-06-01"}, params={"limit": 2},
+                    timeout=60).json()
+    assert set(raw) >= {"data", "has_more", "first_id", "last_id"} and raw["has_more"] is True
+    assert raw["data"][0]["max_input_tokens"] > 0 and raw["data"][0]["max_tokens"] > 0
+    assert httpx.head(f"{serve_url}/", timeout=60).status_code == 200
