@@ -1,0 +1,61 @@
+"""`python -m serve_app <command>`: small operator commands. Add a command with one `_cmd_*` function and one
+subparser in `build_parser`.
+
+    codex-config --base-url URL   print a Codex config.toml provider block and write the model catalog it names
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_CONFIG = "config.yaml"
+
+
+def _load_settings(path: str):
+    from serve_app.settings import AppSettings
+
+    p = Path(path)
+    if not p.exists() and not p.is_absolute():
+        p = Path(__file__).resolve().parent.parent / path  # the project's embedded default config
+    return AppSettings.from_yaml(p)
+
+
+def _cmd_codex_config(args: argparse.Namespace) -> int:
+    from serve_app.codex import write_codex_config
+
+    settings = _load_settings(args.config)
+    if args.model and settings.find_model(args.model) is None:
+        print(f"error: model {args.model!r} is not served by {args.config}", file=sys.stderr)
+        return 2
+    block = write_codex_config(settings.models, args.base_url, args.catalog_out, model=args.model,
+                               env_key=None if args.no_env_key else args.env_key)
+    print(block, end="")
+    print(f"# model catalog written to {Path(args.catalog_out).expanduser().resolve()}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m serve_app", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    codex = sub.add_parser("codex-config", help="Codex CLI provider block + model catalog for this deployment")
+    codex.add_argument("--base-url", required=True, help="the service's URL, e.g. http://host:8000 (/v1 is added)")
+    codex.add_argument("--config", default=DEFAULT_CONFIG, help="Serve config (or bare args) YAML with the models")
+    codex.add_argument("--catalog-out", default="~/.codex/serve_app_models.json",
+                       help="where to write the model catalog JSON (config.toml's model_catalog_json)")
+    codex.add_argument("--model", default=None, help="the model Codex uses by default (first served id if unset)")
+    codex.add_argument("--env-key", default="SERVE_APP_API_KEY", help="env var holding the API key")
+    codex.add_argument("--no-env-key", action="store_true", help="the service has no API keys configured")
+    codex.set_defaults(func=_cmd_codex_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Responses request → Conversation + GenerationOptions.
+
+Items map onto IR messages in order. Adjacent assistant-side items (assistant messages, reasoning, function and
+custom tool calls) become ONE assistant turn with their parts in the order given, which is how the model produced
+them (`think₀ call₀ think₁ call₁`), so the next prompt re-renders the previous turn's tokens and the prefix cache
+holds. A reasoning item's text comes from its verified `encrypted_content` when present (exact), else from its
+`content`, else its summary. A freeform (`custom`) tool is given to the model as a function with one string
+parameter, `input`; its calls come back here as `custom_tool_call` items and are re-rendered in that shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+from serve_app.conversation import (
+    Conversation,
+    GenerationOptions,
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolChoice,
+    ToolResultPart,
+    ToolSpec,
+)
+from serve_app.errors import InvalidRequest
+from serve_app.ingress.common import agent_hints
+from serve_app.protocols.responses import (
+    CustomTool,
+    CustomToolCallItem,
+    CustomToolCallOutputItem,
+    FunctionCallItem,
+    FunctionCallOutputItem,
+    FunctionTool,
+    InputContent,
+    MessageItem,
+    NamedToolChoice,
+    ReasoningItem,
+    ResponsesRequest,
+)
+
+CUSTOM_PARAM = "input"
+CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {CUSTOM_PARAM: {"type": "string", "description": "The raw freeform input for this tool."}},
+    "required": [CUSTOM_PARAM],
+}
+
+
+def custom_arguments(raw: str) -> str:
+    """The function-style arguments a freeform call is rendered with (json.dumps default spacing, as models write)."""
+    return json.dumps({CUSTOM_PARAM: raw}, ensure_ascii=False)
+
+
+def _content(content: str | list[InputContent], where: str) -> list[Part]:
+    if isinstance(content, str):
+        return [TextPart(content)] if content else []
+    parts: list[Part] = []
+    for i, c in enumerate(content):
+        if c.type in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            parts.append(TextPart(c.text or ""))
+        elif c.type == "refusal":
+            parts.append(TextPart(c.refusal or c.text or ""))
+        elif c.type == "input_image":
+            url = c.image_url
+            if url and url.startswith("data:") and ";base64," in url:
+                media, data = url[5:].split(";base64,", 1)
+                parts.append(ImagePart(media_type=media or None, data=data))
+            elif url:
+                parts.append(ImagePart(url=url))
+            else:
+                raise InvalidRequest(f"{where}.{i}.image_url: field required (file ids are not supported)",
+                                     param=f"{where}.{i}.image_url")
+        elif c.type == "input_file":
+            raise InvalidRequest(f"{where}.{i}.type: input_file is not supported", param=f"{where}.{i}.type")
+        else:
+            raise InvalidRequest(f"{where}.{i}.type: unsupported content type {c.type!r}", param=f"{where}.{i}.type")
+    return parts
+
+
+def _tool_output(output: str | list[InputContent], where: str) -> str | list[Part]:
+    if isinstance(output, str):
+        return output
+    parts = _content(output, where)
+    if all(isinstance(p, TextPart) for p in parts):
+        return "".join(p.text for p in parts)  # type: ignore[union-attr]
+    return parts
+
+
+def _tool_spec(tool: FunctionTool | CustomTool) -> ToolSpec:
+    if isinstance(tool, CustomTool):
+        desc = tool.description or ""
+        fmt = tool.format or {}
+        if fmt.get("type") == "grammar" and fmt.get("definition"):
+            desc += (f"\n\nPass the raw input as the `{CUSTOM_PARAM}` string; it must match this "
+                     f"{fmt.get('syntax', 'lark')} grammar:\n{fmt['definition']}")
+        return ToolSpec(name=tool.name, description=desc, parameters=CUSTOM_PARAMETERS, kind="custom")
+    return ToolSpec(name=tool.name, description=tool.description or "",
+                    parameters=tool.parameters or {"type": "object", "properties": {}})
+
+
+def _tool_choice(req: ResponsesRequest, names: set[str]) -> ToolChoice:
+    parallel = True if req.parallel_tool_calls is None else req.parallel_tool_calls
+    tc = req.tool_choice
+    if tc is None or tc == "auto":
+        return ToolChoice("auto", parallel=parallel)
+    if tc in ("none", "required"):
+        return ToolChoice(tc, parallel=parallel)  # type: ignore[arg-type]
+    assert isinstance(tc, NamedToolChoice)
+    if tc.type in ("function", "custom"):
+        if not tc.name:
+            raise InvalidRequest("tool_choice.name: field required", param="tool_choice.name")
+        if tc.name not in names:
+            raise InvalidRequest(f"tool_choice.name: no tool named {tc.name!r} in tools", param="tool_choice.name")
+        return ToolChoice("tool", name=tc.name, parallel=parallel)
+    return ToolChoice("auto", parallel=parallel)  # allowed_tools, hosted tool types: no constraint we can apply
+
+
+def reasoning_text(item: ReasoningItem, where: str, open_sealed: Callable[[str, str], str] | None) -> str:
+    if item.encrypted_content:
+        if open_sealed is None:
+            raise InvalidRequest(f"{where}.encrypted_content: encrypted reasoning is not accepted by this server",
+                                 param=f"{where}.encrypted_content")
+        return open_sealed(item.encrypted_content, f"{where}.encrypted_content")
+    if item.content:
+        return "".join(c.text for c in item.content)
+    return "".join(s.text for s in item.summary)
+
+
+def items_to_messages(
+    items: list[Any],
+    open_sealed: Callable[[str, str], str] | None = None,
+    *,
+    where: str = "input",
+) -> list[Message]:
+    messages: list[Message] = []
+    call_names: dict[str, str] = {}
+
+    def assistant() -> Message:
+        if messages and messages[-1].role == "assistant":
+            return messages[-1]
+        messages.append(Message("assistant", []))
+        return messages[-1]
+
+    for i, item in enumerate(items):
+        at = f"{where}.{i}"
+        if isinstance(item, MessageItem):
+            parts = _content(item.content, f"{at}.content")
+            if item.role == "assistant":
+                assistant().parts.extend(parts)
+            else:
+                messages.append(Message(item.role, parts))
+        elif isinstance(item, ReasoningItem):
+            text = reasoning_text(item, at, open_sealed)
+            if text:
+                assistant().parts.append(ReasoningPart(text, signature=item.encrypted_content))
+        elif isinstance(item, FunctionCallItem):
+            call_names[item.call_id] = item.name
+            assistant().parts.append(ToolCallPart(id=item.call_id, name=item.name, arguments=item.arguments))
+        elif isinstance(item, CustomToolCallItem):
+            call_names[item.call_id] = item.name
+            assistant().parts.append(ToolCallPart(id=item.call_id, name=item.name,
+                                                  arguments=custom_arguments(item.input), kind="custom"))
+        elif isinstance(item, (FunctionCallOutputItem, CustomToolCallOutputItem)):
+            messages.append(Message("tool", [ToolResultPart(
+                tool_call_id=item.call_id,
+                content=_tool_output(item.output, f"{at}.output"),
+                name=call_names.get(item.call_id),
+            )]))
+        # other item types (web_search_call, compaction, item_reference, ...) carry nothing the model can use
+    return messages
+
+
+def responses_to_conversation(
+    req: ResponsesRequest,
+    open_sealed: Callable[[str, str], str] | None = None,
+    history: list[Any] | None = None,
+) -> tuple[Conversation, GenerationOptions]:
+    """`history`: the parsed items of the `previous_response_id` chain (its inputs and outputs), prepended."""
+    messages: list[Message] = []
+    if req.instructions:
+        messages.append(Message("system", [TextPart(req.instructions)]))
+    if history:
+        messages.extend(items_to_messages(history, open_sealed, where="previous_response"))
+    items: list[Any] = [MessageItem(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    current = items_to_messages(items, open_sealed)
+    if messages and current and messages[-1].role == "assistant" and current[0].role == "assistant":
+        messages[-1].parts.extend(current[0].parts)  # the previous output continues into this input's items
+        current = current[1:]
+    messages.extend(current)
+
+    usable = [t for t in req.tools if isinstance(t, (FunctionTool, CustomTool))]
+    tools = [_tool_spec(t) for t in usable]
+    conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, {t.name for t in tools}))
+
+    effort = req.reasoning.effort if req.reasoning else None
+    thinking = None if effort is None else effort != "none"
+    nvext = req.nvext
+    opts = GenerationOptions(
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        thinking=thinking,
+        reasoning_effort=effort,
+        session_key=req.prompt_cache_key or req.user,
+        hints=agent_hints(nvext.agent_hints if nvext else None),
+        forced_script=nvext.forced_script if nvext else None,
+    )
+    return conv, opts
+
+
+def custom_tool_names(req: ResponsesRequest) -> frozenset[str]:
+    return frozenset(t.name for t in req.tools if isinstance(t, CustomTool))
+
+
+def echo_fields(req: ResponsesRequest) -> dict[str, Any]:
+    """Request parameters the response object repeats back."""
+    return {
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
+        "previous_response_id": req.previous_response_id,
+        "prompt_cache_key": req.prompt_cache_key,
+        "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
+                      "summary": req.reasoning.summary if req.reasoning else None},
+        "service_tier": req.service_tier or "default",
+        "store": True if req.store is None else req.store,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "text": {"format": (req.text.format if req.text and req.text.format else {"type": "text"}),
+                 **({"verbosity": req.text.verbosity} if req.text and req.text.verbosity else {})},
+        "tool_choice": (req.tool_choice.model_dump(exclude_none=True)
+                        if isinstance(req.tool_choice, NamedToolChoice) else (req.tool_choice or "auto")),
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools],
+        "top_p": 1.0 if req.top_p is None else req.top_p,
+        "truncation": req.truncation or "disabled",
+        "user": req.user,
+    }

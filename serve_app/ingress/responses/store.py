@@ -1,0 +1,114 @@
+"""The bounded store of Responses (for `GET /v1/responses/{id}` and `previous_response_id`).
+
+It lives OUTSIDE the ingress processes — one small Serve deployment every ingress replica calls — so a response
+created through one replica is found through any other. Bounded two ways: entries expire after a TTL, and past the
+item or byte cap the least recently used entries are evicted. `ResponseStoreCore` is the plain logic (unit-tested
+without Ray); `ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is
+passed to the ingress in `extras["response_store"]` and arrives there as a DeploymentHandle).
+
+A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
+follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+from ray import serve
+
+
+class ResponseStoreCore:
+    def __init__(self, max_items: int = 10_000, ttl_s: float = 3600.0, max_bytes: int = 512 * 1024 * 1024,
+                 clock: Callable[[], float] = time.monotonic):
+        self.max_items = max_items
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self._entries: OrderedDict[str, tuple[float, int, Any]] = OrderedDict()  # id -> (expires, size, record)
+        self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _drop(self, key: str) -> None:
+        _, size, _ = self._entries.pop(key)
+        self.bytes -= size
+
+    def _expire(self, now: float) -> None:
+        # Entries are in insertion/refresh order and share one TTL, so the expired ones are at the front.
+        while self._entries:
+            key, (expires, _, _) = next(iter(self._entries.items()))
+            if expires > now:
+                break
+            self._drop(key)
+
+    def put(self, key: str, record: Any, size: int | None = None) -> bool:
+        """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
+        if size is None:
+            size = len(json.dumps(record, separators=(",", ":")))
+        if size > self.max_bytes:
+            return False
+        now = self.clock()
+        self._expire(now)
+        if key in self._entries:
+            self._drop(key)
+        self._entries[key] = (now + self.ttl_s, size, record)
+        self.bytes += size
+        while len(self._entries) > self.max_items or self.bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+        return True
+
+    def get(self, key: str) -> Any | None:
+        now = self.clock()
+        self._expire(now)
+        entry = self._entries.get(key)
+        return None if entry is None else entry[2]
+
+    def delete(self, key: str) -> bool:
+        if key in self._entries:
+            self._drop(key)
+            return True
+        return False
+
+
+@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0})
+class ResponseStore:
+    """One replica on purpose: it is the single owner of the records (no cross-replica consistency to manage)."""
+
+    def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024):
+        self.core = ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
+
+    async def put(self, key: str, record: Any) -> bool:
+        return self.core.put(key, record)
+
+    async def get(self, key: str) -> Any | None:
+        return self.core.get(key)
+
+    async def delete(self, key: str) -> bool:
+        return self.core.delete(key)
+
+
+def bind_store(settings) -> Any:
+    """The bound store deployment for `build_app` (see serve_app/app.py `_extras`)."""
+    ing = settings.ingress
+    return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s)
+
+
+class StoreClient:
+    """What the routes use: async put/get over a DeploymentHandle, or over a local core in unit tests."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+
+    async def put(self, key: str, record: Any) -> bool:
+        if isinstance(self.backend, ResponseStoreCore):
+            return self.backend.put(key, record)
+        return await self.backend.put.remote(key, record)
+
+    async def get(self, key: str) -> Any | None:
+        if isinstance(self.backend, ResponseStoreCore):
+            return self.backend.get(key)
+        return await self.backend.get.remote(key)

@@ -1,0 +1,209 @@
+"""OpenAI Responses API request wire model (what Codex CLI and the `openai` SDK send).
+
+Permissive about unknown fields (newer Codex builds add `client_metadata`, `service_tier`, ... — they must be
+ignored), strict about the types of the fields we use. Input items are a discriminated union on `type`; item
+types we cannot use (web_search_call, compaction, ...) are accepted and dropped by the converter.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# -- content parts ---------------------------------------------------------------------------------------------
+
+
+class InputContent(_Open):
+    """input_text / output_text / input_image / refusal / input_file: one model, dispatched on `type`."""
+
+    type: str
+    text: str | None = None
+    image_url: str | None = None
+    file_id: str | None = None
+    detail: str | None = None
+    refusal: str | None = None
+
+
+# -- input items -----------------------------------------------------------------------------------------------
+
+
+class MessageItem(_Open):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Union[str, list[InputContent]]
+    status: str | None = None
+    phase: str | None = None
+
+
+class SummaryText(_Open):
+    type: str = "summary_text"
+    text: str = ""
+
+
+class ReasoningText(_Open):
+    type: str = "reasoning_text"
+    text: str = ""
+
+
+class ReasoningItem(_Open):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
+
+
+class FunctionCallItem(_Open):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    arguments: str
+    status: str | None = None
+
+
+class FunctionCallOutputItem(_Open):
+    type: Literal["function_call_output"]
+    id: str | None = None
+    call_id: str
+    output: Union[str, list[InputContent]]
+
+
+class CustomToolCallItem(_Open):
+    type: Literal["custom_tool_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    input: str
+    status: str | None = None
+
+
+class CustomToolCallOutputItem(_Open):
+    type: Literal["custom_tool_call_output"]
+    id: str | None = None
+    call_id: str
+    output: Union[str, list[InputContent]]
+
+
+class OtherItem(_Open):
+    """Item types we accept and ignore (web_search_call, local_shell_call, compaction, item_reference, ...)."""
+
+    type: str
+
+
+_KNOWN = {"message", "reasoning", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"}
+
+
+def _item_tag(v: Any) -> str:
+    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
+    return t if t in _KNOWN else "other"
+
+
+InputItem = Annotated[
+    Union[
+        Annotated[MessageItem, Tag("message")],
+        Annotated[ReasoningItem, Tag("reasoning")],
+        Annotated[FunctionCallItem, Tag("function_call")],
+        Annotated[FunctionCallOutputItem, Tag("function_call_output")],
+        Annotated[CustomToolCallItem, Tag("custom_tool_call")],
+        Annotated[CustomToolCallOutputItem, Tag("custom_tool_call_output")],
+        Annotated[OtherItem, Tag("other")],
+    ],
+    Discriminator(_item_tag),
+]
+
+
+# -- tools -----------------------------------------------------------------------------------------------------
+
+
+class FunctionTool(_Open):
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class CustomTool(_Open):
+    """A freeform tool (Codex's apply_patch): the model's input is raw text, optionally constrained by a grammar."""
+
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+
+class OtherTool(_Open):
+    type: str  # local_shell, web_search, tool_search, image_generation, namespace, ...
+
+
+def _tool_tag(v: Any) -> str:
+    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
+    return t if t in ("function", "custom") else "other"
+
+
+ToolDef = Annotated[
+    Union[
+        Annotated[FunctionTool, Tag("function")],
+        Annotated[CustomTool, Tag("custom")],
+        Annotated[OtherTool, Tag("other")],
+    ],
+    Discriminator(_tool_tag),
+]
+
+
+class NamedToolChoice(_Open):
+    type: str  # function | custom | allowed_tools | ...
+    name: str | None = None
+
+
+# -- request ---------------------------------------------------------------------------------------------------
+
+
+class ReasoningParam(_Open):
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed", "none"] | None = None
+
+
+class TextParam(_Open):
+    format: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+
+
+class NvExt(_Open):
+    agent_hints: dict[str, Any] | None = None
+    forced_script: str | None = None
+
+
+class ResponsesRequest(_Open):
+    model: str
+    input: Union[str, list[InputItem]] = Field(default_factory=list)
+    instructions: str | None = None
+    tools: list[ToolDef] = Field(default_factory=list)
+    tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ReasoningParam | None = None
+    text: TextParam | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    include: list[str] | None = None
+    prompt_cache_key: str | None = None
+    store: bool | None = None
+    stream: bool = False
+    metadata: dict[str, Any] | None = None
+    previous_response_id: str | None = None
+    user: str | None = None
+    truncation: str | None = None
+    service_tier: str | None = None
+    nvext: NvExt | None = None
+
+    def wants_encrypted_reasoning(self) -> bool:
+        return "reasoning.encrypted_content" in (self.include or [])
