@@ -1,0 +1,88 @@
+"""The production Serve config (deployments/*.yaml) is valid for Ray Serve and for the app, and says what it must."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from ray.serve.schema import ServeDeploySchema
+
+from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS
+from serve_app.settings import AppSettings
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENTS = sorted((ROOT / "deployments").glob("*.yaml"))
+B200 = ROOT / "deployments" / "b200-tp4.yaml"
+
+
+@pytest.fixture(scope="module")
+def b200() -> dict:
+    return yaml.safe_load(B200.read_text())
+
+
+@pytest.mark.parametrize("path", DEPLOYMENTS, ids=lambda p: p.name)
+def test_every_deployment_validates_against_serve_and_app_schemas(path: Path):
+    cfg = yaml.safe_load(path.read_text())
+    ServeDeploySchema.model_validate(cfg)
+    for app in cfg["applications"]:
+        assert app["import_path"] == "serve_app.app:build_app"
+        settings = AppSettings.model_validate(app["args"])
+        for m in settings.models:
+            assert m.reasoning_parser is None or m.reasoning_parser in REASONING_PARSERS
+            assert m.tool_parser is None or m.tool_parser in TOOL_PARSERS
+
+
+def test_b200_model_runs_tp4_with_the_nemotron_parsers(b200):
+    settings = AppSettings.model_validate(b200["applications"][0]["args"])
+    (model,) = settings.models
+    assert model.model_source == "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"
+    assert model.engine_kwargs["tensor_parallel_size"] == 4
+    assert model.engine_kwargs["distributed_executor_backend"] == "ray"
+    assert (model.reasoning_parser, model.tool_parser) == ("nemotron_deci", "qwen3_coder")
+    assert settings.ingress.strip_preamble and settings.ingress.tool_dispatch
+
+
+def test_b200_engine_placement_is_four_b200_gpus_on_one_node(b200):
+    settings = AppSettings.model_validate(b200["applications"][0]["args"])
+    dep = settings.models[0].deployment
+    assert dep.placement_group_strategy == "STRICT_PACK"
+    bundles = dep.placement_group_bundles
+    assert len(bundles) == settings.models[0].engine_kwargs["tensor_parallel_size"]
+    assert all(b.get("GPU") == 1 and b.get("accelerator_type:B200", 0) > 0 for b in bundles)
+    # Ray Serve puts the replica actor into bundle 0: its CPU ask must fit there.
+    assert dep.ray_actor_options["num_cpus"] <= bundles[0].get("CPU", 0)
+    assert dep.ray_actor_options.get("num_gpus", 0) == 0
+
+
+def test_b200_limits_and_autoscaling_are_explicit(b200):
+    settings = AppSettings.model_validate(b200["applications"][0]["args"])
+    for name, dep in [("engine", settings.models[0].deployment), ("ingress", settings.ingress.deployment)]:
+        assert dep.max_ongoing_requests, name
+        assert dep.max_queued_requests, name
+        auto = dep.autoscaling_config
+        assert auto and auto["min_replicas"] <= auto["max_replicas"], name
+        assert auto["target_ongoing_requests"] <= dep.max_ongoing_requests, name
+    # The router and the ingress never take a GPU.
+    for dep in (settings.router.deployment, settings.ingress.deployment):
+        assert dep.ray_actor_options.get("num_gpus", 0) == 0
+        assert "placement_group_bundles" not in dep.model_dump(exclude_none=True)
+
+
+def test_b200_pins_the_hash_seed_for_every_process_of_the_app(b200):
+    assert b200["applications"][0]["runtime_env"]["env_vars"]["PYTHONHASHSEED"] == "0"
+
+
+def test_b200_engine_options_build_a_serve_deployment(b200):
+    """What build_app hands to `Engine.options(...)` is accepted by Ray Serve (no cluster needed)."""
+    from serve_app.app import _engine_options
+    from serve_app.engine.deployment import Engine
+    from serve_app.service import engine_key
+
+    settings = AppSettings.model_validate(b200["applications"][0]["args"])
+    model = settings.models[0]
+    dep = Engine.options(**_engine_options(model, engine_key(model)))
+    assert dep._deployment_config.max_queued_requests == model.deployment.max_queued_requests
+    assert dep._deployment_config.autoscaling_config.max_replicas == model.deployment.autoscaling_config["max_replicas"]
+    assert dep._replica_config.placement_group_strategy == "STRICT_PACK"
+    assert len(dep._replica_config.placement_group_bundles) == 4
