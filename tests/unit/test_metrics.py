@@ -1,0 +1,127 @@
+"""Metrics: the recording functions, the event-stream instrumentation and the /metrics route."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from serve_app import metrics
+from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallStart, Usage
+from serve_app.ingress.metrics_routes import RequestMetricsMiddleware, api_of, router
+
+
+def _value(name: str, **labels) -> float:
+    v = metrics.REGISTRY.get_sample_value(metrics.PREFIX + name, labels)
+    return v or 0.0
+
+
+def test_observe_functions_land_in_the_registry():
+    before = _value("requests_total", api="anthropic", status="529")
+    rejected = _value("overload_rejections_total", api="anthropic")
+    metrics.observe_request("anthropic", 529)
+    assert _value("requests_total", api="anthropic", status="529") == before + 1
+    assert _value("overload_rejections_total", api="anthropic") == rejected + 1
+
+    n = _value("ttft_seconds_count", api="unit")
+    metrics.observe_ttft("unit", 0.2)
+    assert _value("ttft_seconds_count", api="unit") == n + 1
+    assert _value("ttft_seconds_bucket", api="unit", le="0.25") >= 1
+
+    metrics.observe_router_decision("kv", "kv_hit")
+    assert _value("router_decisions_total", policy="kv", outcome="kv_hit") >= 1
+    metrics.set_queue_depth("engine", 7)
+    assert _value("queue_depth", component="engine") == 7
+
+
+def test_cached_fraction_is_cached_over_prompt():
+    metrics.observe_usage("frac", prompt_tokens=1000, cached_tokens=750, completion_tokens=10)
+    assert _value("cached_token_fraction_sum", api="frac") == 0.75
+    assert _value("cached_tokens_total", api="frac") == 750
+    metrics.observe_usage("frac", prompt_tokens=0, cached_tokens=0)  # no division by zero, no sample
+    assert _value("cached_token_fraction_count", api="frac") == 1
+
+
+async def _events():
+    yield Usage(prompt_tokens=100, completion_tokens=0, cached_tokens=64, estimated=True)
+    yield ReasoningDelta(text="hm")
+    yield TextDelta(text="a")
+    yield ToolCallStart(index=0, id="c1", name="f")
+    yield Usage(prompt_tokens=100, completion_tokens=3, cached_tokens=80)
+    yield Finish(reason="error", error="boom", error_kind="api_error")
+
+
+def test_instrument_stream_passes_events_through_and_records():
+    api = "instr"
+    async def run():
+        out = []
+        async for ev in metrics.instrument_stream(api, _events()):
+            out.append(ev)
+        return out
+
+    expected = asyncio.run(_collect(_events()))
+    got = asyncio.run(run())
+    assert got == expected
+    assert _value("ttft_seconds_count", api=api) == 1
+    assert _value("inter_token_seconds_count", api=api) == 2  # three content events, two gaps
+    assert _value("prompt_tokens_total", api=api) == 100  # the exact Usage, not the estimate
+    assert _value("cached_tokens_total", api=api) == 80
+    assert _value("finish_total", api=api, reason="error") == 1
+    assert _value("errors_total", api=api, kind="api_error") == 1
+
+
+async def _collect(aiter):
+    return [ev async for ev in aiter]
+
+
+def test_closing_the_instrumented_stream_closes_the_source():
+    closed = asyncio.Event()
+
+    async def source():
+        try:
+            while True:
+                yield TextDelta(text="x")
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    async def run():
+        gen = metrics.instrument_stream("close", source())
+        await gen.__anext__()
+        await gen.aclose()
+        return closed.is_set()
+
+    assert asyncio.run(run())
+
+
+def test_api_of_paths():
+    assert api_of("/v1/messages/count_tokens") == "anthropic"
+    assert api_of("/v1/responses") == "responses"
+    assert api_of("/v1/chat/completions") == "chat"
+    assert api_of("/health") == "other"
+
+
+def test_metrics_route_and_middleware():
+    app = FastAPI()
+    app.include_router(router)
+    app.add_middleware(RequestMetricsMiddleware)
+
+    @app.post("/v1/messages")
+    async def _m():
+        return {"ok": True}
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            before = _value("requests_total", api="anthropic", status="200")
+            assert (await c.post("/v1/messages")).status_code == 200
+            assert _value("requests_total", api="anthropic", status="200") == before + 1
+            r = await c.get("/metrics")
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+            names = {f.name for f in text_string_to_metric_families(r.text)}
+            assert {"serve_app_requests", "serve_app_ttft_seconds", "serve_app_cached_token_fraction",
+                    "serve_app_router_decisions", "serve_app_queue_depth"} <= names
+
+    asyncio.run(run())
