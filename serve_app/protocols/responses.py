@@ -207,3 +207,44 @@ class ResponsesRequest(_Open):
 
     def wants_encrypted_reasoning(self) -> bool:
         return "reasoning.encrypted_content" in (self.include or [])
+
+
+_ITEMS_ADAPTER = None
+
+
+def _clean_loc(loc: tuple) -> str:
+    """`input.0.function_call.call_id` → `input.0.call_id`: drop the union tag pydantic puts after an index."""
+    out: list[str] = []
+    skip_tag = False
+    for p in loc:
+        if skip_tag and isinstance(p, str) and (p in _KNOWN or p in ("other", "function", "custom")):
+            skip_tag = False
+            continue
+        skip_tag = isinstance(p, int)
+        out.append(str(p))
+    return ".".join(out)
+
+
+def parse_responses_request(body: Any) -> ResponsesRequest:
+    """Validate a request body; errors name the offending field (`input.3.call_id`), as a 400."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from serve_app.errors import InvalidRequest
+
+    global _ITEMS_ADAPTER
+    try:
+        return ResponsesRequest.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        if isinstance(body, dict) and isinstance(body.get("input"), list) and err["loc"][:1] == ("input",):
+            # `input` is str | list: report the list branch's error, not "input: should be a valid string".
+            if _ITEMS_ADAPTER is None:
+                _ITEMS_ADAPTER = TypeAdapter(list[InputItem])
+            try:
+                _ITEMS_ADAPTER.validate_python(body["input"])
+            except ValidationError as e2:
+                err = e2.errors()[0]
+                err = {**err, "loc": ("input", *err["loc"])}
+        loc = _clean_loc(tuple(err.get("loc", ())))
+        msg = "field required" if err.get("type") == "missing" else err.get("msg", "invalid value")
+        raise InvalidRequest(f"{loc}: {msg}" if loc else msg, param=loc or None) from None

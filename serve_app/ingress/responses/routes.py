@@ -13,13 +13,12 @@ from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.body import read_json
-from serve_app.ingress.common import parse_model
 from serve_app.ingress.context import IngressContext, get_ctx
 from serve_app.ingress.responses.convert import custom_tool_names, echo_fields, responses_to_conversation
 from serve_app.ingress.responses.encode import ResponsesEncoder, error_code, fold, new_id
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
 from serve_app.ingress.responses.store import StoreClient
-from serve_app.protocols.responses import InputItem, ResponsesRequest
+from serve_app.protocols.responses import InputItem, ResponsesRequest, parse_responses_request
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -71,7 +70,7 @@ async def create_response(request: Request, ctx: IngressContext = Depends(get_ct
     ing = ctx.settings.ingress
     check_api_key(request.headers, ing.api_keys)
     body = await read_json(request, ing.max_body_bytes, ing.max_decompressed_bytes)
-    req = parse_model(ResponsesRequest, body)
+    req = parse_responses_request(body)
     ctx.service.resolve_model(req.model)
     sealer = _sealer(ctx)
     store = _store(ctx)

@@ -1,0 +1,215 @@
+"""The Responses encoder, driven by synthetic event lists; the real `openai` SDK parses the bytes it produces
+(over an httpx MockTransport), so the SDK's own consistency checks (item identities, lifecycle ids, unfinished
+items) run on our stream."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serve_app.conversation import (
+    Finish,
+    ReasoningDelta,
+    TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+    Usage,
+)
+from serve_app.ingress.responses.encode import ResponsesEncoder, _JsonStringValue, fold
+
+ECHO = {"instructions": None, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "metadata": {},
+        "store": False, "temperature": 1.0, "top_p": 1.0, "text": {"format": {"type": "text"}}}
+
+
+def encode(events, **kw) -> bytes:
+    enc = ResponsesEncoder(response_id="resp_test", model="m", echo=ECHO, **kw)
+    out = b"".join(enc.start())
+    for ev in events:
+        out += b"".join(enc.event(ev))
+    return out
+
+
+def sdk_client(body: bytes) -> openai.OpenAI:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    return openai.OpenAI(api_key="x", base_url="http://test/v1", max_retries=0,
+                         http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+
+
+def sdk_stream(body: bytes):
+    """(events, final response) as the SDK's `responses.stream` helper sees them."""
+    with sdk_client(body).responses.stream(model="m", input="hi") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    return events, final
+
+
+def raw_events(body: bytes) -> list[dict]:
+    out = []
+    for block in body.decode().split("\n\n"):
+        data = [line[6:] for line in block.split("\n") if line.startswith("data: ")]
+        if data:
+            out.append(json.loads(data[0]))
+    return out
+
+
+def usage(n=20, c=9, cached=16, r=0):
+    return [Usage(n, 0, cached_tokens=cached, estimated=True), Usage(n, c, cached_tokens=cached, reasoning_tokens=r)]
+
+
+def test_text_only_sequence_and_final_response():
+    events, final = sdk_stream(encode([usage()[0], TextDelta("Hel"), TextDelta("lo"), usage()[1], Finish("stop")]))
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed",
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert final.id == "resp_test" and final.status == "completed"
+    assert final.output_text == "Hello"
+    u = final.usage
+    assert (u.input_tokens, u.output_tokens, u.total_tokens) == (20, 9, 29)
+    assert u.input_tokens_details.cached_tokens == 16 and u.output_tokens_details.reasoning_tokens == 0
+
+
+def test_reasoning_then_call_then_text_keeps_order_and_ids():
+    evs = [
+        usage()[0],
+        ReasoningDelta("think "), ReasoningDelta("more"),
+        ToolCallStart(0, "call_1", "shell"), ToolCallArgsDelta(0, '{"cmd": '), ToolCallArgsDelta(0, '"ls"}'),
+        ToolCallEnd(0),
+        ReasoningDelta("again"),
+        TextDelta("done"),
+        Usage(20, 9, cached_tokens=16, reasoning_tokens=4), Finish("tool_calls"),
+    ]
+    body = encode(evs, summaries=True)
+    events, final = sdk_stream(body)
+    assert [o.type for o in final.output] == ["reasoning", "function_call", "reasoning", "message"]
+    rs, fc = final.output[0], final.output[1]
+    assert rs.content[0].text == "think more" and rs.summary[0].text == "think more"
+    assert fc.arguments == '{"cmd": "ls"}' and fc.call_id == "call_1" and fc.name == "shell"
+    assert final.usage.output_tokens_details.reasoning_tokens == 4
+    # One id per item, identical in every event that names it and in response.completed.
+    raw = raw_events(body)
+    added = {e["output_index"]: e["item"]["id"] for e in raw if e["type"] == "response.output_item.added"}
+    done = {e["output_index"]: e["item"]["id"] for e in raw if e["type"] == "response.output_item.done"}
+    assert added == done == {i: o.id for i, o in enumerate(final.output)}
+    for e in raw:
+        if "item_id" in e:
+            assert e["item_id"] == added[e["output_index"]], e
+    types = [e["type"] for e in raw]
+    for t in ("response.reasoning_summary_part.added", "response.reasoning_summary_text.delta",
+              "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
+              "response.reasoning_text.delta", "response.reasoning_text.done",
+              "response.function_call_arguments.delta", "response.function_call_arguments.done"):
+        assert t in types
+    fdone = next(e for e in raw if e["type"] == "response.function_call_arguments.done")
+    assert fdone["arguments"] == '{"cmd": "ls"}'
+    assert types[-1] == "response.completed" and types.count("response.completed") == 1
+
+
+def test_no_summary_events_unless_requested():
+    raw = raw_events(encode([ReasoningDelta("x"), TextDelta("y"), *usage(), Finish("stop")]))
+    assert not [e for e in raw if "summary" in e["type"]]
+    rs = next(e["item"] for e in raw if e["type"] == "response.output_item.done")
+    assert rs["summary"] == [] and rs["content"] == [{"type": "reasoning_text", "text": "x"}]
+
+
+def test_parallel_calls_become_separate_items():
+    evs = [
+        ToolCallStart(0, "call_a", "read"), ToolCallArgsDelta(0, '{"p": "a"}'), ToolCallEnd(0),
+        ToolCallStart(1, "call_b", "read"), ToolCallArgsDelta(1, '{"p": "b"}'), ToolCallEnd(1),
+        *usage(), Finish("tool_calls"),
+    ]
+    _, final = sdk_stream(encode(evs))
+    assert [(o.type, o.call_id, o.arguments) for o in final.output] == [
+        ("function_call", "call_a", '{"p": "a"}'), ("function_call", "call_b", '{"p": "b"}')]
+    assert len({o.id for o in final.output}) == 2
+
+
+def test_custom_tool_call_streams_raw_input():
+    patch = '*** Begin Patch\n*** Add File: a.txt\n+say "hi" \\ \u00e9\U0001f600\n*** End Patch'
+    args = json.dumps({"input": patch})
+    frags = [args[i:i + 3] for i in range(0, len(args), 3)]  # splits escapes and \u sequences
+    evs = [ToolCallStart(0, "call_p", "apply_patch"), *[ToolCallArgsDelta(0, f) for f in frags], ToolCallEnd(0),
+           *usage(), Finish("tool_calls")]
+    body = encode(evs, custom_tools={"apply_patch"})
+    events, final = sdk_stream(body)
+    item = final.output[0]
+    assert item.type == "custom_tool_call" and item.input == patch and item.call_id == "call_p"
+    deltas = "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta")
+    assert deltas == patch
+    done = [e for e in events if e.type == "response.custom_tool_call_input.done"]
+    assert len(done) == 1 and done[0].input == patch
+    assert not [e for e in events if e.type.startswith("response.function_call")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(), st.lists(st.integers(min_value=0, max_value=200), max_size=8))
+def test_json_string_value_split_invariance(value, cuts):
+    args = json.dumps({"input": value}, ensure_ascii=bool(len(value) % 2))
+    points = sorted({c % (len(args) + 1) for c in cuts})
+    pieces = [args[a:b] for a, b in zip([0, *points], [*points, len(args)])]
+    dec = _JsonStringValue()
+    assert "".join(dec.push(p) for p in pieces) == value
+
+
+def test_engine_error_becomes_response_failed_with_code():
+    body = encode([TextDelta("partial"), Finish("error", error="queue full", error_kind="overloaded")])
+    raw = raw_events(body)
+    assert raw[-1]["type"] == "response.failed"
+    err = raw[-1]["response"]["error"]
+    assert err == {"code": "server_is_overloaded", "message": "queue full"}
+    assert raw[-1]["response"]["status"] == "failed"
+    # the partial message was still closed as an item before the failure
+    assert "response.output_item.done" in [e["type"] for e in raw]
+    events = list(sdk_client(body).responses.create(model="m", input="x", stream=True))
+    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_is_overloaded"
+
+
+def test_length_becomes_incomplete():
+    raw = raw_events(encode([TextDelta("cut"), *usage(), Finish("length")]))
+    assert raw[-1]["type"] == "response.incomplete"
+    assert raw[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+
+
+def test_fold_equals_streamed_final_response():
+    evs = [ReasoningDelta("r"), TextDelta("a"), ToolCallStart(0, "c", "f"), ToolCallArgsDelta(0, "{}"),
+           ToolCallEnd(0), *usage(), Finish("tool_calls")]
+    enc = ResponsesEncoder(response_id="resp_x", model="m", echo=ECHO, created_at=1)
+    folded = fold(enc, list(evs))
+    streamed = raw_events(encode(evs))[-1]["response"]
+
+    def strip(resp):
+        return [{k: v for k, v in item.items() if k != "id"} for item in resp["output"]]
+
+    assert strip(folded) == strip(streamed)
+    assert folded["usage"] == streamed["usage"] and folded["status"] == streamed["status"] == "completed"
+
+
+def test_seal_is_applied_to_reasoning_items():
+    raw = raw_events(encode([ReasoningDelta("secret thought"), *usage(), Finish("stop")], seal=lambda t: f"S({t})"))
+    item = next(e["item"] for e in raw if e["type"] == "response.output_item.done")
+    assert item["encrypted_content"] == "S(secret thought)"
+
+
+def test_echoed_parameters_in_created_and_completed():
+    raw = raw_events(encode([TextDelta("x"), *usage(), Finish("stop")]))
+    for e in (raw[0], raw[-1]):
+        assert e["response"]["id"] == "resp_test"
+        for k, v in ECHO.items():
+            assert e["response"][k] == v
+
+
+@pytest.mark.parametrize("args,expected", [('{"input": "x"}', "x"), ('{"patch": "y"}', "y"), ("not json", "not json")])
+def test_custom_input_from_arguments(args, expected):
+    from serve_app.ingress.responses.encode import custom_input_from_arguments
+
+    assert custom_input_from_arguments(args) == expected

@@ -1,0 +1,201 @@
+"""The /v1/responses routes in the real FastAPI app (no Ray, no engine): a stand-in GenerationService replays a
+synthetic event list chosen by `nvext.forced_script`; the real `openai` SDK talks to the app over ASGI. Two app
+instances sharing one store core stand for two ingress replicas sharing the external store. The real service and
+engine are exercised by tests/integration/test_responses_api.py."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import uuid
+
+import httpx
+import openai
+import pytest
+import zstandard
+
+from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage
+from serve_app.errors import ModelNotFound, Overloaded, PromptTooLong
+from serve_app.ingress.context import IngressContext
+from serve_app.ingress.responses.store import ResponseStoreCore
+from serve_app.ingress.server import create_app
+from serve_app.service import PreparedRequest
+from serve_app.settings import AppSettings
+
+SETTINGS = AppSettings.model_validate({"models": [{"id": "m1", "reasoning_parser": "qwen3"}]})
+
+
+def script(name: str, n: int) -> list:
+    end = [Usage(n, 5, cached_tokens=2, reasoning_tokens=2)]
+    if name == "text":
+        return [Usage(n, 0, estimated=True), TextDelta("Hello"), *end, Finish("stop")]
+    if name == "think_call":
+        return [ReasoningDelta("I should "), ReasoningDelta("run ls."), ToolCallStart(0, "call_1", "exec_command"),
+                ToolCallArgsDelta(0, '{"cmd": "ls"}'), ToolCallEnd(0), *end, Finish("tool_calls")]
+    if name == "error":
+        return [TextDelta("par"), Finish("error", error="engine died", error_kind="api_error")]
+    raise KeyError(name)
+
+
+class StubService:
+    def __init__(self):
+        self.prepared: list[PreparedRequest] = []
+
+    def resolve_model(self, model_id):
+        m = SETTINGS.find_model(model_id)
+        if m is None:
+            raise ModelNotFound(model_id)
+        return m
+
+    async def prepare(self, conv, opts, model_id):
+        model = self.resolve_model(model_id)
+        if opts.forced_script == "raise:too_long":
+            raise PromptTooLong(9000, 8192)
+        if opts.forced_script == "raise:overloaded":
+            raise Overloaded(retry_after=2)
+        p = PreparedRequest(request_id=uuid.uuid4().hex, model_id=model_id, model=model, conversation=conv,
+                            options=opts, prompt_token_ids=list(range(10 * len(conv.messages))), max_tokens=16)
+        self.prepared.append(p)
+        return p
+
+    async def stream(self, prepared):
+        for ev in script(prepared.options.forced_script or "text", prepared.num_prompt_tokens):
+            yield ev
+
+    async def complete(self, prepared):
+        return [ev async for ev in self.stream(prepared)]
+
+
+@pytest.fixture
+def replicas():
+    """Two ingress apps ("replicas") with one shared store and one server secret."""
+    store = ResponseStoreCore(max_items=100, ttl_s=600)
+    apps = []
+    for _ in range(2):
+        svc = StubService()
+        app = create_app(IngressContext(settings=SETTINGS, service=svc, secret=b"s3cret",
+                                        extras={"response_store": store}))
+        apps.append((app, svc))
+    return apps
+
+
+def client(app) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(api_key="x", base_url="http://app/v1", max_retries=0,
+                              http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+
+
+def raw(app) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app")
+
+
+async def test_create_non_streaming(replicas):
+    app, svc = replicas[0]
+    resp = await client(app).responses.create(model="m1", input="hi", instructions="be brief", metadata={"k": "v"})
+    assert resp.status == "completed" and resp.output_text == "Hello"
+    assert resp.instructions == "be brief" and resp.metadata == {"k": "v"} and resp.model == "m1"
+    assert resp.usage.input_tokens == 20 and resp.usage.output_tokens == 5 and resp.usage.total_tokens == 25
+    assert resp.usage.input_tokens_details.cached_tokens == 2
+    conv = svc.prepared[0].conversation
+    assert [m.role for m in conv.messages] == ["system", "user"]
+
+
+async def test_stream_with_sdk_and_get_from_other_replica(replicas):
+    (a, _), (b, _) = replicas
+    async with client(a).responses.stream(model="m1", input="run ls",
+                                          extra_body={"nvext": {"forced_script": "think_call"}}) as stream:
+        types = [e.type async for e in stream]
+        final = await stream.get_final_response()
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert [o.type for o in final.output] == ["reasoning", "function_call"]
+    got = await client(b).responses.retrieve(final.id)
+    assert got.id == final.id and [o.id for o in got.output] == [o.id for o in final.output]
+
+
+async def test_previous_response_id_across_replicas(replicas):
+    (a, _), (b, svc_b) = replicas
+    first = await client(a).responses.create(model="m1", input="first question", instructions="sys")
+    await client(b).responses.create(model="m1", input="second", previous_response_id=first.id)
+    conv = svc_b.prepared[-1].conversation
+    texts = [(m.role, m.parts[0].text) for m in conv.messages]
+    assert texts == [("user", "first question"), ("assistant", "Hello"), ("user", "second")]
+
+
+async def test_store_false_is_not_retrievable_and_unknown_id_404(replicas):
+    app, _ = replicas[0]
+    r = await client(app).responses.create(model="m1", input="x", store=False)
+    with pytest.raises(openai.NotFoundError):
+        await client(app).responses.retrieve(r.id)
+    with pytest.raises(openai.NotFoundError):
+        await client(app).responses.retrieve("resp_unknown")
+    with pytest.raises(openai.NotFoundError) as e:
+        await client(app).responses.create(model="m1", input="x", previous_response_id="resp_nope")
+    assert e.value.body["param"] == "previous_response_id"
+
+
+async def test_encrypted_reasoning_round_trip_and_tamper(replicas):
+    (a, _), (b, svc_b) = replicas
+    r = await client(a).responses.create(model="m1", input="q", include=["reasoning.encrypted_content"], store=False,
+                                         extra_body={"nvext": {"forced_script": "think_call"}})
+    rs = r.output[0]
+    assert rs.type == "reasoning" and rs.encrypted_content
+    item = rs.model_dump(exclude_none=True)
+    item["content"] = [{"type": "reasoning_text", "text": "edited by client"}]
+    follow = [{"role": "user", "content": "q"}, item, r.output[1].model_dump(exclude_none=True),
+              {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}]
+    await client(b).responses.create(model="m1", input=follow, store=False)  # another replica opens it
+    turn = svc_b.prepared[-1].conversation.messages[1]
+    assert turn.role == "assistant" and turn.parts[0].text == "I should run ls."
+    enc = item["encrypted_content"]
+    item["encrypted_content"] = enc[:10] + ("A" if enc[10] != "A" else "B") + enc[11:]
+    with pytest.raises(openai.BadRequestError) as e:
+        await client(b).responses.create(model="m1", input=follow, store=False)
+    assert "encrypted_content" in e.value.body["param"]
+
+
+@pytest.mark.parametrize("encoding", ["zstd", "gzip"])
+async def test_compressed_bodies(replicas, encoding):
+    app, _ = replicas[0]
+    data = json.dumps({"model": "m1", "input": "hi"}).encode()
+    body = zstandard.ZstdCompressor(level=3).compress(data) if encoding == "zstd" else gzip.compress(data)
+    async with raw(app) as c:
+        r = await c.post("/v1/responses", content=body,
+                         headers={"content-encoding": encoding, "content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == "Hello"
+
+
+async def test_decompressed_size_cap(replicas):
+    small = AppSettings.model_validate({"models": [{"id": "m1"}], "ingress": {"max_decompressed_bytes": 1000}})
+    app = create_app(IngressContext(settings=small, service=StubService(), secret=b"s"))
+    data = json.dumps({"model": "m1", "input": "x" * 5000}).encode()
+    async with raw(app) as c:
+        r = await c.post("/v1/responses", content=zstandard.ZstdCompressor().compress(data),
+                         headers={"content-encoding": "zstd", "content-type": "application/json"})
+    assert r.status_code == 413
+
+
+@pytest.mark.parametrize("forced,code", [("raise:too_long", "context_length_exceeded"),
+                                         ("raise:overloaded", "server_is_overloaded")])
+async def test_prepare_failures_stream_as_response_failed(replicas, forced, code):
+    app, _ = replicas[0]
+    events = [e async for e in await client(app).responses.create(
+        model="m1", input="x", stream=True, extra_body={"nvext": {"forced_script": forced}})]
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    assert events[-1].response.error.code == code
+
+
+async def test_midstream_error_is_response_failed_and_non_stream_is_http_error(replicas):
+    app, _ = replicas[0]
+    events = [e async for e in await client(app).responses.create(
+        model="m1", input="x", stream=True, extra_body={"nvext": {"forced_script": "error"}})]
+    assert events[-1].type == "response.failed" and events[-1].response.error.message == "engine died"
+    with pytest.raises(openai.InternalServerError):
+        await client(app).responses.create(model="m1", input="x", extra_body={"nvext": {"forced_script": "error"}})
+
+
+async def test_bad_requests_are_400_naming_the_field(replicas):
+    app, _ = replicas[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        await client(app).responses.create(model="m1", input=[{"type": "function_call_output", "output": "x"}])
+    assert e.value.body["param"] == "input.0.call_id"
+    with pytest.raises(openai.NotFoundError):
+        await client(app).responses.create(model="nope", input="x")
