@@ -9,6 +9,7 @@ Python work is limited to structure characters.
 from __future__ import annotations
 
 import json
+import json.encoder
 import re
 
 _WS = re.compile(r"[ \t\n\r]*")
@@ -176,6 +177,9 @@ class JsonScanner:
         return NEED_MORE
 
 
+_encode_basestring = json.encoder.encode_basestring  # the C escaper json.dumps uses, without its setup cost
+
+
 def json_string_chunk(s: str) -> str:
     """`s` escaped as the inside of a JSON string (no quotes); chunks concatenate to the escaped whole."""
-    return json.dumps(s, ensure_ascii=False)[1:-1]
+    return _encode_basestring(s)[1:-1]
