@@ -51,9 +51,12 @@ class StreamParser:
         self.in_reasoning = bool(reasoning) and starts_in_reasoning
         think = (reasoning.start, reasoning.end) if reasoning else ()
         # a stray end marker in text and a repeated start marker in reasoning are markup: matched and dropped
-        self.m_text = Matcher((*think, *starts))
-        self.m_reason = Matcher((*think, *starts))
+        self.m = Matcher((*think, *starts))
         self.active = False
+        # whitespace-only text right after a tool call is the model's separator between calls: it is kept back
+        # and dropped unless real text follows (then it is released verbatim)
+        self.after_call = False
+        self.pending_ws = ""
         self.entered_in_reasoning = False
         self.text_started = False
         self.hold = ""
@@ -61,6 +64,15 @@ class StreamParser:
     def _emit(self, text: str) -> None:
         if not text:
             return
+        if self.after_call:
+            if self.in_reasoning:
+                self.after_call, self.pending_ws = False, ""
+            elif text.isspace():
+                self.pending_ws += text
+                return
+            else:
+                text = self.pending_ws + text
+                self.after_call, self.pending_ws = False, ""
         self.sink.reasoning = self.in_reasoning
         self.sink.plain(text)
         if not self.in_reasoning and not self.text_started and not text.isspace():
@@ -80,8 +92,10 @@ class StreamParser:
                 self.active = False
                 if self.engine.degraded:
                     self.text_started = self.text_started or not self.in_reasoning
-                elif self.entered_in_reasoning and r is not None and r.tool_ends_reasoning:
-                    self.in_reasoning = False
+                else:
+                    self.after_call, self.pending_ws = True, ""
+                    if self.entered_in_reasoning and r is not None and r.tool_ends_reasoning:
+                        self.in_reasoning = False
                 t, i = rest, 0
                 continue
             if self.bare and not self.in_reasoning and not self.text_started:
@@ -94,7 +108,7 @@ class StreamParser:
                     t, i = t[j:], 0
                     continue
                 self.text_started = True
-            m = self.m_reason if self.in_reasoning else self.m_text
+            m = self.m
             p, mk = m.search(t, i)
             if p < 0:
                 h = m.hold_start(t, i)

@@ -207,3 +207,13 @@ def test_schemas_accepted_in_every_shape():
             ("call", "f", {"n": 7})]
     # without a schema the value stays a string: nothing is guessed
     assert simple(fold_complete(parse_complete(text, tools="qwen3_coder"))) == [("call", "f", {"n": "7"})]
+
+
+def test_whitespace_between_calls_is_not_text_but_real_text_keeps_its_spacing():
+    call = '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>'
+    text = f"Checking.\n{call}\n{call}\n\n"
+    want = [("text", "Checking.\n"), ("call", "f", {}), ("call", "f", {})]
+    assert simple(fold_complete(parse_complete(text, tools="hermes"))) == want
+    assert simple(fold_complete(stream(text, list(range(1, len(text))), tools="hermes"))) == want
+    text2 = f"{call}\n\nDone."
+    assert simple(fold_complete(parse_complete(text2, tools="hermes"))) == [("call", "f", {}), ("text", "\n\nDone.")]
