@@ -28,6 +28,20 @@ _ITEMS = TypeAdapter(list[InputItem])
 _STREAMED_FAILURES = ("context_length_exceeded", "rate_limit_exceeded", "server_is_overloaded")
 
 
+def _replica_headers(ctx: IngressContext) -> dict[str, str]:
+    """`x-serve-replica`: which ingress replica answered (lets tests and operators see cross-replica use)."""
+    tag = ctx.extras.get("_replica_tag")
+    if tag is None:
+        try:
+            from ray import serve
+
+            tag = serve.get_replica_context().replica_tag
+        except Exception:  # not running inside a Serve replica (unit tests)
+            tag = ""
+        ctx.extras["_replica_tag"] = tag
+    return {"x-serve-replica": tag} if tag else {}
+
+
 def _store(ctx: IngressContext) -> StoreClient | None:
     backend = ctx.extras.get("response_store")
     return None if backend is None else StoreClient(backend)
@@ -109,7 +123,8 @@ async def create_response(request: Request, ctx: IngressContext = Depends(get_ct
             for chunk in encoder.fail(code, message):
                 yield chunk
 
-        return StreamingResponse(failed(), media_type="text/event-stream", headers=sse.SSE_HEADERS)
+        return StreamingResponse(failed(), media_type="text/event-stream",
+                                 headers={**sse.SSE_HEADERS, **_replica_headers(ctx)})
 
     if not req.stream:
         response = fold(encoder, await ctx.service.complete(prepared))
@@ -118,7 +133,7 @@ async def create_response(request: Request, ctx: IngressContext = Depends(get_ct
             raise ServiceError("overloaded" if err.get("code") == "server_is_overloaded" else "api_error",
                                err.get("message") or "generation failed", code=err.get("code"))
         await _save(store, req, history_raw, response)
-        return JSONResponse(response)
+        return JSONResponse(response, headers=_replica_headers(ctx))
 
     async def frames():
         for chunk in encoder.start():  # response.created leaves at once: no batching in front of the first token
@@ -141,7 +156,8 @@ async def create_response(request: Request, ctx: IngressContext = Depends(get_ct
         finally:
             await stream.aclose()
 
-    return StreamingResponse(frames(), media_type="text/event-stream", headers=sse.SSE_HEADERS)
+    return StreamingResponse(frames(), media_type="text/event-stream",
+                             headers={**sse.SSE_HEADERS, **_replica_headers(ctx)})
 
 
 @router.get("/v1/responses/{response_id}")
@@ -152,4 +168,4 @@ async def get_response(response_id: str, request: Request, ctx: IngressContext =
     if record is None:
         raise ServiceError("not_found", f"response {response_id!r} not found (unknown, expired or not stored)",
                            param="response_id")
-    return JSONResponse(record["response"])
+    return JSONResponse(record["response"], headers=_replica_headers(ctx))

@@ -1,0 +1,128 @@
+"""The real Codex CLI against the service: `codex exec` answers through the Responses API with the catalog that
+`python -m serve_app codex-config` generates (no fallback-metadata warning), and a forced tool loop (the model calls
+`exec_command` with `echo hi …`, Codex runs it and sends the output back, the model answers) completes with the
+second request reusing the first's prompt prefix.
+
+Codex is npm-installed at test time into `.tools/codex` (gitignored); without npm or the registry the tests skip and
+say why. The model's words come from `tests/configs/script_rules/codex.yaml` (forced scripts keyed on markers in the
+prompt), through the real engine. Per-request usage is read from Codex's own trace of the SSE it received.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.conformance, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = ROOT / ".tools" / "codex"
+BIN = PREFIX / "node_modules" / ".bin" / "codex"
+MODEL = "smollm2-135m-instruct-32k"  # Codex's request (tools + context) is ~6K tokens; the 32K engine holds it
+CPU_BLOCK = 128
+
+
+def _install() -> Path:
+    if BIN.exists():
+        return BIN
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is not installed, so Codex cannot be installed for this test")
+    PREFIX.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(PREFIX), "@openai/codex"],
+                           capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        pytest.skip("npm install @openai/codex timed out")
+    if r.returncode != 0 or not BIN.exists():
+        pytest.skip(f"npm could not install @openai/codex: {(r.stderr or r.stdout)[-500:]}")
+    return BIN
+
+
+@pytest.fixture(scope="module")
+def codex() -> Path:
+    path = _install()
+    r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        pytest.skip(f"the installed codex binary does not run here: {r.stderr[-300:]}")
+    return path
+
+
+@pytest.fixture(scope="module")
+def codex_home(serve_url, tmp_path_factory) -> Path:
+    """A fresh CODEX_HOME whose config.toml and catalog come from `python -m serve_app codex-config`."""
+    home = tmp_path_factory.mktemp("codex-home")
+    r = subprocess.run([sys.executable, "-m", "serve_app", "codex-config", "--base-url", serve_url,
+                        "--config", str(ROOT / "tests" / "configs" / "test.yaml"),
+                        "--catalog-out", str(home / "catalog.json"), "--model", MODEL, "--no-env-key"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (home / "config.toml").write_text(r.stdout)
+    return home
+
+
+def run_codex(codex: Path, home: Path, workdir: Path, prompt: str) -> tuple[list[dict], list[dict], str]:
+    """(codex --json events, SSE events Codex received, stderr)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home.parent),
+        "CODEX_HOME": str(home),
+        "RUST_LOG": "codex_api=trace",  # Codex logs every SSE event it parses: per-request usage for the test
+        "NO_COLOR": "1",
+    }
+    cmd = [str(codex), "exec", "--json", "--skip-git-repo-check", "--sandbox", "danger-full-access", prompt]
+    r = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=1200, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, f"codex exited {r.returncode}\nstdout: {r.stdout[-3000:]}\nstderr: {r.stderr[-3000:]}"
+    events = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    sse = []
+    for line in r.stderr.splitlines():
+        _, sep, payload = line.partition("SSE event: ")
+        if sep:
+            try:
+                sse.append(json.loads(payload))
+            except ValueError:
+                pass
+    return events, sse, r.stderr
+
+
+def completed_usages(sse: list[dict]) -> list[dict]:
+    return [e["response"]["usage"] for e in sse if e.get("type") == "response.completed"]
+
+
+def test_exec_answers_with_catalog_metadata(codex, codex_home, tmp_path):
+    events, sse, stderr = run_codex(codex, codex_home, tmp_path / "work", "CODEX_SAY_OK: reply with the word ok")
+    assert "Model metadata" not in stderr and "fallback model metadata" not in stderr.lower(), stderr[-2000:]
+    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                and e["item"]["type"] == "agent_message"]
+    assert messages and messages[-1].strip() == "CODEX-OK"
+    turn = [e for e in events if e.get("type") == "turn.completed"][-1]
+    assert turn["usage"]["input_tokens"] > 1000  # Codex's real prompt: tools, permissions, environment
+    # The catalog entry made Codex ask for reasoning summaries (the model has a reasoning parser) and got them.
+    reasoning = [e["item"] for e in events if e.get("type") == "item.completed" and e["item"]["type"] == "reasoning"]
+    assert reasoning and "ok" in reasoning[0]["text"]
+    assert [e["type"] for e in sse][-1] == "response.completed"
+
+
+def test_forced_exec_command_tool_loop_reuses_prefix(codex, codex_home, tmp_path):
+    events, sse, stderr = run_codex(codex, codex_home, tmp_path / "work", "CODEX_TOOL_LOOP: run the command")
+    execs = [e["item"] for e in events if e.get("type") == "item.completed"
+             and e["item"]["type"] == "command_execution"]
+    assert execs, f"Codex ran no command: {events}"
+    assert "echo hi CODEX_TOOL_DONE" in execs[0]["command"]
+    assert "hi CODEX_TOOL_DONE" in execs[0]["aggregated_output"] and execs[0]["exit_code"] == 0
+    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                and e["item"]["type"] == "agent_message"]
+    assert messages and messages[-1].strip() == "The command printed: hi CODEX_TOOL_DONE"
+    usages = completed_usages(sse)
+    assert len(usages) == 2, usages
+    first, second = usages
+    # Turn 2 = turn 1's prompt + the call + its output: all of turn 1's whole KV blocks come from the cache.
+    assert second["input_tokens_details"]["cached_tokens"] >= (first["input_tokens"] // CPU_BLOCK) * CPU_BLOCK, usages
+    assert second["input_tokens"] > first["input_tokens"]
