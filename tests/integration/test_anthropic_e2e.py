@@ -3,6 +3,7 @@ real `anthropic` SDK. Exact outputs come from forced scripts through the real en
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import anthropic
@@ -104,7 +105,8 @@ def test_parallel_tool_calls(client):
 
 
 def test_20kb_tool_argument_streams_in_many_fragments(client, serve_url):
-    content = "".join(f"line {i}: the quick brown fox\n" for i in range(700))  # ~20 KB
+    # ~21 KB in ~1700 tokens (runs of "=" tokenize densely), so it fits the 8K test engine's output budget.
+    content = "".join(f"section {i} " + "=" * 128 + "\n" for i in range(150))
     assert len(content) > 20_000
     write = {"name": "Write", "input_schema": {"type": "object", "properties": {
         "path": {"type": "string"}, "content": {"type": "string"}}}}
@@ -205,7 +207,8 @@ def test_errors_in_the_anthropic_envelope(client, serve_url):
     assert msg.startswith("max_tokens")
     check(httpx.post(url, content=b"{", headers={"content-type": "application/json"}, timeout=60), 400,
           "invalid_request_error")
-    check(httpx.post(url, content=b"x" * (33 * 1024 * 1024), headers={"content-type": "application/json"},
+    bomb = gzip.compress(b" " * (65 * 1024 * 1024))  # ~64 KB on the wire, over the 64 MiB decompressed cap
+    check(httpx.post(url, content=bomb, headers={"content-type": "application/json", "content-encoding": "gzip"},
                      timeout=120), 413, "request_too_large")
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="no-such-model", max_tokens=5, messages=USER)
