@@ -1,14 +1,33 @@
 """RouterCore: the routing state and decision, free of Ray so it can be unit-tested and simulated.
 
-The Router deployment wraps one RouterCore; the Serve request router (in each ingress process) asks it for a
-replica per request. Every decision reserves load on the chosen replica until `release` is called, so a burst
-of requests does not all land on the replica that looked best at the start of the burst.
+The Router deployment wraps one RouterCore per engine deployment; the Serve request router (in each ingress
+process) asks it for a replica per request. Every decision reserves load on the chosen replica (prefill tokens
+until `mark_prefilled`, expected output tokens until `release`), so a burst of requests does not all land on
+the replica that looked best at the start of the burst.
+
+The KV index per replica is fed by the engine's KV events (`register_replica` with its ZMQ endpoints starts a
+subscriber; `apply_events` takes a decoded batch directly) or, without a healthy feed, predicted from the
+router's own decisions with a TTL and a size cap. `blocks_stored/removed/cleared` are the index operations in
+our own hashes, used by the event translator and by the trace simulation.
 """
 
 from __future__ import annotations
 
-import itertools
+import asyncio
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
+
+from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
+from serve_app.routing.policies import ReplicaLoad, make_policy, prompt_tokens
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Decision", "ReplicaLoad", "RouteRequest", "RouterCore"]
 
 
 @dataclass(slots=True)
@@ -28,66 +47,252 @@ class Decision:
 
 
 @dataclass(slots=True)
-class ReplicaLoad:
-    active_requests: int = 0
-    active_prefill_tokens: int = 0
-    active_decode_tokens: int = 0
+class _Reservation:
+    replica_id: str
+    prefill: int
+    decode: int
+    at: float
 
 
 class RouterCore:
-    def __init__(self, policy: str = "least_loaded", block_size: int = 16):
-        self.policy = policy
-        self.block_size = block_size
-        self.loads: dict[str, ReplicaLoad] = {}
-        self._inflight: dict[str, tuple[str, int, int]] = {}  # request_id -> (replica, prefill, decode)
-        self._rr = itertools.count()
+    def __init__(
+        self,
+        policy: str = "kv",
+        block_size: int = 16,
+        config: Any = None,
+        *,
+        overlap_weight: float | None = None,
+        decode_weight: float = 4.0,
+        prediction_ttl_s: float | None = None,
+        prediction_max_blocks: int | None = None,
+        kv_events: bool | None = None,
+        reservation_ttl_s: float = 900.0,
+        max_sessions: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+        seed: int | None = None,
+    ):
+        def knob(name, explicit, default):
+            if explicit is not None:
+                return explicit
+            return getattr(config, name, default) if config is not None else default
 
-    def sync_replicas(self, replica_ids: list[str]) -> None:
-        """Make the known replicas exactly `replica_ids` (a removed or dead replica disappears)."""
+        self.policy = policy  # the name, as configured
+        self._policy = make_policy(policy)
+        self.block_size = block_size
+        self.overlap_weight = float(knob("overlap_weight", overlap_weight, 1.0))
+        # Output tokens cost more replica time than prompt tokens (decode is memory-bound); 4 prefill tokens per
+        # output token is a middle value for batched decode on GPUs.
+        self.decode_weight = float(getattr(config, "decode_weight", decode_weight))
+        self.kv_events = bool(knob("kv_events", kv_events, True))
+        self.index = KvIndex(
+            ttl_s=float(knob("prediction_ttl_s", prediction_ttl_s, 120.0)),
+            max_predicted_blocks=int(knob("prediction_max_blocks", prediction_max_blocks, 200_000)),
+        )
+        self.loads: dict[str, ReplicaLoad] = {}
+        self.reservation_ttl_s = reservation_ttl_s
+        self._inflight: OrderedDict[str, _Reservation] = OrderedDict()  # oldest first, for the TTL sweep
+        self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._max_sessions = max_sessions
+        self._clock = clock
+        self.rng = random.Random(seed)
+        self.feeds: dict[str, Any] = {}  # replica -> kv_events.ReplicaFeed
+        self.decisions = 0
+        self.prompt_tokens = 0
+        self.cached_tokens_estimated = 0
+        self.expired_reservations = 0
+
+    # ---- clock and session memory (read by policies) ----
+    def now(self) -> float:
+        return self._clock()
+
+    def session_replica(self, key: str | None) -> str | None:
+        if key is None:
+            return None
+        rid = self._sessions.get(key)
+        return rid if rid in self.loads else None
+
+    # ---- replicas ----
+    def sync_replicas(self, replica_ids: Iterable[str]) -> None:
+        """Make the known replicas exactly `replica_ids` (a removed or dead replica disappears, index included)."""
         live = set(replica_ids)
         for rid in list(self.loads):
             if rid not in live:
-                del self.loads[rid]
-        for rid in replica_ids:
-            self.loads.setdefault(rid, ReplicaLoad())
+                self._forget(rid)
+        for rid in live:
+            self._ensure(rid)
 
-    def choose(self, req: RouteRequest, candidates: list[str]) -> Decision:
-        if not candidates:
-            raise ValueError("no candidate replicas")
-        for rid in candidates:
-            self.loads.setdefault(rid, ReplicaLoad())
-        if self.policy == "round_robin":
-            rid = candidates[next(self._rr) % len(candidates)]
+    def _ensure(self, rid: str) -> None:
+        if rid not in self.loads:
+            self.loads[rid] = ReplicaLoad()
+            self.index.ensure(rid)
+
+    def _forget(self, rid: str) -> None:
+        self.loads.pop(rid, None)
+        self.index.drop(rid)
+        feed = self.feeds.pop(rid, None)
+        if feed is not None:
+            feed.stop()
+        forget = getattr(self._policy, "forget", None)
+        if forget is not None:
+            forget(rid)
+        for req_id in [k for k, r in self._inflight.items() if r.replica_id == rid]:
+            del self._inflight[req_id]
+
+    def register_replica(self, replica_id: str, events_endpoint: str | None = None,
+                         replay_endpoint: str | None = None, block_size: int | None = None) -> None:
+        """Add a replica; with an events endpoint (and kv_events on) subscribe to its KV events.
+
+        Must be called on the event loop that will run the subscriber when an endpoint is given.
+        """
+        if block_size and block_size != self.block_size:
+            if any(len(rb) for rb in self.index.replicas.values()):
+                log.warning("replica %s block size %s differs from the router's %s", replica_id, block_size,
+                            self.block_size)
+            else:
+                self.block_size = block_size
+        self._ensure(replica_id)
+        old = self.feeds.pop(replica_id, None)
+        if old is not None:
+            old.stop()
+        if events_endpoint and self.kv_events:
+            from serve_app.routing.kv_events import ReplicaFeed
+
+            feed = ReplicaFeed(self, replica_id, events_endpoint, replay_endpoint)
+            self.feeds[replica_id] = feed
+            try:
+                feed.start()
+            except RuntimeError:  # no running loop: events can still be pushed through apply_events
+                log.info("no event loop; replica %s takes events through apply_events only", replica_id)
+            self.index.set_mode(replica_id, EVENTS)
         else:
-            rid = min(candidates, key=lambda r: (self.loads[r].active_requests, self.loads[r].active_prefill_tokens))
-        self._reserve(req, rid, req.num_prompt_tokens)
-        return Decision(replica_id=rid, policy=self.policy)
+            self.index.set_mode(replica_id, PREDICTED)
 
-    def _reserve(self, req: RouteRequest, rid: str, prefill_tokens: int) -> None:
+    def set_mode(self, replica_id: str, mode: str) -> None:
+        if replica_id in self.loads:
+            self.index.set_mode(replica_id, mode)
+
+    def apply_events(self, replica_id: str, batch: Any, seq: int | None = None) -> None:
+        """Apply one decoded vLLM KVEventBatch (or its msgpack bytes) from `replica_id`'s engine."""
+        from serve_app.routing.kv_events import ReplicaFeed
+
+        self._ensure(replica_id)
+        feed = self.feeds.get(replica_id)
+        if feed is None:
+            feed = ReplicaFeed(self, replica_id, None, None)
+            self.feeds[replica_id] = feed
+            self.index.set_mode(replica_id, EVENTS)
+        feed.apply(batch, seq)
+
+    # ---- index operations in our hashes (the event translator and the simulation call these) ----
+    def blocks_stored(self, replica_id: str, hashes: Iterable[int]) -> None:
+        rb = self.index.replicas.get(replica_id)
+        if rb is not None:
+            rb.add(hashes, self.now())
+
+    def blocks_removed(self, replica_id: str, hashes: Iterable[int]) -> None:
+        rb = self.index.replicas.get(replica_id)
+        if rb is not None:
+            rb.remove(hashes)
+
+    def blocks_cleared(self, replica_id: str) -> None:
+        rb = self.index.replicas.get(replica_id)
+        if rb is not None:
+            rb.clear()
+
+    # ---- decisions ----
+    def choose(self, req: RouteRequest, candidates: list[str] | None = None) -> Decision:
+        cands = list(self.loads) if candidates is None else list(candidates)
+        if not cands:
+            raise ValueError("no candidate replicas")
+        for rid in cands:
+            self._ensure(rid)
+        now = self.now()
+        self._expire_reservations(now)
+        rid, cached_blocks = self._policy.choose(self, req, cands)
+        n = prompt_tokens(req, self.block_size)
+        cached = min(cached_blocks * self.block_size, n)
+        self._reserve(req, rid, n - cached, now)
+        if self.index.replicas[rid].mode == PREDICTED and req.block_hashes:
+            self.index.replicas[rid].add(req.block_hashes, now)
+        if req.session_key is not None:
+            self._remember_session(req.session_key, rid)
+        self._policy.on_routed(self, req, rid)
+        self.decisions += 1
+        self.prompt_tokens += n
+        self.cached_tokens_estimated += cached
+        return Decision(replica_id=rid, policy=self.policy, cached_blocks=cached_blocks)
+
+    def _remember_session(self, key: str, rid: str) -> None:
+        self._sessions[key] = rid
+        self._sessions.move_to_end(key)
+        if len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+
+    def _reserve(self, req: RouteRequest, rid: str, prefill_tokens: int, now: float) -> None:
+        if req.request_id in self._inflight:  # a retried id: its old reservation is superseded
+            self.release(req.request_id)
         load = self.loads[rid]
         load.active_requests += 1
         load.active_prefill_tokens += prefill_tokens
         load.active_decode_tokens += req.expected_output_tokens
-        self._inflight[req.request_id] = (rid, prefill_tokens, req.expected_output_tokens)
+        load.add_recent(prefill_tokens, now)
+        self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now)
+
+    def mark_prefilled(self, request_id: str) -> None:
+        """The request's first token came back: its prefill no longer loads the replica."""
+        r = self._inflight.get(request_id)
+        if r is None or r.prefill == 0:
+            return
+        load = self.loads.get(r.replica_id)
+        if load is not None:
+            load.active_prefill_tokens -= r.prefill
+        r.prefill = 0
 
     def release(self, request_id: str) -> None:
-        entry = self._inflight.pop(request_id, None)
-        if entry is None:
+        r = self._inflight.pop(request_id, None)
+        if r is None:
             return
-        rid, prefill, decode = entry
-        load = self.loads.get(rid)
+        load = self.loads.get(r.replica_id)
         if load is not None:
             load.active_requests -= 1
-            load.active_prefill_tokens -= prefill
-            load.active_decode_tokens -= decode
+            load.active_prefill_tokens -= r.prefill
+            load.active_decode_tokens -= r.decode
+
+    def _expire_reservations(self, now: float) -> None:
+        # A caller that died never releases; its reservation must not weigh on the replica forever.
+        cutoff = now - self.reservation_ttl_s
+        while self._inflight:
+            req_id, r = next(iter(self._inflight.items()))
+            if r.at > cutoff:
+                break
+            self.release(req_id)
+            self.expired_reservations += 1
+
+    # ---- lifecycle and metrics ----
+    async def close(self) -> None:
+        for feed in list(self.feeds.values()):
+            feed.stop()
+        await asyncio.sleep(0)
 
     def metrics(self) -> dict:
+        replicas = {}
+        for rid, load in self.loads.items():
+            rb = self.index.replicas.get(rid)
+            feed = self.feeds.get(rid)
+            replicas[rid] = {
+                "mode": rb.mode if rb is not None else PREDICTED,
+                "blocks": len(rb) if rb is not None else 0,
+                "active_requests": load.active_requests,
+                "active_prefill_tokens": load.active_prefill_tokens,
+                "active_decode_tokens": load.active_decode_tokens,
+                **(feed.stats() if feed is not None else {}),
+            }
         return {
             "policy": self.policy,
-            "replicas": {rid: vars(l) if hasattr(l, "__dict__") else {
-                "active_requests": l.active_requests,
-                "active_prefill_tokens": l.active_prefill_tokens,
-                "active_decode_tokens": l.active_decode_tokens,
-            } for rid, l in self.loads.items()},
+            "block_size": self.block_size,
+            "replicas": replicas,
             "inflight": len(self._inflight),
+            "decisions": self.decisions,
+            "estimated_hit_rate": self.cached_tokens_estimated / self.prompt_tokens if self.prompt_tokens else 0.0,
+            "expired_reservations": self.expired_reservations,
         }

@@ -1,0 +1,234 @@
+"""Routing policies: given the request, the candidates, their loads and the KV index, pick one replica.
+
+A policy reads the router's state through a `RouterState` (the RouterCore) and never mutates it; the core
+does the bookkeeping (reservation, predicted blocks, session memory) after the pick, the same for every policy.
+
+- `kv` (default): Dynamo's cost, in tokens: overlap_weight * (prefill tokens left after the replica's cached
+  overlap + prefill tokens already reserved there) + decode_weight * expected output tokens outstanding there.
+  Argmin; within one block of the minimum the session's last replica wins, then the least recently loaded.
+- `least_loaded`: the same load term without the overlap credit.
+- `round_robin`.
+- `session`: sticky per session key (first placement least-loaded); no key -> least loaded.
+- `prefix_affinity`: Ray Serve's PrefixCacheAffinityRouter algorithm as documented (for the simulation only):
+  a prefix tree of what was sent where, no eviction by default, match-rate threshold 0.1, queue-length
+  imbalance threshold with a power-of-two fallback. Blocks stand in for its characters.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from serve_app.routing.core import RouteRequest
+    from serve_app.routing.index import KvIndex
+
+RECENT_WORK_HALF_LIFE_S = 300.0
+
+
+@dataclass(slots=True)
+class ReplicaLoad:
+    active_requests: int = 0
+    active_prefill_tokens: int = 0  # reserved, not yet reported prefilled
+    active_decode_tokens: int = 0  # expected output tokens of outstanding requests
+    recent_work: float = 0.0  # uncached prefill tokens sent here, decayed with RECENT_WORK_HALF_LIFE_S
+    recent_t: float = 0.0
+
+    def recent(self, now: float) -> float:
+        if self.recent_work == 0.0:
+            return 0.0
+        return self.recent_work * math.exp2(-(now - self.recent_t) / RECENT_WORK_HALF_LIFE_S)
+
+    def add_recent(self, tokens: float, now: float) -> None:
+        self.recent_work = self.recent(now) + tokens
+        self.recent_t = now
+
+
+class RouterState(Protocol):
+    block_size: int
+    overlap_weight: float
+    decode_weight: float
+    loads: dict[str, ReplicaLoad]
+    index: KvIndex
+    rng: random.Random
+
+    def now(self) -> float: ...
+    def session_replica(self, key: str | None) -> str | None: ...
+
+
+def prompt_tokens(req: RouteRequest, block_size: int) -> int:
+    return req.num_prompt_tokens or len(req.block_hashes) * block_size
+
+
+def load_cost(state: RouterState, rid: str) -> float:
+    load = state.loads[rid]
+    return state.overlap_weight * load.active_prefill_tokens + state.decode_weight * load.active_decode_tokens
+
+
+def _tie_break(state: RouterState, req: RouteRequest, tied: list[str]) -> str:
+    if len(tied) == 1:
+        return tied[0]
+    sticky = state.session_replica(req.session_key)
+    if sticky in tied:
+        return sticky
+    now = state.now()
+    loads = state.loads
+    best = min((loads[r].active_requests, loads[r].recent(now)) for r in tied)
+    tied = [r for r in tied if (loads[r].active_requests, loads[r].recent(now)) == best]
+    return tied[0] if len(tied) == 1 else state.rng.choice(tied)
+
+
+class Policy:
+    name = "base"
+
+    def choose(self, state: RouterState, req: RouteRequest, candidates: Sequence[str]) -> tuple[str, int]:
+        """Return (replica, cached blocks believed to be there)."""
+        raise NotImplementedError
+
+    def on_routed(self, state: RouterState, req: RouteRequest, rid: str) -> None:
+        """Hook for policies that keep their own state (the prefix-tree emulation)."""
+
+
+class KvPolicy(Policy):
+    name = "kv"
+
+    def choose(self, state, req, candidates):
+        bs = state.block_size
+        n = prompt_tokens(req, bs)
+        overlaps = state.index.overlaps(req.block_hashes, candidates, state.now())
+        costs = {}
+        for rid in candidates:
+            new_prefill = n - min(overlaps[rid] * bs, n)
+            costs[rid] = getattr(state, 'cache_weight', 1.0) * state.overlap_weight * new_prefill + load_cost(state, rid)
+        low = min(costs.values())
+        tolerance = state.overlap_weight * bs  # one block: no real difference in work
+        tied = [r for r in candidates if costs[r] <= low + tolerance]
+        # Within the tie band the exact minimum still wins unless the session's replica is in the band.
+        sticky = state.session_replica(req.session_key)
+        if sticky not in tied:
+            tied = [r for r in tied if costs[r] == low]
+        rid = _tie_break(state, req, tied)
+        return rid, overlaps[rid]
+
+
+class LeastLoadedPolicy(Policy):
+    name = "least_loaded"
+
+    def choose(self, state, req, candidates):
+        costs = {rid: load_cost(state, rid) for rid in candidates}
+        low = min(costs.values())
+        rid = _tie_break(state, req, [r for r in candidates if costs[r] == low])
+        return rid, 0
+
+
+class RoundRobinPolicy(Policy):
+    name = "round_robin"
+
+    def __init__(self):
+        self._next = 0
+
+    def choose(self, state, req, candidates):
+        rid = candidates[self._next % len(candidates)]
+        self._next += 1
+        return rid, 0
+
+
+class SessionPolicy(Policy):
+    name = "session"
+
+    def __init__(self):
+        self._fallback = LeastLoadedPolicy()
+
+    def choose(self, state, req, candidates):
+        sticky = state.session_replica(req.session_key)
+        if sticky is not None and sticky in candidates:
+            return sticky, 0
+        return self._fallback.choose(state, req, candidates)
+
+
+class PrefixAffinityPolicy(Policy):
+    """Ray Serve PrefixCacheAffinityRouter, per its documentation and source (ray 2.60), over blocks.
+
+    1. If max-min queue length over the candidates exceeds `imbalanced_threshold`: power of two choices.
+    2. Else match the prompt against the tree of prompts already routed. match_rate = matched / prompt length.
+       Below `match_rate_threshold`: the replicas with the least text in the tree. Otherwise the replicas
+       owning the deepest match. Serve then takes the shortest queue in that group.
+    3. After routing, the prompt is inserted under the chosen replica (no eviction unless `max_units`).
+    """
+
+    name = "prefix_affinity"
+
+    def __init__(self, match_rate_threshold: float = 0.1, imbalanced_threshold: float = 10,
+                 max_units: int | None = None):
+        self.match_rate_threshold = match_rate_threshold
+        self.imbalanced_threshold = imbalanced_threshold
+        self.max_units = max_units
+        self.tree: dict[str, dict[int, None]] = {}  # tenant -> ordered set of block ids (LRU order)
+        self.size: dict[str, int] = {}  # tenant -> units (block-chars) in the tree
+
+    def choose(self, state, req, candidates):
+        loads = state.loads
+        rng = state.rng
+        queues = [loads[r].active_requests for r in candidates]
+        if max(queues) - min(queues) > self.imbalanced_threshold:
+            pair = rng.sample(list(candidates), 2) if len(candidates) > 1 else list(candidates)
+            return min(pair, key=lambda r: loads[r].active_requests), 0
+        bs = state.block_size
+        n = prompt_tokens(req, bs)
+        matched = {}
+        for rid in candidates:
+            owned = self.tree.get(rid, {})
+            k = 0
+            for h in req.block_hashes:
+                if h not in owned:
+                    break
+                k += 1
+            matched[rid] = k
+        deepest = max(matched.values())
+        if n == 0 or min(deepest * bs, n) / n < self.match_rate_threshold:
+            smallest = min(self.size.get(r, 0) for r in candidates)
+            group = [r for r in candidates if self.size.get(r, 0) == smallest]
+        else:
+            group = [r for r in candidates if matched[r] == deepest]
+        shortest = min(loads[r].active_requests for r in group)
+        group = [r for r in group if loads[r].active_requests == shortest]
+        rid = group[0] if len(group) == 1 else rng.choice(group)
+        return rid, matched[rid]
+
+    def on_routed(self, state, req, rid):
+        owned = self.tree.setdefault(rid, {})
+        added = 0
+        for h in req.block_hashes:
+            if h in owned:
+                del owned[h]
+            else:
+                added += state.block_size
+            owned[h] = None
+        self.size[rid] = self.size.get(rid, 0) + added
+        if self.max_units is not None:
+            while self.size[rid] > self.max_units and owned:
+                del owned[next(iter(owned))]
+                self.size[rid] -= state.block_size
+
+    def forget(self, rid: str) -> None:
+        self.tree.pop(rid, None)
+        self.size.pop(rid, None)
+
+
+POLICIES = {
+    "kv": KvPolicy,
+    "least_loaded": LeastLoadedPolicy,
+    "round_robin": RoundRobinPolicy,
+    "session": SessionPolicy,
+    "prefix_affinity": PrefixAffinityPolicy,
+}
+
+
+def make_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise ValueError(f"unknown routing policy {name!r}; expected one of {sorted(POLICIES)}") from None
