@@ -277,7 +277,7 @@ class ClaudeCodeSession(AgentUser):
             body: dict[str, Any] = {
                 "model": self.opts.cc_model, "max_tokens": self.opts.max_tokens, "stream": True,
                 "system": system, "tools": self.tools, "messages": messages,
-                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "thinking": {"type": "adaptive"},  # what Claude Code sends to 4.6-generation models
                 "metadata": {"user_id": json.dumps({"session_id": session})},
             }
             call = SCRIPTED_CALLS[turn % len(SCRIPTED_CALLS)] if turn < turns - 1 else None
