@@ -1,0 +1,156 @@
+"""Conversation (the IR) → the message list HF chat templates take, following the model's replay policy.
+
+The shape is the one vLLM's renderer hands templates: `role`/`content` strings, assistant `tool_calls` as
+OpenAI objects with `function.arguments` parsed into a dict (or the verbatim JSON text when the template prints
+strings as-is), `tool` messages with `tool_call_id`, reasoning in `reasoning_content` (and `reasoning`), tools as
+OpenAI function schemas.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from serve_app.conversation import (
+    Conversation,
+    DocumentPart,
+    ImagePart,
+    Message,
+    Part,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolSpec,
+)
+from serve_app.errors import InvalidRequest
+from serve_app.prompt.policy import ReplayPolicy
+
+# Blocks of one message are joined with a newline; assistant text with nothing (it is the model's own output
+# split by the parser, so plain concatenation gives back exactly what was generated).
+_JOIN = "\n"
+
+
+def _text_of(part: Part, where: str) -> str:
+    if isinstance(part, TextPart):
+        return part.text
+    if isinstance(part, DocumentPart):
+        if part.text is not None:
+            return part.text
+        raise InvalidRequest(f"{where}: this model takes text only; a {part.media_type or 'binary'} document "
+                             "cannot be rendered into its prompt", param=where)
+    if isinstance(part, ImagePart):
+        raise InvalidRequest(f"{where}: this model takes text only; images cannot be rendered into its prompt",
+                             param=where)
+    raise InvalidRequest(f"{where}: unexpected {type(part).__name__} here", param=where)
+
+
+def _tool_result_text(content: str | list[Part], where: str) -> str:
+    if isinstance(content, str):
+        return content
+    return _JOIN.join(_text_of(p, where) for p in content)
+
+
+def _arguments(call: ToolCallPart, policy: ReplayPolicy) -> Any:
+    if policy.arguments_as_string:
+        return call.arguments
+    try:
+        value = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        # vLLM's rule for malformed history: an unparseable object becomes {} rather than failing the turn;
+        # a custom (freeform) tool's input is text, kept under `input`.
+        return {"input": call.arguments} if call.kind == "custom" else {}
+    return value if isinstance(value, dict) else {"input": value}
+
+
+def _tool_call(call: ToolCallPart, policy: ReplayPolicy) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _arguments(call, policy)}}
+
+
+def _segments(parts: list[Part]) -> list[list[Part]]:
+    """Split an assistant turn where reasoning or text follows a tool call (or reasoning follows text), so each
+    reasoning segment stays with the calls it explains, in order: think₀ call₀ think₁ call₁ → two turns."""
+    segments: list[list[Part]] = [[]]
+    for part in parts:
+        cur = segments[-1]
+        has_call = any(isinstance(p, ToolCallPart) for p in cur)
+        has_text = any(isinstance(p, TextPart) for p in cur)
+        if cur and ((isinstance(part, (ReasoningPart, TextPart)) and has_call)
+                    or (isinstance(part, ReasoningPart) and has_text)):
+            segments.append([])
+        segments[-1].append(part)
+    return segments
+
+
+def _assistant(parts: list[Part], policy: ReplayPolicy, where: str) -> dict[str, Any]:
+    reasoning = "".join(p.text for p in parts if isinstance(p, ReasoningPart) and not p.redacted)
+    text = "".join(_text_of(p, where) for p in parts if not isinstance(p, (ReasoningPart, ToolCallPart)))
+    calls = [p for p in parts if isinstance(p, ToolCallPart)]
+    out: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        out["tool_calls"] = [_tool_call(c, policy) for c in calls]
+    if reasoning:
+        if policy.mode == "field":
+            out["reasoning_content"] = reasoning
+            out["reasoning"] = reasoning  # newer templates read `reasoning` (vLLM passes both)
+        elif policy.markers and (policy.mode == "inline" or calls):
+            out["content"] = policy.opener + reasoning + policy.markers[1] + text
+        # drop mode, no tool call: the model was trained without its earlier thinking.
+    return out
+
+
+def _user_like(msg: Message, i: int, call_names: dict[str, str]) -> list[dict[str, Any]]:
+    """A user or tool message: tool results become `tool` messages, text between them a user message."""
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append({"role": "user", "content": _JOIN.join(texts)})
+            texts.clear()
+
+    for j, part in enumerate(msg.parts):
+        where = f"messages.{i}.content.{j}"
+        if isinstance(part, ToolResultPart):
+            flush()
+            tool: dict[str, Any] = {"role": "tool", "tool_call_id": part.tool_call_id,
+                                    "content": _tool_result_text(part.content, where)}
+            name = part.name or call_names.get(part.tool_call_id)
+            if name:
+                tool["name"] = name
+            out.append(tool)
+        elif isinstance(part, ReasoningPart):
+            continue  # only assistant turns carry reasoning
+        else:
+            texts.append(_text_of(part, where))
+    flush()
+    if not out and msg.role == "user":
+        out.append({"role": "user", "content": ""})
+    return out
+
+
+def to_template_messages(conv: Conversation, policy: ReplayPolicy) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    call_names: dict[str, str] = {}
+    for i, msg in enumerate(conv.messages):
+        where = f"messages.{i}"
+        if msg.role in ("system", "developer"):
+            role = "developer" if msg.role == "developer" and policy.developer_role else "system"
+            text = _JOIN.join(_text_of(p, f"{where}.content.{j}") for j, p in enumerate(msg.parts))
+            out.append({"role": role, "content": text})
+        elif msg.role == "assistant":
+            for seg in _segments(msg.parts):
+                for p in seg:
+                    if isinstance(p, ToolCallPart):
+                        call_names[p.id] = p.name
+                out.append(_assistant(seg, policy, where))
+        else:
+            out.extend(_user_like(msg, i, call_names))
+    return out
+
+
+def to_template_tools(tools: list[ToolSpec]) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters}} for t in tools]

@@ -1,0 +1,95 @@
+"""How a model's template wants earlier reasoning replayed, decided once per model from its template.
+
+Turn N+1 must reproduce turn N's prompt + generated tokens or the KV cache is lost, so replay follows what the
+template does with history:
+
+- `field`: the template reads `reasoning_content` → hand each assistant turn's reasoning there and let the
+  template decide (Qwen3, GLM, Kimi, MiniMax, Nemotron templates do).
+- `drop`: the template cuts content at the end-of-thinking marker (DeepSeek-R1 style: the model is trained
+  without prior thinking) → reasoning of turns without tool calls is dropped; tool-call turns keep theirs inline.
+- `inline`: anything else → reasoning goes back into content between the model's own markers, exactly as it was
+  generated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+# Used only when the parser registry is unavailable or does not know the name.
+_FALLBACK_MARKERS: dict[str, tuple[str, str]] = {
+    "qwen3": ("<think>", "</think>"),
+    "deepseek_r1": ("<think>", "</think>"),
+    "mistral": ("[THINK]", "[/THINK]"),
+}
+_DEFAULT_MARKERS = ("<think>", "</think>")
+
+ReplayMode = Literal["field", "inline", "drop"]
+
+
+def reasoning_markers(parser: str | None) -> tuple[str, str] | None:
+    """(start, end) markers of a reasoning parser, from `serve_app.parsers` when it knows the name."""
+    if not parser:
+        return None
+    try:
+        from serve_app.parsers import REASONING_PARSERS
+
+        fmt = REASONING_PARSERS.get(parser)
+        if fmt is not None:
+            return fmt.start, fmt.end
+    except ImportError:
+        pass
+    return _FALLBACK_MARKERS.get(parser, _DEFAULT_MARKERS)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayPolicy:
+    mode: ReplayMode
+    markers: tuple[str, str] | None  # the reasoning parser's (start, end), None without a reasoning parser
+    # What the generation prompt already opened (e.g. "<think>\n"): the model's reasoning text starts after it,
+    # so an inline replay puts it back in front. Without it, the model wrote just the start marker itself.
+    opener: str = ""
+    arguments_as_string: bool = False  # the template prints a string `arguments` verbatim (byte-exact replay)
+    developer_role: bool = False  # the template knows the developer role; otherwise developer → system
+
+
+_READS_REASONING = re.compile(r"reasoning_content")
+_ARGS_STRING = re.compile(r"arguments['\"\]]*\s*\)?\s*is\s+string")
+
+
+def decide_policy(template: str, reasoning_parser: str | None, generation_tail: str = "") -> ReplayPolicy:
+    """`generation_tail` is the end of a probe render with the generation prompt (to find the opener)."""
+    markers = reasoning_markers(reasoning_parser)
+    if _READS_REASONING.search(template):
+        mode: ReplayMode = "field"
+    elif markers and re.search(r"split\(\s*['\"]" + re.escape(markers[1]) + r"['\"]", template):
+        mode = "drop"
+    elif markers:
+        mode = "inline"
+    else:
+        mode = "drop"  # no markers to put reasoning back in: the model never saw its thinking as text
+    opener = ""
+    if markers:
+        start = markers[0]
+        at = generation_tail.rfind(start)
+        if at >= 0 and markers[1] not in generation_tail[at:]:
+            opener = generation_tail[at:]
+        else:
+            opener = start
+    return ReplayPolicy(
+        mode=mode,
+        markers=markers,
+        opener=opener,
+        arguments_as_string=bool(_ARGS_STRING.search(template)),
+        developer_role=bool(re.search(r"['\"]developer['\"]", template)),
+    )
+
+
+def ends_in_reasoning(text: str, markers: tuple[str, str] | None) -> bool:
+    """True when the rendered prompt leaves a think block open (the model starts generating reasoning)."""
+    if not markers:
+        return False
+    start, end = markers
+    at = text.rfind(start)
+    return at >= 0 and end not in text[at + len(start):] and not text[at + len(start):].strip()
