@@ -17,6 +17,10 @@ class Router:
     def __init__(self, config: dict):
         self.config = RouterConfig.model_validate(config)
         self.cores: dict[str, RouterCore] = {}
+        # engine key -> replica id -> (events endpoint, replay endpoint, block size). Kept apart from the core:
+        # an engine registers during its __init__, before Serve lists it as running, so a liveness sync may
+        # briefly drop it; when it reappears it is re-registered from here with its event feed.
+        self.registrations: dict[str, dict[str, tuple]] = {}
 
     def _core(self, engine_key: str, block_size: int | None = None) -> RouterCore:
         core = self.cores.get(engine_key)
@@ -26,6 +30,7 @@ class Router:
         return core
 
     async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint, block_size: int):
+        self.registrations.setdefault(engine_key, {})[replica_id] = (events_endpoint, replay_endpoint, block_size)
         core = self._core(engine_key, block_size)
         register = getattr(core, "register_replica", None)
         if register is not None:
@@ -37,9 +42,13 @@ class Router:
         log.info("engine %s replica %s registered (block size %s)", engine_key, replica_id, block_size)
 
     async def sync_replicas(self, engine_key: str, replica_ids: list[str]) -> None:
-        result = self._core(engine_key).sync_replicas(replica_ids)
-        if hasattr(result, "__await__"):
-            await result
+        core = self._core(engine_key)
+        known = set(core.loads)
+        core.sync_replicas(replica_ids)
+        regs = self.registrations.get(engine_key, {})
+        for rid in replica_ids:
+            if rid not in known and rid in regs and hasattr(core, "register_replica"):
+                core.register_replica(rid, *regs[rid])
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
         core = self._core(engine_key)
