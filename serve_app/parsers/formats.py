@@ -78,9 +78,12 @@ def _kimi_name(head: str) -> tuple[str, str | None] | None:
     return (name, None) if name and " " not in name else None
 
 
+_NAME = re.compile(r"[\w.\-]+")
+
+
 def _plain_name(head: str) -> tuple[str, None] | None:
     name = head.strip()
-    return (name, None) if name and len(name.split()) == 1 else None
+    return (name, None) if _NAME.fullmatch(name) else None
 
 
 _HERMES = JsonTagsFormat("hermes", starts=("<tool_call>",), call_end="</tool_call>")

@@ -91,11 +91,15 @@ class HarmonyParser:
                 old = len(self.head)
                 self.head += t[i:]
                 p, mk = self.hdr_m.search(self.head, max(0, old - len(MESSAGE)))
+                if p > HEADER_CAP or (p < 0 and len(self.head) > HEADER_CAP + len(MESSAGE)):
+                    # not a header: show its start as text and rescan the rest (the same wherever deltas split)
+                    self._plain(self.head[:HEADER_CAP], "text")
+                    t, i = self.head[HEADER_CAP:], 0
+                    self.head = ""
+                    self.state, self.kind = BODY, "text"
+                    continue
                 if p < 0:
                     i = len(t)
-                    if len(self.head) > HEADER_CAP:
-                        self._plain(self.head, "text")
-                        self.state, self.kind = BODY, "text"
                     break
                 t, i = self.head[p + len(mk):], 0
                 self._open_body(self.head[:p])
@@ -117,11 +121,10 @@ class HarmonyParser:
                 p, mk = self.body_m.search(t, i)  # special tokens cannot occur inside the JSON text
                 stop = p if p >= 0 else self.body_m.hold_start(t, i)
                 r = self.scan.feed(t[:stop], i)
-                if r == ERROR:
-                    self.raw.append(t[i:stop])
-                    self._plain("".join(self.raw), "text")  # abandoned: no ToolCallEnd
-                    self.state, self.kind = DROP, "text"
-                    i = stop
+                if r == ERROR:  # abandoned (no ToolCallEnd): its raw text so far, then this delta rescanned as text
+                    self._plain("".join(self.raw), "text")
+                    self.raw = []
+                    self.state, self.kind = BODY, "text"
                     continue
                 seg = t[i:stop] if r == NEED_MORE else t[i:r]
                 self.sink.args(self.idx, seg)

@@ -142,9 +142,9 @@ class JsonTagsEngine:
             if st == SEC:
                 p, mk = self.sec_m.search(t, i)
                 stop = p if p >= 0 else self.sec_m.hold_start(t, i)
+                if t[i:stop].strip():  # not a call where one must be: the markup was text, rescanned as such
+                    return self._degrade(sink, t[i:])
                 self.raw.append(t[i:stop])
-                if t[i:stop].strip():  # not a call where one must be: the markup was text
-                    return self._degrade(sink, t[stop:])
                 if p < 0:
                     self.hold = t[stop:]
                     return None
@@ -162,7 +162,7 @@ class JsonTagsEngine:
                 t, i = "", 0
                 if st == WRAP_HEAD:
                     m = _WRAP_HEAD.match(self.head, partial=True)
-                    if m is None or (m.partial and len(self.head) > HEAD_CAP):
+                    if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
                         return self._degrade(sink, self.head)
                     if m.partial:
                         return None
@@ -176,13 +176,16 @@ class JsonTagsEngine:
                             return self._degrade(sink, self.head)
                 else:
                     p, mk = self.head_m.search(self.head, max(0, old - len(f.head_end) + 1))
+                    if p > HEAD_CAP:
+                        p = -1
                     if p < 0:
                         if len(self.head) > HEAD_CAP or (self.head_re and not self.head_re.fullmatch(
                                 self.head, 0, self.head_m.hold_start(self.head), partial=True)):
                             return self._degrade(sink, self.head)
                         return None
                     end = p + len(mk)
-                    parsed = f.name_of(self.head[:p]) if f.name_of else (self.head[:p].strip(), None)
+                    ok = self.head_re is None or self.head_re.fullmatch(self.head, 0, p)
+                    parsed = ok and (f.name_of(self.head[:p]) if f.name_of else (self.head[:p].strip(), None))
                     if not parsed or not parsed[0]:
                         return self._degrade(sink, self.head)
                     self.name, self.model_id = parsed
@@ -273,7 +276,7 @@ class JsonTagsEngine:
                 self.head += t[i:]
                 t, i = "", 0
                 m = _WRAP_TAIL_NAME.match(self.head, partial=True)
-                if m is None or len(self.head) > HEAD_CAP:
+                if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
                     return self._degrade(sink, self.head)
                 if m.partial:
                     return None

@@ -104,6 +104,8 @@ class PythonicEngine:
                         return s
                     h = self.head = s[1:]
                 m = _CALL_HEAD.match(h)
+                if m is not None and m.end() > 256:
+                    m = None
                 if m is None:
                     if _CALL_HEAD_PARTIAL.match(h) and len(h) < 256:
                         self.state = LIST_HEAD

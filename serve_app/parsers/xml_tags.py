@@ -174,9 +174,9 @@ class XmlEngine:
             if st == SEC:
                 p, mk = self.sec_m.search(t, i)
                 stop = p if p >= 0 else self.sec_m.hold_start(t, i)
+                if t[i:stop].strip():  # not a call where one must be: the markup was text, rescanned as such
+                    return self._degrade(sink, t[i:])
                 self.raw.append(t[i:stop])
-                if t[i:stop].strip():  # not a call where one must be: the markup was text
-                    return self._degrade(sink, t[stop:])
                 if p < 0:
                     self.hold = t[stop:]
                     return None
@@ -192,6 +192,8 @@ class XmlEngine:
                 self.head += t[i:]
                 t, i = "", 0
                 p, mk = m.search(self.head, max(0, old - 40))
+                if p > HEAD_CAP:
+                    p = -1
                 if p < 0:
                     if len(self.head) > HEAD_CAP:
                         if st == FHEAD:

@@ -1,0 +1,47 @@
+"""Fuzz: random mixtures of every format's markup, JSON pieces and prose. No input may raise, and the folded
+result must not depend on how the text is split into deltas."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from parser_cases.wire import FORMATS
+from test_parsers_formats import check_events, simple, stream
+from serve_app.conversation import ToolCallArgsDelta, ToolCallEnd, ToolCallStart
+from serve_app.parsers import fold_complete, parse_complete
+
+PIECES = sorted({m for f in FORMATS for m in f.markers} | {
+    "<think>", "</think>", "[THINK]", "[/THINK]", "<tool_call>", "</tool_call>", "<function=f>", "</function>",
+    "<parameter=a>", "</parameter>", '{"name": "f", "arguments": ', '{"a": 1}', "}", "{", '"', "\\", "\n", " ",
+    "hello", "<", "</", "[", "]", "(", ")", "f(a=1)", '"x"', ",", ":", "null", "<|message|>", "<|call|>",
+    "<|end|>", "<|start|>assistant", "<|channel|>analysis", "<|channel|>final", " to=functions.f",
+    "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>", "<｜tool▁call▁begin｜>",
+    "<｜tool▁sep｜>", '<invoke name="f">', '<parameter name="a">', "<arg_key>", "</arg_key>", "<arg_value>",
+    "</arg_value>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", '<｜DSML｜invoke name="f">',
+    '<｜DSML｜parameter name="a" string="false">', "</｜DSML｜parameter>", "é🎉"})
+
+
+def random_text(rng: random.Random) -> str:
+    return "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 40)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=[f.tools for f in FORMATS])
+def test_fuzz_never_raises_and_is_split_invariant(fmt):
+    rng = random.Random(fmt.tools)
+    kw = {"reasoning": fmt.reasoning, "tools": fmt.tools}
+    for _ in range(150):
+        text = random_text(rng)
+        events = parse_complete(text, **kw)
+        check_events(events)
+        whole = fold_complete(events)
+        want = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None), getattr(p, "arguments", None))
+                for p in whole]
+        for cuts in (sorted(rng.sample(range(1, len(text)), min(len(text) - 1, 5))) if len(text) > 1 else [],
+                     list(range(1, len(text)))):
+            ev = stream(text, cuts, **kw)
+            check_events(ev)
+            got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
+                    getattr(p, "arguments", None)) for p in fold_complete(ev)]
+            assert got == want, (text, cuts)
