@@ -160,10 +160,7 @@ class GenerationService:
         return renderer, model
 
     def _make_renderer(self, model: ModelConfig):
-        try:
-            from serve_app.prompt import PromptRenderer, load_tokenizer
-        except ImportError:
-            from serve_app.basic_render import PromptRenderer, load_tokenizer
+        from serve_app.prompt import PromptRenderer, load_tokenizer
 
         path = self.model_path(model)
         loader = self._tokenizer_loader or load_tokenizer

@@ -149,8 +149,18 @@ def to_template_messages(conv: Conversation, policy: ReplayPolicy) -> list[dict[
     return out
 
 
+# A custom (freeform) tool takes raw text; templates only know functions, so it is one with a single string
+# parameter `input` (the call's arguments are then `{"input": "..."}`, see responses/convert.custom_arguments).
+CUSTOM_PARAMETERS = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "description": "The raw freeform input for this tool."}},
+    "required": ["input"],
+}
+
+
 def to_template_tools(tools: list[ToolSpec]) -> list[dict[str, Any]] | None:
     if not tools:
         return None
-    return [{"type": "function", "function": {"name": t.name, "description": t.description,
-                                              "parameters": t.parameters}} for t in tools]
+    return [{"type": "function", "function": {
+        "name": t.name, "description": t.description,
+        "parameters": CUSTOM_PARAMETERS if t.kind == "custom" else t.parameters}} for t in tools]
