@@ -193,21 +193,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-tps", type=float, default=10_000.0)
     p.add_argument("--decode-tps", type=float, default=2_500.0)
     p.add_argument("--speedup", type=float, default=1.0, help="compress arrival times by this factor")
+    p.add_argument("--overlap-weight", type=float, action="append",
+                   help="kv policy's overlap weight (repeat to compare several; default: the router's)")
     p.add_argument("--no-events", action="store_true", help="the router predicts instead of getting KV events")
     p.add_argument("--limit", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     caches = a.cache_blocks or [8192]
-    policies = COMPARED if a.compare else [a.policy]
+    runs: list[tuple[str, dict]] = []
+    for pol in COMPARED if a.compare else [a.policy]:
+        if pol == "kv" and a.overlap_weight:
+            runs += [("kv", {"overlap_weight": w}) for w in a.overlap_weight]
+        else:
+            runs.append((pol, {}))
     results = []
     for path in a.trace:
         trace = load_trace(path, a.limit)
         for c in caches:
-            for pol in policies:
+            for pol, kw in runs:
                 r = simulate(trace, pol, a.replicas, c, prefill_tps=a.prefill_tps, decode_tps=a.decode_tps,
-                             speedup=a.speedup, events=not a.no_events, seed=a.seed)
-                r["trace"] = Path(path).stem.replace("mooncake_fast25_", "")
+                             speedup=a.speedup, events=not a.no_events, seed=a.seed, **kw)
+                if kw:
+                    r["policy"] = f"{pol} (overlap_weight={kw['overlap_weight']:g})"
+                r["trace"] = Path(path).stem.replace("mooncake_fast25_", "").replace("_trace", "")
                 results.append(r)
                 if not a.json:
                     print(json.dumps(r), file=sys.stderr)

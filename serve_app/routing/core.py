@@ -74,15 +74,22 @@ class RouterCore:
         def knob(name, explicit, default):
             if explicit is not None:
                 return explicit
-            return getattr(config, name, default) if config is not None else default
+            # A config value counts only when the config sets it: RouterConfig's field defaults predate the
+            # tuned defaults here.
+            fields_set = getattr(config, "model_fields_set", None)
+            if config is not None and (fields_set is None or name in fields_set):
+                return getattr(config, name, default)
+            return default
 
         self.policy = policy  # the name, as configured
         self._policy = make_policy(policy)
         self.block_size = block_size
-        self.overlap_weight = float(knob("overlap_weight", overlap_weight, 1.0))
+        # Cached tokens are worth more than the queue they save now: a prefix sent elsewhere is recomputed AND
+        # evicts other prefixes there. 8 is the simulation's knee (load/sim_router.py, README table).
+        self.overlap_weight = float(knob("overlap_weight", overlap_weight, 8.0))
         # Output tokens cost more replica time than prompt tokens (decode is memory-bound); 4 prefill tokens per
         # output token is a middle value for batched decode on GPUs.
-        self.decode_weight = float(getattr(config, "decode_weight", decode_weight))
+        self.decode_weight = float(knob("decode_weight", None, decode_weight))
         self.kv_events = bool(knob("kv_events", kv_events, True))
         self.index = KvIndex(
             ttl_s=float(knob("prediction_ttl_s", prediction_ttl_s, 120.0)),
@@ -114,11 +121,12 @@ class RouterCore:
     # ---- replicas ----
     def sync_replicas(self, replica_ids: Iterable[str]) -> None:
         """Make the known replicas exactly `replica_ids` (a removed or dead replica disappears, index included)."""
-        live = set(replica_ids)
+        ids = list(replica_ids)
+        live = set(ids)
         for rid in list(self.loads):
             if rid not in live:
                 self._forget(rid)
-        for rid in live:
+        for rid in ids:
             self._ensure(rid)
 
     def _ensure(self, rid: str) -> None:

@@ -207,6 +207,8 @@ class ReplicaFeed:
             if last is not None or not self.replay_endpoint:
                 self._lose()
         self._accept(seq, payload)
+        if not self._replaying:
+            self._dup_floor = seq + 1  # only a replay can bring seqs at or below this again
         return None
 
     def begin_replay(self, start: int) -> None:

@@ -1,0 +1,171 @@
+"""RouterCore and policies: scoring, reservation, prediction mode, replica removal."""
+
+import pytest
+
+from serve_app.routing.core import RouteRequest, RouterCore
+from serve_app.routing.hashing import block_hashes
+from serve_app.routing.index import EVENTS, PREDICTED, ReplicaBlocks
+
+BS = 4
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def req(rid, toks, out=16, session=None):
+    return RouteRequest(rid, block_hashes(toks, BS), len(toks), out, session)
+
+
+def core(policy="kv", **kw):
+    c = RouterCore(policy, BS, clock=kw.pop("clock", Clock()), seed=1, **kw)
+    c.sync_replicas(["a", "b", "c"])
+    for r in "abc":
+        c.set_mode(r, EVENTS)
+    return c
+
+
+PROMPT = list(range(40))  # 10 blocks
+
+
+def test_kv_prefers_the_replica_holding_the_prefix():
+    c = core()
+    c.blocks_stored("b", block_hashes(PROMPT, BS)[:8])
+    d = c.choose(req("1", PROMPT + [7, 7]))
+    assert (d.replica_id, d.cached_blocks) == ("b", 8)
+
+
+def test_overlap_is_leading_blocks_only():
+    c = core()
+    hashes = block_hashes(PROMPT, BS)
+    c.blocks_stored("a", hashes[1:])  # everything but the first block: useless to a prefix cache
+    c.blocks_stored("c", hashes[:2])
+    assert c.choose(req("1", PROMPT)).replica_id == "c"
+
+
+def test_load_outweighs_a_small_overlap():
+    c = core(overlap_weight=1.0)
+    c.blocks_stored("a", block_hashes(PROMPT, BS)[:1])
+    for i in range(3):  # a is busy with long decodes
+        c._reserve(RouteRequest(f"x{i}", [], 0, 1000), "a", 0, 0.0)
+    assert c.choose(req("1", PROMPT)).replica_id != "a"
+
+
+def test_reservation_spreads_a_burst_of_identical_new_prompts():
+    c = core(overlap_weight=1.0)
+    chosen = {c.choose(req(str(i), PROMPT)).replica_id for i in range(3)}
+    assert chosen == {"a", "b", "c"}
+
+
+def test_release_and_prefilled_undo_the_reservation():
+    c = core()
+    d = c.choose(req("1", PROMPT, out=50))
+    load = c.loads[d.replica_id]
+    assert (load.active_requests, load.active_prefill_tokens, load.active_decode_tokens) == (1, 40, 50)
+    c.mark_prefilled("1")
+    assert (load.active_requests, load.active_prefill_tokens, load.active_decode_tokens) == (1, 0, 50)
+    c.release("1")
+    c.release("1")  # idempotent
+    assert (load.active_requests, load.active_prefill_tokens, load.active_decode_tokens) == (0, 0, 0)
+
+
+def test_reservation_counts_only_uncached_prefill():
+    c = core()
+    c.blocks_stored("a", block_hashes(PROMPT, BS))
+    d = c.choose(req("1", PROMPT + [1, 2]))
+    assert d.replica_id == "a" and c.loads["a"].active_prefill_tokens == 2
+
+
+def test_unreleased_reservations_expire():
+    clock = Clock()
+    c = core(clock=clock, reservation_ttl_s=10)
+    c.choose(req("1", PROMPT))
+    clock.t = 11
+    c.choose(req("2", [9] * 8))
+    assert c.metrics()["inflight"] == 1 and c.expired_reservations == 1
+
+
+def test_session_breaks_ties_only():
+    c = core()
+    first = c.choose(req("1", [5] * 8, session="s")).replica_id
+    c.release("1")
+    assert c.choose(req("2", [6] * 8, session="s")).replica_id == first  # all equal: the session's replica
+    c.release("2")
+    other = next(r for r in "abc" if r != first)
+    c.blocks_stored(other, block_hashes(PROMPT, BS))
+    assert c.choose(req("3", PROMPT, session="s")).replica_id == other  # a real cache hit beats affinity
+
+
+def test_session_policy_is_sticky():
+    c = core("session")
+    first = c.choose(req("1", PROMPT, session="s")).replica_id
+    for i in range(3):
+        assert c.choose(req(f"n{i}", PROMPT, session="s")).replica_id == first
+
+
+def test_round_robin_cycles():
+    c = core("round_robin")
+    assert [c.choose(req(str(i), PROMPT)).replica_id for i in range(4)] == ["a", "b", "c", "a"]
+
+
+def test_least_loaded_ignores_cache():
+    c = core("least_loaded")
+    c.blocks_stored("a", block_hashes(PROMPT, BS))
+    c._reserve(RouteRequest("x", [], 0, 10), "a", 0, 0.0)
+    assert c.choose(req("1", PROMPT)).replica_id != "a"
+
+
+def test_predicted_mode_learns_from_decisions_and_forgets_after_ttl():
+    clock = Clock()
+    c = RouterCore("kv", BS, clock=clock, prediction_ttl_s=60, seed=0)
+    c.sync_replicas(["a", "b"])
+    assert c.metrics()["replicas"]["a"]["mode"] == PREDICTED
+    first = c.choose(req("1", PROMPT)).replica_id
+    c.release("1")
+    clock.t = 30
+    assert c.choose(req("2", PROMPT)).cached_blocks == 10
+    c.release("2")
+    clock.t = 200
+    d = c.choose(req("3", PROMPT))
+    assert d.cached_blocks == 0 and first in c.loads
+
+
+def test_predicted_size_cap_drops_oldest():
+    rb = ReplicaBlocks(PREDICTED, ttl_s=1e9, max_blocks=3)
+    rb.add([1, 2, 3], 0)
+    rb.add([1], 1)  # touch
+    rb.add([4], 2)
+    assert list(rb.blocks) == [3, 1, 4]
+
+
+def test_removed_replica_leaves_index_and_loads():
+    c = core()
+    c.blocks_stored("b", block_hashes(PROMPT, BS))
+    c.choose(req("1", PROMPT))
+    c.sync_replicas(["a", "c"])
+    assert "b" not in c.index.replicas and "b" not in c.loads and c.metrics()["inflight"] == 0
+    assert c.choose(req("2", PROMPT)).replica_id in {"a", "c"}
+
+
+def test_no_candidates_is_an_error():
+    with pytest.raises(ValueError):
+        RouterCore("kv", BS).choose(req("1", PROMPT), [])
+
+
+def test_unknown_policy_is_rejected():
+    with pytest.raises(ValueError):
+        RouterCore("nope", BS)
+
+
+def test_prefix_affinity_follows_rays_rules():
+    c = core("prefix_affinity")
+    first = c.choose(req("1", PROMPT)).replica_id
+    c.release("1")
+    assert c.choose(req("2", PROMPT + [1] * 8)).replica_id == first  # match rate >= 0.1: deepest match
+    c.release("2")
+    other = c.choose(req("3", [7] * 40)).replica_id  # no match: the smallest tenant
+    assert other != first
