@@ -79,6 +79,7 @@ class JsonTagsEngine:
         f = self.fmt
         self.degraded = False
         self.raw: list[str] = [marker]  # this call's consumed text, released as text if it turns out malformed
+        self.mark_idx = 0  # where in `raw` the marker that opened the current call is
         self.hold = ""
         self.in_list = False
         self._reset_call()
@@ -107,8 +108,11 @@ class JsonTagsEngine:
         self.state = WRAP_HEAD if self.wrapped else NAME_HEAD
 
     def _degrade(self, sink: Sink, rest: str) -> str:
-        """Release the call's raw text as plain text; top-level parsing resumes at `rest`."""
-        sink.plain("".join(self.raw))
+        """The call is not one: its opening marker becomes text and everything after it is scanned again as
+        top-level text (so the outcome does not depend on where the deltas were split)."""
+        k = self.mark_idx + 1
+        sink.plain("".join(self.raw[:k]))
+        rest = "".join(self.raw[k:]) + rest
         self.raw = []
         self.degraded = True
         self.state = OVER
@@ -152,6 +156,7 @@ class JsonTagsEngine:
                 if mk == f.section_end:
                     self.state = OVER
                     continue
+                self.mark_idx = len(self.raw)
                 self.raw.append(mk)
                 self._begin_head()
             elif st == WRAP_HEAD or st == NAME_HEAD:
@@ -308,6 +313,7 @@ class JsonTagsEngine:
                 if (c == f.list_sep and not self.in_list) or (c == "," and self.in_list):
                     i = j + 1
                     self.raw = [t[i - 1:i]]
+                    self.mark_idx = 0
                     self._begin_head()
                 elif self.in_list and c == "]":
                     i = j + 1

@@ -45,3 +45,38 @@ def test_fuzz_never_raises_and_is_split_invariant(fmt):
             got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
                     getattr(p, "arguments", None)) for p in fold_complete(ev)]
             assert got == want, (text, cuts)
+
+
+def test_mutated_fixtures_are_split_invariant():
+    """Valid fixture wires with random deletions, insertions of markup and truncations: the broken calls degrade
+    the same way however the text is split."""
+    from parser_cases.cases import all_fixtures
+    from test_parsers_formats import kwargs
+
+    fixtures = [f for f in all_fixtures() if "big" not in f[0]]
+    rng = random.Random(7)
+    for _ in range(400):
+        name, fmt, wire, _, segs = rng.choice(fixtures)
+        w = wire
+        for _ in range(rng.randint(1, 3)):
+            p = rng.randrange(len(w) + 1)
+            op = rng.random()
+            if op < 0.4:
+                w = w[:p] + w[p + rng.randint(1, 5):]
+            elif op < 0.8:
+                w = w[:p] + rng.choice(PIECES) + w[p:]
+            else:
+                w = w[:p]
+        if len(w) < 2:
+            continue
+        kw = kwargs(fmt, segs)
+        events = parse_complete(w, **kw)
+        check_events(events)
+        want = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
+                 getattr(p, "arguments", None)) for p in fold_complete(events)]
+        for cuts in (sorted(rng.sample(range(1, len(w)), min(len(w) - 1, 6))), list(range(1, len(w)))):
+            ev = stream(w, cuts, **kw)
+            check_events(ev)
+            got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
+                    getattr(p, "arguments", None)) for p in fold_complete(ev)]
+            assert got == want, (name, w, cuts)
