@@ -126,3 +126,17 @@ def test_forced_exec_command_tool_loop_reuses_prefix(codex, codex_home, tmp_path
     # Turn 2 = turn 1's prompt + the call + its output: all of turn 1's whole KV blocks come from the cache.
     assert second["input_tokens_details"]["cached_tokens"] >= (first["input_tokens"] // CPU_BLOCK) * CPU_BLOCK, usages
     assert second["input_tokens"] > first["input_tokens"]
+
+
+def test_forced_apply_patch_freeform_tool(codex, codex_home, tmp_path):
+    """apply_patch is a `custom` (freeform) tool in Codex's request; the model's call must come back as a
+    custom_tool_call with the raw patch, which Codex applies to the workspace."""
+    work = tmp_path / "work"
+    events, sse, _ = run_codex(codex, codex_home, work, "CODEX_PATCH_LOOP: add the greeting file")
+    calls = [e["item"] for e in sse if e.get("type") == "response.output_item.done"
+             and e["item"]["type"] == "custom_tool_call"]
+    assert calls and calls[0]["name"] == "apply_patch" and calls[0]["input"].startswith("*** Begin Patch\n")
+    assert (work / "hello_codex.txt").read_text() == "hello from the model\n"
+    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                and e["item"]["type"] == "agent_message"]
+    assert messages and messages[-1].strip() == "Patched."
