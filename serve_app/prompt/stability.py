@@ -1,0 +1,167 @@
+"""Prefix-stability checks: does turn N+1's prompt start with turn N's prompt + what the model generated?
+
+Used by the template-level unit suite (generated ids = the forced script tokenized, as the forcing logits
+processor does), by the engine-backed integration test (ids straight from the engine) and by benchmarks, so
+everything here takes token ids from anywhere.
+
+The client round trips (`*_next_turn`) push the generated events through each API's real encoder, fold the
+response the way the SDK/harness does, append it to the history as that client sends it back, and run the
+API's real request adapter, so the check covers the whole path a turn takes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from serve_app.conversation import Conversation, Event, Finish, GenerationOptions, ToolCallStart, Usage
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(slots=True)
+class StabilityResult:
+    cached: list[int]  # turn N prompt ids + generated ids: what the engine holds in its KV cache
+    next_ids: list[int]  # turn N+1 prompt ids
+    expected: list[int]  # what N+1 must start with (== cached unless the template drops history by design)
+
+    @property
+    def reused(self) -> int:
+        """Tokens of turn N's cache that N+1 can reuse."""
+        return common_prefix(self.cached, self.next_ids)
+
+    @property
+    def reused_fraction(self) -> float:
+        return self.reused / len(self.cached) if self.cached else 1.0
+
+    @property
+    def stable(self) -> bool:
+        return self.next_ids[: len(self.expected)] == self.expected
+
+    def diverges_at(self, tokenizer) -> str:
+        """A short, readable view of where N+1 leaves the expected ids (for assertion messages)."""
+        i = common_prefix(self.expected, self.next_ids)
+        want = tokenizer.decode(self.expected[max(0, i - 8): i + 8])
+        got = tokenizer.decode(self.next_ids[max(0, i - 8): i + 8])
+        return f"at token {i}: expected {want!r}, rendered {got!r}"
+
+
+def check_turn(prompt_ids: list[int], generated_ids: list[int], next_ids: list[int],
+               expected: list[int] | None = None) -> StabilityResult:
+    cached = list(prompt_ids) + list(generated_ids)
+    return StabilityResult(cached=cached, next_ids=list(next_ids), expected=cached if expected is None else expected)
+
+
+def with_end(events: list[Event], prompt_tokens: int = 0, completion_tokens: int = 0) -> list[Event]:
+    """Parser events plus the Usage and Finish a service stream ends with (the encoders need both)."""
+    saw_tool = any(isinstance(e, ToolCallStart) for e in events)
+    return [*events, Usage(prompt_tokens, completion_tokens), Finish("tool_calls" if saw_tool else "stop")]
+
+
+# -- client round trips ------------------------------------------------------------------------------------------
+
+RESULT = "result of {name}"
+
+
+def anthropic_next_turn(body: dict[str, Any], events: list[Event], secret: bytes, next_user: str,
+                        model: str = "m") -> tuple[dict[str, Any], Conversation, GenerationOptions]:
+    """Claude Code's next request: the assistant content blocks as received (thinking with its signature,
+    text, tool_use), then a user turn of tool_result blocks, or `next_user` text when no tool was called."""
+    from serve_app.ingress.anthropic.convert import count_tokens_request, to_conversation
+    from serve_app.ingress.anthropic.encode import MessageEncoder, fold
+
+    enc = MessageEncoder(model, "msg_0", thinking=_anthropic_thinking(body), secret=secret)
+    stream: list = []
+    for ev in with_end(events):
+        stream.extend(enc.event(ev))
+    content = fold(stream)["content"]
+    calls = [b for b in content if b["type"] == "tool_use"]
+    if calls:
+        user: Any = [{"type": "tool_result", "tool_use_id": b["id"], "content": RESULT.format(name=b["name"])}
+                     for b in calls]
+    else:
+        user = next_user
+    nxt = copy.deepcopy(body)
+    nxt["messages"] = [*body["messages"], {"role": "assistant", "content": content}, {"role": "user", "content": user}]
+    conv, opts = to_conversation(count_tokens_request(nxt), secret)
+    return nxt, conv, opts
+
+
+def _anthropic_thinking(body: dict[str, Any]) -> bool:
+    t = body.get("thinking")
+    return bool(t) and t.get("type") in ("enabled", "adaptive")
+
+
+def anthropic_conversation(body: dict[str, Any], secret: bytes) -> tuple[Conversation, GenerationOptions]:
+    from serve_app.ingress.anthropic.convert import count_tokens_request, to_conversation
+
+    return to_conversation(count_tokens_request(body), secret)
+
+
+def responses_next_turn(body: dict[str, Any], events: list[Event], secret: bytes, next_user: str,
+                        model: str = "m") -> tuple[dict[str, Any], Conversation, GenerationOptions]:
+    """Codex's next request (stateless, `store: false`): the previous input, the output items as received
+    (reasoning with encrypted_content, message, function_call), then function_call_output items or a user
+    message."""
+    from serve_app.ingress.responses.encode import ResponsesEncoder, fold
+    from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
+
+    sealer = ReasoningSealer(secret)
+    enc = ResponsesEncoder(response_id="resp_0", model=model, echo={}, seal=sealer.seal)
+    output = fold(enc, with_end(events))["output"]
+    calls = [item for item in output if item["type"] == "function_call"]
+    if calls:
+        follow: list[dict[str, Any]] = [{"type": "function_call_output", "call_id": c["call_id"],
+                                         "output": RESULT.format(name=c["name"])} for c in calls]
+    else:
+        follow = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": next_user}]}]
+    nxt = copy.deepcopy(body)
+    prior = body["input"] if isinstance(body["input"], list) else [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": body["input"]}]}]
+    nxt["input"] = [*prior, *output, *follow]
+    conv, opts = responses_conversation(nxt, secret)
+    return nxt, conv, opts
+
+
+def responses_conversation(body: dict[str, Any], secret: bytes) -> tuple[Conversation, GenerationOptions]:
+    from serve_app.ingress.responses.convert import responses_to_conversation
+    from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
+    from serve_app.protocols.responses import parse_responses_request
+
+    sealer = ReasoningSealer(secret)
+    return responses_to_conversation(parse_responses_request(body),
+                                     lambda token, param: sealer.open(token, param=param))
+
+
+def chat_next_turn(body: dict[str, Any], events: list[Event], next_user: str,
+                   model: str = "m") -> tuple[dict[str, Any], Conversation, GenerationOptions]:
+    """An OpenAI-SDK agent's next request: the response message as received (content, reasoning_content,
+    tool_calls), then one `tool` message per call, or a user message."""
+    from serve_app.ingress.chat.encode import completion_body
+
+    message = completion_body(model, "0", with_end(events))["choices"][0]["message"]
+    follow: list[dict[str, Any]]
+    if message.get("tool_calls"):
+        follow = [{"role": "tool", "tool_call_id": c["id"], "content": RESULT.format(name=c["function"]["name"])}
+                  for c in message["tool_calls"]]
+    else:
+        follow = [{"role": "user", "content": next_user}]
+    nxt = copy.deepcopy(body)
+    nxt["messages"] = [*body["messages"], message, *follow]
+    conv, opts = chat_conversation(nxt)
+    return nxt, conv, opts
+
+
+def chat_conversation(body: dict[str, Any]) -> tuple[Conversation, GenerationOptions]:
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    _, conv, opts = chat_request_to_conversation(json.loads(json.dumps(body)))
+    return conv, opts

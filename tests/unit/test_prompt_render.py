@@ -1,0 +1,344 @@
+"""PromptRenderer: preamble stripping, the reasoning replay policy per template, template kwargs,
+starts_in_reasoning, template errors as 400s, and the worker-thread render with its timeout.
+
+Real SmolLM2 tokenizer (the embedded default model) with the project-written templates in tests/templates."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from serve_app.conversation import (
+    Conversation,
+    GenerationOptions,
+    ImagePart,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+    ToolSpec,
+)
+from serve_app.errors import InvalidRequest, ServiceError
+from serve_app.prompt import PromptRenderer, load_tokenizer, strip_preamble
+from serve_app.prompt.policy import decide_policy
+from serve_app.settings import ModelConfig
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+HEADER = "x-anthropic-billing-header: cc_version=2.1.197.a3f; cc_entrypoint=cli;"
+
+
+def smollm2_path() -> str:
+    """The converted default model if it is cached, else the GGUF straight from its package (slower)."""
+    from serve_app.engine.provision import DEFAULT_MODEL, EMBEDDED, _complete, _gguf_path, default_cache_dir
+
+    cached = default_cache_dir() / DEFAULT_MODEL
+    return str(cached) if _complete(cached) else str(_gguf_path(EMBEDDED[DEFAULT_MODEL]))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(smollm2_path())
+
+
+def renderer(tok, template: str | None, reasoning: str | None = "qwen3", tools: str | None = "hermes",
+             strip: bool = True, **model_kw) -> PromptRenderer:
+    import copy
+
+    t = copy.copy(tok)  # the template override must not leak into other tests
+    if template is not None:
+        t.chat_template = (TEMPLATES / template).read_text()
+    model = ModelConfig(id="m", reasoning_parser=reasoning, tool_parser=tools, **model_kw)
+    return PromptRenderer(t, model, strip_preamble=strip)
+
+
+def conv(*messages: Message, tools=()) -> Conversation:
+    return Conversation(messages=list(messages), tools=list(tools))
+
+
+USER = Message("user", [TextPart("list the files")])
+LS = ToolSpec("ls", "list files", {"type": "object", "properties": {"path": {"type": "string"}}})
+
+
+# -- preamble -------------------------------------------------------------------------------------------------------
+
+def test_strip_drops_the_header_block_and_keeps_the_rest_byte_for_byte():
+    system = Message("system", [TextPart(HEADER), TextPart("You are Claude Code.\n"), TextPart("  Rules:\t1 ")])
+    out = strip_preamble(conv(system, USER))
+    assert out.messages[0].parts == [TextPart("You are Claude Code.\n"), TextPart("  Rules:\t1 ")]
+    assert out.messages[1] is USER
+    assert system.parts[0].text == HEADER  # the request's own conversation is not modified
+
+
+@pytest.mark.parametrize("header", [HEADER, HEADER + " cch=00000;", HEADER + " cch=eb6c6; cc_is_subagent=true;"])
+def test_strip_drops_only_the_first_line_of_a_joined_system_string(header):
+    out = strip_preamble(conv(Message("system", [TextPart(header + "\nYou are X.\n\nx-anthropic-billing-header: y")])))
+    assert out.messages[0].parts == [TextPart("You are X.\n\nx-anthropic-billing-header: y")]
+
+
+def test_strip_leaves_everything_else_alone():
+    mid = conv(Message("system", [TextPart("You are X. " + HEADER)]), USER)
+    assert strip_preamble(mid) is mid
+    in_user = conv(Message("user", [TextPart(HEADER)]))
+    assert strip_preamble(in_user) is in_user
+    second = conv(Message("system", [TextPart("A")]), USER, Message("system", [TextPart(HEADER)]))
+    assert strip_preamble(second) is second
+
+
+def test_a_header_only_system_message_disappears():
+    out = strip_preamble(conv(Message("system", [TextPart(HEADER)]), USER))
+    assert out.messages == [USER]
+
+
+def test_stripping_makes_sessions_share_the_prefix_and_off_keeps_the_line(tok):
+    def session(tag: str) -> Conversation:
+        return conv(Message("system", [TextPart(f"{HEADER[:-5]}{tag};"), TextPart("You are Claude Code.")]), USER)
+
+    on = renderer(tok, "qwen3_like.jinja")
+    a, b = on.render_sync(session("aaa"), GenerationOptions()), on.render_sync(session("bbb"), GenerationOptions())
+    assert a.token_ids == b.token_ids and "billing" not in a.text
+    off = renderer(tok, "qwen3_like.jinja", strip=False)
+    a, b = off.render_sync(session("aaa"), GenerationOptions()), off.render_sync(session("bbb"), GenerationOptions())
+    assert a.token_ids != b.token_ids and "x-anthropic-billing-header" in a.text
+
+
+# -- policy per template --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("template,reasoning,mode,opener", [
+    ("qwen3_like.jinja", "qwen3", "field", "<think>\n"),
+    ("xml_tools.jinja", "qwen3", "field", "<think>\n"),
+    ("content_only.jinja", "qwen3", "inline", "<think>"),
+    ("r1_like.jinja", "deepseek_r1", "drop", "<think>\n"),
+    ("content_only.jinja", None, "drop", ""),
+    ("content_only.jinja", "mistral", "inline", "[THINK]"),
+])
+def test_policy_is_decided_from_the_template(tok, template, reasoning, mode, opener):
+    r = renderer(tok, template, reasoning)
+    assert (r.policy.mode, r.policy.opener) == (mode, opener)
+
+
+def test_string_arguments_are_detected_where_the_template_prints_them_verbatim():
+    assert decide_policy("{% if f.arguments is string %}{{ f.arguments }}{% endif %}", None).arguments_as_string
+    assert decide_policy("{{ fn['arguments'] is string }}", None).arguments_as_string
+    assert not decide_policy("{{ tc.function.arguments | tojson }}", None).arguments_as_string
+
+
+# -- reasoning replay -----------------------------------------------------------------------------------------------
+
+def answer(reasoning: str, text: str, *calls: ToolCallPart) -> Message:
+    return Message("assistant", [ReasoningPart(reasoning), TextPart(text), *calls])
+
+
+def history(*assistant: Message) -> Conversation:
+    msgs: list[Message] = [USER]
+    for a in assistant:
+        msgs += [a, Message("user", [TextPart("next")])]
+    return conv(*msgs, tools=[LS])
+
+
+def test_field_mode_hands_reasoning_to_the_template(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    msgs = r.template_messages(history(answer("\nplan\n", "\n\nDone.")))
+    assert msgs[1] == {"role": "assistant", "content": "\n\nDone.", "reasoning_content": "\nplan\n",
+                       "reasoning": "\nplan\n"}
+    text = r.render_sync(history(answer("\nplan\n", "\n\nDone.")), GenerationOptions()).text
+    assert "<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone.<|im_end|>" in text
+
+
+def test_inline_mode_puts_reasoning_back_between_the_markers_exactly(tok):
+    r = renderer(tok, "content_only.jinja")
+    text = r.render_sync(history(answer("\nplan\n", "\n\nDone.")), GenerationOptions()).text
+    assert "<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone.<|im_end|>" in text
+
+
+def test_drop_mode_drops_reasoning_of_answers_and_keeps_it_with_tool_calls(tok):
+    r = renderer(tok, "r1_like.jinja", "deepseek_r1")
+    call = ToolCallPart("c1", "ls", '{"path": "."}')
+    c = conv(USER, answer("plan\n", "\n\nDone."), Message("user", [TextPart("now ls")]),
+             answer("use ls\n", "", call), Message("tool", [ToolResultPart("c1", "a.py")]), tools=[LS])
+    text = r.render_sync(c, GenerationOptions()).text
+    assert "plan" not in text
+    assert '<|im_start|>assistant\n<think>\nuse ls\n</think><tool_call>\n{"name": "ls", "arguments": {"path": "."}}' in text
+
+
+def test_without_a_reasoning_parser_reasoning_is_never_rendered(tok):
+    r = renderer(tok, "content_only.jinja", reasoning=None)
+    text = r.render_sync(history(answer("secret plan", "Done.")), GenerationOptions()).text
+    assert "secret plan" not in text and "<|im_start|>assistant\nDone.<|im_end|>" in text
+
+
+def test_interleaved_reasoning_stays_with_its_tool_call_in_order(tok):
+    c0, c1 = ToolCallPart("c0", "ls", '{"path": "a"}'), ToolCallPart("c1", "ls", '{"path": "b"}')
+    turn = Message("assistant", [ReasoningPart("think0"), c0, ReasoningPart("think1"), c1])
+    for template, reasoning in [("qwen3_like.jinja", "qwen3"), ("content_only.jinja", "qwen3"),
+                                ("r1_like.jinja", "deepseek_r1")]:
+        r = renderer(tok, template, reasoning)
+        msgs = [m for m in r.template_messages(conv(USER, turn, tools=[LS])) if m["role"] == "assistant"]
+        assert [m["tool_calls"][0]["id"] for m in msgs] == ["c0", "c1"]
+        text = r.render_sync(conv(USER, turn, tools=[LS]), GenerationOptions()).text
+        positions = [text.find(s) for s in ("think0", '"path": "a"', "think1", '"path": "b"')]
+        assert -1 not in positions and positions == sorted(positions), (template, text)
+
+
+def test_tool_results_become_tool_messages_named_after_their_call(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    c = conv(USER, Message("assistant", [ToolCallPart("c1", "ls", '{"path": "."}')]),
+             Message("user", [ToolResultPart("c1", [TextPart("a.py"), TextPart("b.py")]), TextPart("and?")]))
+    msgs = r.template_messages(c)
+    assert msgs[2:] == [{"role": "tool", "tool_call_id": "c1", "content": "a.py\nb.py", "name": "ls"},
+                        {"role": "user", "content": "and?"}]
+    assert msgs[1]["tool_calls"][0]["function"]["arguments"] == '{"path": "."}'  # verbatim: template prints strings
+
+
+def test_dict_templates_get_parsed_arguments_and_malformed_json_becomes_empty(tok):
+    r = renderer(tok, "xml_tools.jinja")
+    c = conv(USER, Message("assistant", [ToolCallPart("c1", "ls", '{"path": "src", "depth": 2}'),
+                                         ToolCallPart("c2", "ls", '{"path": ')]), tools=[LS])
+    calls = r.template_messages(c)[1]["tool_calls"]
+    assert [k["function"]["arguments"] for k in calls] == [{"path": "src", "depth": 2}, {}]
+    assert "<function=ls>\n<parameter=path>\nsrc\n</parameter>\n<parameter=depth>\n2\n</parameter>" in \
+        r.render_sync(c, GenerationOptions()).text
+
+
+def test_images_are_refused_with_a_400_naming_the_part(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    with pytest.raises(InvalidRequest) as e:
+        r.render_sync(conv(Message("user", [TextPart("see"), ImagePart(data="AAAA")])), GenerationOptions())
+    assert e.value.status == 400 and e.value.param == "messages.0.content.1"
+
+
+# -- template kwargs and starts_in_reasoning ------------------------------------------------------------------------
+
+def test_thinking_kwargs_follow_the_parser_and_the_client(tok):
+    r = renderer(tok, "qwen3_like.jinja", default_chat_template_kwargs={"custom": 1})
+    assert r.template_kwargs(GenerationOptions()) == {"custom": 1, "enable_thinking": True,
+                                                       "truncate_history_thinking": False}
+    assert r.template_kwargs(GenerationOptions(thinking=False)) == {"custom": 1, "enable_thinking": False}
+    explicit = GenerationOptions(chat_template_kwargs={"enable_thinking": False, "custom": 2, "tools": "x",
+                                                       "add_generation_prompt": False})
+    assert r.template_kwargs(explicit) == {"custom": 2, "enable_thinking": False, "truncate_history_thinking": False}
+    assert renderer(tok, "content_only.jinja", reasoning=None).template_kwargs(GenerationOptions()) == {}
+
+
+def test_truncate_history_thinking_false_keeps_earlier_reasoning(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    c = history(answer("\nold plan\n", "\n\nDone."))
+    assert "old plan" in r.render_sync(c, GenerationOptions()).text
+    # A client asking for the template's own default gets Qwen3's truncation back.
+    assert "old plan" not in r.render_sync(c, GenerationOptions(
+        chat_template_kwargs={"truncate_history_thinking": True})).text
+
+
+@pytest.mark.parametrize("template,reasoning,opts,expected", [
+    ("qwen3_like.jinja", "qwen3", GenerationOptions(), True),
+    ("qwen3_like.jinja", "qwen3", GenerationOptions(thinking=False), False),
+    ("qwen3_like.jinja", "qwen3", GenerationOptions(chat_template_kwargs={"enable_thinking": False}), False),
+    ("qwen3_like.jinja", None, GenerationOptions(), False),
+    ("content_only.jinja", "qwen3", GenerationOptions(), False),
+    ("r1_like.jinja", "deepseek_r1", GenerationOptions(), True),
+])
+def test_starts_in_reasoning(tok, template, reasoning, opts, expected):
+    out = renderer(tok, template, reasoning).render_sync(conv(USER), opts)
+    assert out.starts_in_reasoning is expected
+    assert out.text.endswith("<think>\n") is (template != "content_only.jinja" and opts.thinking is not False
+                                              and not opts.chat_template_kwargs)
+
+
+def test_token_ids_are_the_rendered_text_without_added_specials(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    out = r.render_sync(history(answer("a", "b")), GenerationOptions())
+    assert out.token_ids == tok.encode(out.text, add_special_tokens=False)
+    assert tok.decode(out.token_ids) == out.text
+
+
+# -- errors, threads, loading ---------------------------------------------------------------------------------------
+
+def test_a_template_rejection_is_a_400_that_says_what_was_rejected(tok):
+    import copy
+
+    t = copy.copy(tok)
+    t.chat_template = ("{% for m in messages %}{% if m.role == 'tool' %}"
+                       "{{ raise_exception('tool messages are not supported by this model') }}{% endif %}"
+                       "{{ m.content }}{% endfor %}")
+    r = PromptRenderer(t, ModelConfig(id="m"))
+    c = conv(USER, Message("assistant", [ToolCallPart("c", "ls", "{}")]), Message("tool", [ToolResultPart("c", "x")]))
+    with pytest.raises(InvalidRequest) as e:
+        r.render_sync(c, GenerationOptions())
+    assert e.value.status == 400
+    assert "tool messages are not supported by this model" in e.value.message
+
+
+def test_a_type_error_inside_the_template_is_a_400_too(tok):
+    import copy
+
+    t = copy.copy(tok)
+    t.chat_template = "{% for m in messages %}{{ m.content + 1 }}{% endfor %}"
+    with pytest.raises(InvalidRequest, match="chat template rejected"):
+        PromptRenderer(t, ModelConfig(id="m")).render_sync(conv(USER), GenerationOptions())
+
+
+def test_render_runs_off_the_event_loop_and_equals_render_sync(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    c = history(answer("x", "y"))
+
+    async def main():
+        loop_thread = threading.get_ident()
+        seen: list[int] = []
+        real = r.render_sync
+
+        def spy(*a, **k):
+            seen.append(threading.get_ident())
+            return real(*a, **k)
+
+        r.render_sync = spy  # type: ignore[method-assign]
+        try:
+            out = await r.render(c, GenerationOptions())
+        finally:
+            del r.render_sync
+        return out, seen, loop_thread
+
+    out, seen, loop_thread = asyncio.run(main())
+    assert out == r.render_sync(c, GenerationOptions())
+    assert seen and seen[0] != loop_thread
+
+
+def test_a_stuck_render_times_out_without_blocking_later_renders(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    r.render_timeout_s = 0.2
+    release = threading.Event()
+    real = r.render_text
+
+    def stuck(*a, **k):
+        release.wait()
+        return real(*a, **k)
+
+    async def main():
+        r.render_text = stuck  # type: ignore[method-assign]
+        with pytest.raises(ServiceError) as e:
+            await r.render(conv(USER), GenerationOptions())
+        del r.render_text
+        # Both pool threads could be stuck; the fresh pool still serves.
+        r.render_text = stuck  # type: ignore[method-assign]
+        with pytest.raises(ServiceError):
+            await r.render(conv(USER), GenerationOptions())
+        del r.render_text
+        out = await r.render(conv(USER), GenerationOptions())
+        release.set()
+        return e.value, out
+
+    err, out = asyncio.run(main())
+    assert err.kind == "timeout" and err.status == 504
+    assert out.token_ids
+
+
+def test_load_tokenizer_takes_an_inline_template_or_a_path():
+    path = smollm2_path()
+    inline = load_tokenizer(path, "{{ messages[0].content }}!")
+    assert inline.chat_template == "{{ messages[0].content }}!"
+    from_file = load_tokenizer(path, str(TEMPLATES / "r1_like.jinja"))
+    assert from_file.chat_template == (TEMPLATES / "r1_like.jinja").read_text()
+    with pytest.raises(FileNotFoundError):
+        load_tokenizer(path, "no/such/template.jinja")
