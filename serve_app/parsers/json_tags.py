@@ -121,6 +121,7 @@ class JsonTagsEngine:
     def _finished_call(self) -> int:
         """State after a complete call."""
         self.raw = []
+        self.mark_idx = -1
         self._reset_call()
         f = self.fmt
         if f.call_end:

@@ -86,6 +86,7 @@ class XmlEngine:
         self.degraded = False
         self.hold = ""
         self.raw = [marker]  # text before the call is committed (its start), released if malformed
+        self.mark_idx = 0  # index in `raw` of the section marker while no call of this section has completed
         self._reset_call()
         self.state = SEC if self.fmt.func_open else FHEAD
 
@@ -104,7 +105,12 @@ class XmlEngine:
         """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed."""
 
     def _degrade(self, sink: Sink, rest: str) -> str:
-        sink.plain("".join(self.raw))
+        """Not a call: the section marker (if this call opened the section) becomes text and everything after it
+        is scanned again as top-level text, so the outcome does not depend on where the deltas were split."""
+        k = self.mark_idx + 1
+        sink.plain("".join(self.raw[:k]))
+        rest = "".join(self.raw[k:]) + rest
+        self.raw = []
         self.degraded = True
         self.state = OVER
         return rest
@@ -156,6 +162,7 @@ class XmlEngine:
         sink.args(self.idx, "}" if self.nparams else "{}")
         sink.end(self.idx)
         self.raw = []
+        self.mark_idx = -1
         self._reset_call()
 
     # -- main loop ------------------------------------------------------------------------------------------------
@@ -211,7 +218,7 @@ class XmlEngine:
                         return self._degrade(sink, mk + rest)
                     self.fname = name
                     self.idx = sink.start(name)
-                    self.raw = []
+                    self.raw, self.mark_idx = [], -1
                     if f.func_open:
                         self.state = FBODY
                     elif mk == f.section_end:  # glm47 call without arguments
