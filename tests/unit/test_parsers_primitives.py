@@ -35,7 +35,7 @@ def feed_in_pieces(text: str, seed: int) -> tuple[int, int]:
     return NEED_MORE, pos
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), JSON, max_size=5), st.booleans(), st.integers(0, 1000))
 def test_scanner_finds_the_end_of_any_object(obj, indent, seed):
     text = json.dumps(obj, indent=2 if indent else None, ensure_ascii=seed % 2 == 0)
@@ -43,7 +43,7 @@ def test_scanner_finds_the_end_of_any_object(obj, indent, seed):
     assert r >= 0 and end == len(text)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.dictionaries(st.text(max_size=8), JSON, min_size=1, max_size=5), st.integers(0, 1000))
 def test_scanner_never_completes_a_truncated_object(obj, seed):
     text = json.dumps(obj)
