@@ -45,7 +45,6 @@ class StreamParser:
         self.engine = _engine(tools, ToolSchemas(tool_schemas)) if tools is not None else None
         starts = tuple(getattr(tools, "starts", ())) if tools is not None else ()
         self.bare = getattr(tools, "bare_start", None) if tools is not None else None
-        self.tool_starts = frozenset(starts)
         if starts_in_reasoning is None:
             starts_in_reasoning = bool(reasoning and reasoning.starts_in_reasoning)
         self.in_reasoning = bool(reasoning) and starts_in_reasoning
@@ -104,7 +103,7 @@ class StreamParser:
                     self.hold = t[i:]
                     break
                 if t[j] == self.bare:
-                    self._open(t[i:j], t, j)
+                    self._open(t[i:j])
                     t, i = t[j:], 0
                     continue
                 self.text_started = True
@@ -122,10 +121,10 @@ class StreamParser:
             elif r is not None and mk == r.end:
                 self.in_reasoning = False
             else:
-                self._open(mk, t, i)
+                self._open(mk)
         return out
 
-    def _open(self, marker: str, t: str, i: int) -> None:
+    def _open(self, marker: str) -> None:
         self.engine.open(marker)
         self.sink.reasoning = self.in_reasoning
         self.entered_in_reasoning = self.in_reasoning
