@@ -91,8 +91,8 @@ def _assistant(parts: list[Part], policy: ReplayPolicy, where: str) -> dict[str,
         out["tool_calls"] = [_tool_call(c, policy) for c in calls]
     if reasoning:
         if policy.mode == "field":
-            out["reasoning_content"] = reasoning
-            out["reasoning"] = reasoning  # newer templates read `reasoning` (vLLM passes both)
+            for key in policy.fields:
+                out[key] = reasoning
         elif policy.markers and (policy.mode == "inline" or calls):
             out["content"] = policy.opener + reasoning + policy.markers[1] + text
         # drop mode, no tool call: the model was trained without its earlier thinking.

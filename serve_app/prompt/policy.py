@@ -52,16 +52,24 @@ class ReplayPolicy:
     opener: str = ""
     arguments_as_string: bool = False  # the template prints a string `arguments` verbatim (byte-exact replay)
     developer_role: bool = False  # the template knows the developer role; otherwise developer → system
+    fields: tuple[str, ...] = ()  # field mode: the message keys that carry reasoning to the template
 
 
-_READS_REASONING = re.compile(r"reasoning_content")
+# The message keys templates read reasoning from: `reasoning_content` (Qwen3, GLM, Kimi, MiniMax, Nemotron),
+# `reasoning` (vLLM's newer name) and `thinking` (gpt-oss). Matched as a message attribute or subscript.
+_REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
+
+
+def _reads(template: str, key: str) -> bool:
+    return re.search(r"\.%s\b|\[\s*['\"]%s['\"]\s*\]|\.get\(\s*['\"]%s['\"]" % (key, key, key), template) is not None
 _ARGS_STRING = re.compile(r"arguments['\"\]]*\s*\)?\s*is\s+string")
 
 
 def decide_policy(template: str, reasoning_parser: str | None, generation_tail: str = "") -> ReplayPolicy:
     """`generation_tail` is the end of a probe render with the generation prompt (to find the opener)."""
     markers = reasoning_markers(reasoning_parser)
-    if _READS_REASONING.search(template):
+    fields = tuple(k for k in _REASONING_KEYS if _reads(template, k))
+    if fields:
         mode: ReplayMode = "field"
     elif markers and re.search(r"split\(\s*['\"]" + re.escape(markers[1]) + r"['\"]", template):
         mode = "drop"
@@ -83,6 +91,7 @@ def decide_policy(template: str, reasoning_parser: str | None, generation_tail: 
         opener=opener,
         arguments_as_string=bool(_ARGS_STRING.search(template)),
         developer_role=bool(re.search(r"['\"]developer['\"]", template)),
+        fields=fields,
     )
 
 

@@ -120,6 +120,19 @@ def test_policy_is_decided_from_the_template(tok, template, reasoning, mode, ope
     assert (r.policy.mode, r.policy.opener) == (mode, opener)
 
 
+@pytest.mark.parametrize("template,fields", [
+    ("{{ message.reasoning_content }}", ("reasoning_content",)),
+    ("{% if m['reasoning'] %}{{ m.reasoning }}{% endif %}", ("reasoning",)),
+    ("{{ message.get('reasoning_content') }}", ("reasoning_content",)),
+    ("{% if message.thinking is defined %}{{ message.thinking }}{% endif %}", ("thinking",)),
+    ("{{ enable_thinking }}{{ message.content }}", ()),
+])
+def test_the_reasoning_keys_a_template_reads_are_the_ones_filled(template, fields):
+    policy = decide_policy(template, "qwen3")
+    assert policy.fields == fields
+    assert policy.mode == ("field" if fields else "inline")
+
+
 def test_string_arguments_are_detected_where_the_template_prints_them_verbatim():
     assert decide_policy("{% if f.arguments is string %}{{ f.arguments }}{% endif %}", None).arguments_as_string
     assert decide_policy("{{ fn['arguments'] is string }}", None).arguments_as_string
@@ -142,8 +155,7 @@ def history(*assistant: Message) -> Conversation:
 def test_field_mode_hands_reasoning_to_the_template(tok):
     r = renderer(tok, "qwen3_like.jinja")
     msgs = r.template_messages(history(answer("\nplan\n", "\n\nDone.")))
-    assert msgs[1] == {"role": "assistant", "content": "\n\nDone.", "reasoning_content": "\nplan\n",
-                       "reasoning": "\nplan\n"}
+    assert msgs[1] == {"role": "assistant", "content": "\n\nDone.", "reasoning_content": "\nplan\n"}
     text = r.render_sync(history(answer("\nplan\n", "\n\nDone.")), GenerationOptions()).text
     assert "<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone.<|im_end|>" in text
 
