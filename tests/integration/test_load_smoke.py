@@ -4,6 +4,8 @@ failures, and its summary has sessions, TTFT and cached-token figures for every 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,16 +18,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_locust_headless_agent_sessions(serve_url, tmp_path):
+    """LOAD_RUN_TIME / LOAD_USERS lengthen the run; LOAD_REPORT_DIR keeps its CSV, HTML and JSON summary."""
     summary_path = tmp_path / "summary.json"
+    run_time, users = os.environ.get("LOAD_RUN_TIME", "45s"), os.environ.get("LOAD_USERS", "4")
     cmd = [
         sys.executable, "-m", "locust", "-f", str(ROOT / "load" / "locustfile.py"), "--headless",
-        "--host", serve_url, "--users", "4", "--spawn-rate", "4", "--run-time", "45s", "--stop-timeout", "120",
-        "--scripted", "--max-turns", "3", "--system-tokens", "600", "--max-tokens", "64",
+        "--host", serve_url, "--users", users, "--spawn-rate", users, "--run-time", run_time,
+        "--stop-timeout", "180", "--html", str(tmp_path / "report.html"),
+        "--scripted", "--max-turns", "3", "--system-tokens", "300", "--max-tokens", "64",
         "--summary-json", str(summary_path), "--csv", str(tmp_path / "stats"), "--only-summary",
         "ClaudeCodeSession", "CodexSession", "PlainChat",
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, cwd=ROOT)
     tail = (proc.stdout + proc.stderr)[-4000:]
+    if os.environ.get("LOAD_REPORT_DIR"):
+        shutil.copytree(tmp_path, os.environ["LOAD_REPORT_DIR"], dirs_exist_ok=True)
     assert proc.returncode == 0, tail  # Locust exits 1 when any request failed
     summary = json.loads(summary_path.read_text())
     assert summary["failures"] == 0 and summary["errors_by_type"] == {}, summary
