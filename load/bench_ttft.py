@@ -60,12 +60,13 @@ def billing_line(session: int) -> str:
 
 
 def unrecognised_line(session: int) -> str:
-    """Same length and position as the billing line, but not what the stripper removes."""
-    return "x-" + billing_line(session)[2:].replace("anthropic-billing-header", "anthropic-billing-headr_")
+    """The billing line's per-session fields in the same place, under a name the stripper does not remove."""
+    return "x-anthropic-attribution:" + billing_line(session)[len("x-anthropic-billing-header:"):]
 
 
 class Client:
     def __init__(self, url: str, model: str, api_key: str, timeout: float):
+        self.last_cached = 0  # prompt tokens the engine found in its prefix cache, for the last request
         self.url = url.rstrip("/")
         self.model = model
         self.http = httpx.Client(timeout=timeout, headers={"x-api-key": api_key, "authorization": f"Bearer {api_key}"})
@@ -83,7 +84,7 @@ class Client:
 
     def chat_ttft(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], max_tokens: int = 4) -> float:
         body = {"model": self.model, "max_tokens": max_tokens, "stream": True, "messages": messages, "tools": tools,
-                "temperature": 0}
+                "temperature": 0, "stream_options": {"include_usage": True}}
         return self._ttft(f"{self.url}/v1/chat/completions", body, anthropic=False)
 
     def _ttft(self, url: str, body: dict[str, Any], *, anthropic: bool) -> float:
@@ -100,6 +101,10 @@ class Client:
                 if data == "[DONE]":
                     break
                 ev = json.loads(data)
+                usage = ev.get("usage") if isinstance(ev.get("usage"), dict) else None
+                if usage:
+                    self.last_cached = (usage.get("cache_read_input_tokens")
+                                        or (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
                 if anthropic:
                     # message_start comes before prefill; the first delta (or the stop, if the model ends at
                     # once) is the first thing the engine produced.
@@ -121,23 +126,34 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+CACHED: dict[str, list[int]] = {}  # per case: prompt tokens the engine reported as prefix-cache hits
+
+
+def _take(out: dict[str, list[float]], name: str, client: Client, ttft: float) -> None:
+    out.setdefault(name, []).append(ttft)
+    CACHED.setdefault(name, []).append(client.last_cached)
+
+
 def prefix_cases(c: Client, nostrip: Client | None, system: str, sessions: int, log) -> dict[str, list[float]]:
     big = {"type": "text", "text": system}
     intro = {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."}
     c.anthropic_ttft([intro, big], "warm up")  # the shared system prompt is now cached
-    out: dict[str, list[float]] = {"identical": [], "attribution": [], "stripped": []}
+    if nostrip is not None:
+        nostrip.anthropic_ttft([intro, big], "warm up")
+    out: dict[str, list[float]] = {}
     base = 1000 * int(time.time() % 100000)  # fresh session ids per run: no cache left from an earlier run
     for i in range(sessions):
         s = base + i
         user = f"Session {s}: summarise the build rules."
-        out["identical"].append(c.anthropic_ttft([intro, big], user))
+        _take(out, "identical", c, c.anthropic_ttft([intro, big], user))
         if nostrip is not None:
-            out["attribution"].append(nostrip.anthropic_ttft([{"type": "text", "text": billing_line(s)}, intro, big], user))
+            line = {"type": "text", "text": billing_line(s)}
+            _take(out, "attribution", nostrip, nostrip.anthropic_ttft([line, intro, big], user))
         else:
-            out["attribution"].append(c.anthropic_ttft([{"type": "text", "text": unrecognised_line(s)}, intro, big], user))
-        out["stripped"].append(c.anthropic_ttft([{"type": "text", "text": billing_line(s)}, intro, big], user))
-        log(f"  session {i}: identical {out['identical'][-1]:.0f} ms, attribution {out['attribution'][-1]:.0f} ms, "
-            f"stripped {out['stripped'][-1]:.0f} ms")
+            line = {"type": "text", "text": unrecognised_line(s)}
+            _take(out, "attribution", c, c.anthropic_ttft([line, intro, big], user))
+        _take(out, "stripped", c, c.anthropic_ttft([{"type": "text", "text": billing_line(s)}, intro, big], user))
+        log(f"  session {i}: " + ", ".join(f"{k} {v[-1]:.0f} ms (cached {CACHED[k][-1]})" for k, v in out.items()))
     return out
 
 
@@ -160,7 +176,7 @@ def history(session: int, turns: int, words: int, alter_first: bool = False) -> 
 
 
 def replay_cases(c: Client, system: str, sessions: int, turns: int, words: int, log) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {"kept": [], "altered": []}
+    out: dict[str, list[float]] = {}
     sys_msg = {"role": "system", "content": system}
     base = 1000 * int(time.time() % 100000) + 500
     for i in range(sessions):
@@ -168,8 +184,8 @@ def replay_cases(c: Client, system: str, sessions: int, turns: int, words: int, 
             s = base + 2 * i + (case == "altered")
             c.chat_ttft([sys_msg, *history(s, turns - 1, words)], TOOLS, max_tokens=1)  # turn k: now cached
             nxt = [sys_msg, *history(s, turns, words, alter_first=case == "altered")]
-            out[case].append(c.chat_ttft(nxt, TOOLS))
-        log(f"  session {i}: kept {out['kept'][-1]:.0f} ms, altered {out['altered'][-1]:.0f} ms")
+            _take(out, case, c, c.chat_ttft(nxt, TOOLS))
+        log(f"  session {i}: " + ", ".join(f"{k} {v[-1]:.0f} ms (cached {CACHED[k][-1]})" for k, v in out.items()))
     return out
 
 
@@ -205,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     log("replay cases (multi-turn, reasoning kept vs altered):")
     samples.update(replay_cases(c, system, a.sessions, a.turns, a.turn_words, log))
     for name, xs in samples.items():
-        results["cases"][name] = {"p50_ms": statistics.median(xs), "p95_ms": _pct(xs, 0.95), "samples_ms": xs}
+        results["cases"][name] = {"p50_ms": statistics.median(xs), "p95_ms": _pct(xs, 0.95), "samples_ms": xs,
+                                  "cached_tokens": CACHED.get(name, [])}
     p50 = {k: v["p50_ms"] for k, v in results["cases"].items()}
     results["ratios"] = {
         "attribution_vs_stripped": p50["attribution"] / p50["stripped"],
@@ -216,9 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     results["attribution_mode"] = "second server, strip off" if nostrip else "unrecognised per-session line"
 
-    print(f"\n{'case':<14}{'p50 ms':>10}{'p95 ms':>10}")
+    print(f"\n{'case':<14}{'p50 ms':>10}{'p95 ms':>10}{'cached tokens (median)':>26}")
     for name, v in results["cases"].items():
-        print(f"{name:<14}{v['p50_ms']:>10.0f}{v['p95_ms']:>10.0f}")
+        print(f"{name:<14}{v['p50_ms']:>10.0f}{v['p95_ms']:>10.0f}{statistics.median(v['cached_tokens'] or [0]):>26.0f}")
     r = results["ratios"]
     print(f"\nattribution line, stripping off vs on: {r['attribution_vs_stripped']:.2f}x "
           f"(published B200: {r['published_b200_attribution']:.1f}x)")
