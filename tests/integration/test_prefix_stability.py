@@ -74,10 +74,10 @@ def post(url: str, body: dict) -> dict:
 # -- the three clients: first request, conversion (for the local render) and the next request -------------------
 
 def anthropic_first(model: str, nonce: str, script: str) -> dict:
-    return {"model": model, "max_tokens": 512, "system": [
+    return {"model": model, "max_tokens": 1500, "system": [
         {"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.197.{nonce[:3]}; cc_entrypoint=cli;"},
         {"type": "text", "text": f"[{nonce}] You are a coding agent."}],
-        "thinking": {"type": "enabled", "budget_tokens": 256},
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
         "tools": [{"name": TOOL["name"], "description": TOOL["description"], "input_schema": TOOL["parameters"]}],
         "messages": [{"role": "user", "content": "Where is the entry point?"}], "nvext": {"forced_script": script}}
 
