@@ -61,9 +61,13 @@ class LruBlockCache:
         return n
 
     def store(self, hashes: list[int]) -> list[int]:
-        """Insert/touch the prompt's blocks; returns the evicted ones."""
+        """Insert/touch the prompt's blocks; returns the evicted ones.
+
+        Touched tail first, so the prompt's last blocks are evicted first: vLLM frees a request's blocks in
+        reverse order for the same reason (a leading run stays reusable as long as possible).
+        """
         blocks = self.blocks
-        for h in hashes:
+        for h in reversed(hashes):
             if h in blocks:
                 blocks.move_to_end(h)
             else:

@@ -85,8 +85,8 @@ class RouterCore:
         self._policy = make_policy(policy)
         self.block_size = block_size
         # Cached tokens are worth more than the queue they save now: a prefix sent elsewhere is recomputed AND
-        # evicts other prefixes there. 8 is the simulation's knee (load/sim_router.py, README table).
-        self.overlap_weight = float(knob("overlap_weight", overlap_weight, 8.0))
+        # evicts other prefixes there. 32 maximises hit rate in the trace simulation (routing/README.md).
+        self.overlap_weight = float(knob("overlap_weight", overlap_weight, 32.0))
         # Output tokens cost more replica time than prompt tokens (decode is memory-bound); 4 prefill tokens per
         # output token is a middle value for batched decode on GPUs.
         self.decode_weight = float(knob("decode_weight", None, decode_weight))

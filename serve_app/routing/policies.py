@@ -6,9 +6,11 @@ does the bookkeeping (reservation, predicted blocks, session memory) after the p
 - `kv` (default): Dynamo's cost, in prefill-token units: overlap_weight * (prompt tokens left to prefill after
   the replica's cached overlap) + prefill tokens already reserved there + decode_weight * expected output tokens
   outstanding there. Argmin; within one block of the minimum the session's last replica wins, then the replica
-  with fewer active requests and less recent prefill work. overlap_weight 0 is pure load balancing; higher keeps
-  prefixes where they are cached longer under load (the trace simulation puts the best hit rate at 8-32; at 32
-  a burst of one prefix piles up much further before it spreads).
+  with fewer active requests and less recent prefill work. A prompt that no replica holds 10% of is placed as a
+  new cache footprint (see `_place_new`). overlap_weight 0 is pure load balancing, 1 is Dynamo's default (TTFT
+  first); higher keeps prefixes where they are cached under more load. The router defaults to 32, the hit-rate
+  optimum in the trace simulation (load/sim_router.py); the price is that a burst sharing a cached prefix only
+  spreads once the queue there exceeds 32x the cached tokens.
 - `least_loaded`: the same load term without the overlap credit.
 - `round_robin`.
 - `session`: sticky per session key (first placement least-loaded); no key -> least loaded.
@@ -29,7 +31,9 @@ if TYPE_CHECKING:
     from serve_app.routing.core import RouteRequest
     from serve_app.routing.index import KvIndex
 
-RECENT_WORK_HALF_LIFE_S = 300.0
+RECENT_WORK_HALF_LIFE_S = 3600.0  # memory of where prefill work (new cache footprint) went
+NEW_PROMPT_OVERLAP = 0.1  # best cached overlap below this fraction of the prompt: place as a new footprint
+PLACEMENT_BAND = 4.0  # new footprints may go to a replica up to this many prompts busier than the idlest
 
 
 @dataclass(slots=True)
@@ -106,6 +110,9 @@ class KvPolicy(Policy):
         for rid in candidates:
             new_prefill = n - min(overlaps[rid] * bs, n)
             costs[rid] = state.overlap_weight * new_prefill + load_cost(state, rid)
+        if max(overlaps.values()) * bs < NEW_PROMPT_OVERLAP * n:
+            rid = self._place_new(state, req, candidates, n)
+            return rid, overlaps[rid]
         low = min(costs.values())
         tolerance = state.overlap_weight * bs  # one block: no real difference in work
         tied = [r for r in candidates if costs[r] <= low + tolerance]
@@ -115,6 +122,25 @@ class KvPolicy(Policy):
             tied = [r for r in tied if costs[r] == low]
         rid = _tie_break(state, req, tied)
         return rid, overlaps[rid]
+
+
+    @staticmethod
+    def _place_new(state, req, candidates, n):
+        """A prompt no replica holds much of (a new conversation or document) starts a new cache footprint.
+
+        Where it lands decides where its future turns hit, so spread footprints evenly: among replicas whose
+        load is within PLACEMENT_BAND prompts of the least loaded, take the one that has computed the least
+        prefill lately (what it had to store, hence evict). Placing by load alone piles long-lived sessions
+        onto whichever replica was momentarily idle.
+        """
+        sticky = state.session_replica(req.session_key)
+        loads = {r: load_cost(state, r) for r in candidates}
+        lo = min(loads.values())
+        band = [r for r in candidates if loads[r] <= lo + PLACEMENT_BAND * n]
+        if sticky in band:
+            return sticky
+        now = state.now()
+        return min(band, key=lambda r: (state.loads[r].recent(now), loads[r]))
 
 
 class LeastLoadedPolicy(Policy):

@@ -169,3 +169,35 @@ def test_prefix_affinity_follows_rays_rules():
     c.release("2")
     other = c.choose(req("3", [7] * 40)).replica_id  # no match: the smallest tenant
     assert other != first
+
+
+def test_new_prompt_goes_where_least_new_cache_was_written():
+    c = core()
+    c.loads["a"].add_recent(10_000, 0.0)
+    c.loads["b"].add_recent(5_000, 0.0)
+    assert c.choose(req("1", [3] * 40)).replica_id == "c"
+
+
+def test_new_prompt_avoids_a_replica_far_busier_than_the_idlest():
+    c = core()
+    c.loads["a"].add_recent(10_000, 0.0)
+    c.loads["b"].add_recent(10_000, 0.0)
+    c._reserve(RouteRequest("x", [], 0, 0), "c", 40 * 100, 0.0)  # 100 prompts' worth of queued prefill
+    assert c.choose(req("1", [3] * 40)).replica_id != "c"
+
+
+def test_register_replica_mode_follows_the_event_feed():
+    c = RouterCore("kv", BS)
+    c.register_replica("p", None, None, BS)
+    c.register_replica("e", "tcp://127.0.0.1:1", None, BS)  # no running loop: events via apply_events
+    modes = {r: m["mode"] for r, m in c.metrics()["replicas"].items()}
+    assert modes == {"p": PREDICTED, "e": EVENTS}
+    c2 = RouterCore("kv", BS, kv_events=False)
+    c2.register_replica("e", "tcp://127.0.0.1:1", None, BS)
+    assert c2.metrics()["replicas"]["e"]["mode"] == PREDICTED
+
+
+def test_block_size_comes_from_the_first_engine():
+    c = RouterCore("kv", 16)
+    c.register_replica("r", None, None, 128)
+    assert c.block_size == 128
