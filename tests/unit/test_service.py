@@ -1,0 +1,219 @@
+"""GenerationService logic without Ray: limits, routing hand-off, finish mapping, failures, scripts, release.
+
+The engine client here replays chunks in the shape the Engine deployment streams; the real engine path is
+covered by the integration tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import pytest
+
+from serve_app.conversation import (
+    Conversation, Finish, GenerationOptions, Message, TextDelta, TextPart, ToolCallStart, ToolResultPart, Usage,
+)
+from serve_app.engine.vllm_engine import EngineChunk
+from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong
+from serve_app.routing.core import Decision
+from serve_app.service import GenerationService
+from serve_app.settings import AppSettings
+
+
+@dataclass
+class Rendered:
+    text: str
+    token_ids: list[int]
+    starts_in_reasoning: bool = False
+
+
+class StubTokenizer:
+    eos_token_id = 2
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+
+class StubRenderer:
+    tokenizer = StubTokenizer()
+
+    def __init__(self, n_tokens):
+        self.n = n_tokens
+
+    async def render(self, conv, opts):
+        return Rendered("x" * self.n, list(range(self.n)))
+
+
+class ReplayEngines:
+    def __init__(self, chunks=None, fail_after=None, decision=Decision("r1", "kv", cached_blocks=2)):
+        self.chunks = chunks or []
+        self.fail_after = fail_after
+        self.decision = decision
+        self.requests = []
+        self.released = []
+        self.closed = False
+
+    async def block_size(self, key):
+        return 16
+
+    async def choose(self, key, req):
+        return self.decision
+
+    def release(self, key, request_id):
+        self.released.append(request_id)
+
+    async def generate(self, key, req):
+        self.requests.append(req)
+        try:
+            for i, c in enumerate(self.chunks):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise RuntimeError("replica died")
+                yield c
+        finally:
+            self.closed = True
+
+
+def make_service(engines, n_tokens=100, **settings):
+    cfg = AppSettings.model_validate({"models": [{"id": "m", "aliases": ["alias"], "max_model_len": 1000,
+                                                  "max_output_tokens": 300, "tool_parser": "hermes"}], **settings})
+    svc = GenerationService(cfg, engines)
+    svc._renderers["m"] = StubRenderer(n_tokens)
+    return svc
+
+
+def conv(text="hi"):
+    return Conversation(messages=[Message("user", [TextPart(text)])])
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def collect(svc, prepared):
+    return [e async for e in svc.stream(prepared)]
+
+
+def test_unknown_model_and_alias():
+    svc = make_service(ReplayEngines())
+    with pytest.raises(ModelNotFound) as e:
+        run(svc.prepare(conv(), GenerationOptions(), "nope"))
+    assert e.value.message == "model: nope" and e.value.status == 404
+    assert run(svc.prepare(conv(), GenerationOptions(), "alias")).model.id == "m"
+
+
+def test_max_tokens_is_clamped_to_what_fits():
+    svc = make_service(ReplayEngines(), n_tokens=900)
+    p = run(svc.prepare(conv(), GenerationOptions(max_tokens=10**6), "m"))
+    assert p.max_tokens == 100  # 1000 context - 900 prompt
+    svc = make_service(ReplayEngines(), n_tokens=10)
+    assert run(svc.prepare(conv(), GenerationOptions(), "m")).max_tokens == 300  # the model's output cap
+
+
+def test_prompt_too_long_names_both_numbers():
+    svc = make_service(ReplayEngines(), n_tokens=1200)
+    with pytest.raises(PromptTooLong) as e:
+        run(svc.prepare(conv(), GenerationOptions(), "m"))
+    assert e.value.message == "prompt is too long: 1200 tokens > 1000 maximum"
+
+
+def test_stream_order_usage_and_finish():
+    engines = ReplayEngines([EngineChunk("Hel", [1, 2], num_cached_tokens=32), EngineChunk("lo", [3]),
+                             EngineChunk("", [4], finish_reason="stop")])
+    svc = make_service(engines)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    events = run(collect(svc, p))
+    assert events[0] == Usage(100, 0, cached_tokens=32, estimated=True)  # 2 blocks x 16 predicted by the router
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "Hello"
+    assert events[-2] == Usage(100, 4, cached_tokens=32)
+    assert events[-1] == Finish("stop")
+    assert engines.requests[0].target_replica == "r1"
+    assert engines.released == [p.request_id]
+
+
+def test_tool_calls_and_stop_sequences_map_to_finish_reasons():
+    engines = ReplayEngines([EngineChunk('<tool_call>{"name": "f", "arguments": {}}</tool_call>', [1],
+                                         finish_reason="stop")])
+    svc = make_service(engines)
+    events = run(collect(svc, run(svc.prepare(conv(), GenerationOptions(), "m"))))
+    assert any(isinstance(e, ToolCallStart) for e in events) and events[-1].reason == "tool_calls"
+    engines = ReplayEngines([EngineChunk("a", [1], finish_reason="stop", stop_reason="END")])
+    svc = make_service(engines)
+    events = run(collect(svc, run(svc.prepare(conv(), GenerationOptions(stop=["END"]), "m"))))
+    assert events[-1] == Finish("stop_sequence", stop_sequence="END")
+    engines = ReplayEngines([EngineChunk("a", [1], finish_reason="length")])
+    svc = make_service(engines)
+    assert run(collect(svc, run(svc.prepare(conv(), GenerationOptions(), "m"))))[-1].reason == "length"
+
+
+def test_engine_failure_mid_stream_is_a_finish_error_and_releases():
+    engines = ReplayEngines([EngineChunk("a", [1]), EngineChunk("b", [2])], fail_after=1)
+    svc = make_service(engines)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    events = run(collect(svc, p))
+    assert events[-1].reason == "error" and "replica died" in events[-1].error
+    assert engines.released == [p.request_id] and engines.closed
+    assert svc._inflight == 0
+
+
+def test_router_unavailable_still_serves():
+    engines = ReplayEngines([EngineChunk("ok", [1], finish_reason="stop")], decision=None)
+    svc = make_service(engines)
+    events = run(collect(svc, run(svc.prepare(conv(), GenerationOptions(), "m"))))
+    assert events[0].cached_tokens == 0 and events[-1] == Finish("stop")
+    assert engines.requests[0].target_replica is None and engines.released == []
+
+
+def test_closing_the_stream_closes_the_engine_call():
+    engines = ReplayEngines([EngineChunk("a", [1])] * 100)
+    svc = make_service(engines)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+
+    async def take_two():
+        it = svc.stream(p)
+        got = [await it.__anext__(), await it.__anext__()]
+        await it.aclose()
+        return got
+
+    run(take_two())
+    assert engines.closed and engines.released == [p.request_id] and svc._inflight == 0
+
+
+def test_forced_scripts_only_when_enabled_and_rules_match_the_last_input():
+    engines = ReplayEngines([EngineChunk("", [1], finish_reason="stop")])
+    svc = make_service(engines)
+    run(collect(svc, run(svc.prepare(conv(), GenerationOptions(forced_script="x"), "m"))))
+    assert engines.requests[-1].forced_token_ids is None  # testing.forced_scripts is off
+    svc = make_service(engines, testing={"forced_scripts": True,
+                                         "script_rules": [{"match": "^echo hi$", "script": "done"}]})
+    tool_turn = Conversation(messages=[Message("user", [TextPart("run it")]),
+                                       Message("tool", [ToolResultPart("c1", "echo hi")])])
+    run(collect(svc, run(svc.prepare(tool_turn, GenerationOptions(), "m"))))
+    assert engines.requests[-1].forced_token_ids == [ord(c) for c in "done"]
+    assert engines.requests[-1].forced_eos_id == 2
+    run(collect(svc, run(svc.prepare(conv("other"), GenerationOptions(), "m"))))
+    assert engines.requests[-1].forced_token_ids is None
+
+
+def test_overload_is_refused_at_once():
+    svc = make_service(ReplayEngines(), ingress={"max_inflight_requests": 1})
+    svc._inflight = 1
+    with pytest.raises(Overloaded) as e:
+        run(svc.prepare(conv(), GenerationOptions(), "m"))
+    assert e.value.status == 529 and e.value.retry_after
+
+
+def test_zero_max_tokens_is_invalid():
+    svc = make_service(ReplayEngines())
+    with pytest.raises(InvalidRequest):
+        run(svc.prepare(conv(), GenerationOptions(max_tokens=0), "m"))
+
+
+def test_hints_reach_the_engine_request():
+    from serve_app.conversation import AgentHints
+
+    engines = ReplayEngines([EngineChunk("", [1], finish_reason="stop")])
+    svc = make_service(engines)
+    opts = GenerationOptions(hints=AgentHints(priority=5, osl=77))
+    run(collect(svc, run(svc.prepare(conv(), opts, "m"))))
+    assert engines.requests[-1].priority == -5  # vLLM runs lower values first
