@@ -82,7 +82,7 @@ def _segments(parts: list[Part]) -> list[list[Part]]:
     return segments
 
 
-def _assistant(parts: list[Part], policy: ReplayPolicy, where: str) -> dict[str, Any]:
+def _assistant(parts: list[Part], policy: ReplayPolicy, where: str, thinking_off: bool = False) -> dict[str, Any]:
     reasoning = "".join(p.text for p in parts if isinstance(p, ReasoningPart) and not p.redacted)
     text = "".join(_text_of(p, where) for p in parts if not isinstance(p, (ReasoningPart, ToolCallPart)))
     calls = [p for p in parts if isinstance(p, ToolCallPart)]
@@ -96,6 +96,15 @@ def _assistant(parts: list[Part], policy: ReplayPolicy, where: str) -> dict[str,
         elif policy.markers and (policy.mode == "inline" or calls):
             out["content"] = policy.opener + reasoning + policy.markers[1] + text
         # drop mode, no tool call: the model was trained without its earlier thinking.
+    elif thinking_off and policy.empty_replay != "none" and policy.markers:
+        # Generated right after the prompt's empty think block: give the block back so the turn replays as is.
+        if policy.empty_replay == "field":
+            start, end = policy.markers
+            inner = policy.empty_block[len(start):policy.empty_block.index(end)]
+            for key in policy.fields:
+                out[key] = inner
+        else:
+            out["content"] = policy.empty_block + text
     return out
 
 
@@ -129,7 +138,9 @@ def _user_like(msg: Message, i: int, call_names: dict[str, str]) -> list[dict[st
     return out
 
 
-def to_template_messages(conv: Conversation, policy: ReplayPolicy) -> list[dict[str, Any]]:
+def to_template_messages(conv: Conversation, policy: ReplayPolicy, *, thinking_off: bool = False
+                         ) -> list[dict[str, Any]]:
+    """`thinking_off`: this request renders with thinking disabled (see ReplayPolicy.empty_replay)."""
     out: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
     for i, msg in enumerate(conv.messages):
@@ -143,7 +154,7 @@ def to_template_messages(conv: Conversation, policy: ReplayPolicy) -> list[dict[
                 for p in seg:
                     if isinstance(p, ToolCallPart):
                         call_names[p.id] = p.name
-                out.append(_assistant(seg, policy, where))
+                out.append(_assistant(seg, policy, where, thinking_off))
         else:
             out.extend(_user_like(msg, i, call_names))
     return out

@@ -53,6 +53,12 @@ class ReplayPolicy:
     arguments_as_string: bool = False  # the template prints a string `arguments` verbatim (byte-exact replay)
     developer_role: bool = False  # the template knows the developer role; otherwise developer → system
     fields: tuple[str, ...] = ()  # field mode: the message keys that carry reasoning to the template
+    # Thinking off: the generation prompt may close an empty think block itself ("<think>\n\n</think>\n\n"),
+    # so every answer was generated after it. `empty_replay` is how a turn without reasoning gets that block
+    # back ("field": whitespace-only reasoning in the fields; "inline": the block in front of the content;
+    # "none": the template renders it already, or no representation round-trips). Found by probing the template.
+    empty_block: str = ""
+    empty_replay: Literal["none", "field", "inline"] = "none"
 
 
 # The message keys templates read reasoning from: `reasoning_content` (Qwen3, GLM, Kimi, MiniMax, Nemotron),
@@ -93,6 +99,22 @@ def decide_policy(template: str, reasoning_parser: str | None, generation_tail: 
         developer_role=bool(re.search(r"['\"]developer['\"]", template)),
         fields=fields,
     )
+
+
+def closed_empty_block(generation_tail: str, markers: tuple[str, str] | None) -> str:
+    """The empty think block a thinking-off generation prompt ends with ("" when it has none)."""
+    if not markers:
+        return ""
+    start, end = markers
+    at = generation_tail.rfind(start)
+    if at < 0:
+        return ""
+    block = generation_tail[at:]
+    inner = block[len(start):]
+    close = inner.find(end)
+    if close < 0 or inner[:close].strip() or inner[close + len(end):].strip():
+        return ""
+    return block
 
 
 def ends_in_reasoning(text: str, markers: tuple[str, str] | None) -> bool:

@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from serve_app.conversation import Conversation, GenerationOptions
+from serve_app.conversation import Conversation, GenerationOptions, Message, TextPart
 from serve_app.errors import InvalidRequest, ServiceError
 from serve_app.prompt.messages import to_template_messages, to_template_tools
-from serve_app.prompt.policy import ReplayPolicy, decide_policy, ends_in_reasoning
+from serve_app.prompt.policy import ReplayPolicy, closed_empty_block, decide_policy, ends_in_reasoning
 from serve_app.prompt.preamble import strip_preamble
 
 # apply_chat_template's own parameters: a client's chat_template_kwargs must not override them.
@@ -79,10 +79,12 @@ class PromptRenderer:
             raise ValueError(f"model {model.id!r}: the tokenizer has no chat template and none is configured")
         self.template: str = template
         self.reasoning_enabled = bool(model.reasoning_parser)
-        probe = self._probe_generation_tail(model)
-        self.policy: ReplayPolicy = decide_policy(template, model.reasoning_parser, probe)
+        probe = self._probe_generation_tail(model, thinking=True)
+        self.policy: ReplayPolicy = self._probe_empty_replay(
+            decide_policy(template, model.reasoning_parser, probe), model)
         # Fast tokenizers are not safe to call from several threads at once ("Already borrowed").
         self._encode_lock = threading.Lock()
+        self.turn_starts = self._probe_turn_starts()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
 
     # -- template kwargs --------------------------------------------------------------------------------------
@@ -90,11 +92,9 @@ class PromptRenderer:
     def template_kwargs(self, opts: GenerationOptions) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self.model.default_chat_template_kwargs)
         if self.reasoning_enabled:
-            thinking = opts.thinking is not False
-            kwargs["enable_thinking"] = thinking
-            if thinking:
-                # Keep earlier thinking in the prompt: the history must render as it was generated.
-                kwargs["truncate_history_thinking"] = False
+            kwargs["enable_thinking"] = opts.thinking is not False
+            # Keep earlier thinking in the prompt: the history must render as it was generated.
+            kwargs["truncate_history_thinking"] = False
         elif opts.thinking is False:
             kwargs["enable_thinking"] = False
         if opts.reasoning_effort is not None:
@@ -104,40 +104,104 @@ class PromptRenderer:
                 kwargs[key] = value
         return kwargs
 
-    def _probe_generation_tail(self, model) -> str:
+    def _probe_render(self, messages: list[dict[str, Any]], thinking: bool, add_generation_prompt: bool) -> str:
+        kwargs = {**self.model.default_chat_template_kwargs, "enable_thinking": thinking,
+                  "truncate_history_thinking": False}
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.template,
+                                                  add_generation_prompt=add_generation_prompt, **kwargs)
+
+    def _probe_generation_tail(self, model, thinking: bool) -> str:
         """The generation prompt's tail for a one-message chat, to see whether the template opens thinking."""
         if not model.reasoning_parser:
             return ""
         try:
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True,
-                chat_template=self.template,
-                **{**model.default_chat_template_kwargs, "enable_thinking": True, "truncate_history_thinking": False})
+            text = self._probe_render([{"role": "user", "content": "x"}], thinking, True)
         except Exception:  # noqa: BLE001 - a template that cannot render the probe simply has no opener
             return ""
         return text[-64:]
+
+    def _probe_empty_replay(self, policy: ReplayPolicy, model) -> ReplayPolicy:
+        """With thinking off, find the representation of an answer that renders back exactly as
+        generation prompt + answer (tried on the template itself, once per model)."""
+        block = closed_empty_block(self._probe_generation_tail(model, thinking=False), policy.markers)
+        if not block:
+            return policy
+        answer = "Probe answer."
+        try:
+            prompt = self._probe_render([{"role": "user", "content": "x"}], False, True)
+        except Exception:  # noqa: BLE001
+            return policy
+        candidates: list[str] = ["none"] + (["field"] if policy.fields else []) + ["inline"]
+        for how in candidates:
+            trial = replace(policy, empty_block=block, empty_replay=how)  # type: ignore[arg-type]
+            conv = Conversation(messages=[Message("user", [TextPart("x")]), Message("assistant", [TextPart(answer)]),
+                                          Message("user", [TextPart("y")])])
+            msgs = to_template_messages(conv, trial, thinking_off=True)
+            try:
+                text = self._probe_render(msgs, False, False)
+            except Exception:  # noqa: BLE001
+                continue
+            if text.startswith(prompt + answer):
+                return trial
+        return replace(policy, empty_block=block)
 
     # -- rendering ---------------------------------------------------------------------------------------------
 
     def prepare(self, conv: Conversation) -> Conversation:
         return strip_preamble(conv) if self.strip_preamble else conv
 
-    def template_messages(self, conv: Conversation) -> list[dict[str, Any]]:
-        return to_template_messages(self.prepare(conv), self.policy)
+    def template_messages(self, conv: Conversation, *, thinking_off: bool = False) -> list[dict[str, Any]]:
+        return to_template_messages(self.prepare(conv), self.policy, thinking_off=thinking_off)
 
     def render_text(self, conv: Conversation, opts: GenerationOptions, *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False) -> str:
-        messages = self.template_messages(conv)
+        kwargs = self.template_kwargs(opts)
+        messages = self.template_messages(conv, thinking_off=kwargs.get("enable_thinking") is False)
         tools = to_template_tools(conv.tools)
         try:
             return self.tokenizer.apply_chat_template(
                 messages, tools=tools, tokenize=False, chat_template=self.template,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
-                continue_final_message=continue_final_message, **self.template_kwargs(opts))
+                continue_final_message=continue_final_message, **kwargs)
         except ServiceError:
             raise
         except Exception as e:  # jinja2 TemplateError (raise_exception), and type errors inside the template
             raise InvalidRequest(_template_message(e), param="messages") from None
+
+    def _probe_turn_starts(self) -> tuple[str, ...]:
+        """The generation prompt strings (thinking on and off): where the model's own tokens begin."""
+        user = [{"role": "user", "content": "x"}]
+        out: set[str] = set()
+        for thinking in ((True, False) if self.reasoning_enabled else (True,)):
+            try:
+                bare = self._probe_render(user, thinking, False)
+                full = self._probe_render(user, thinking, True)
+            except Exception:  # noqa: BLE001 - no generation prompt to find
+                continue
+            if full.startswith(bare) and len(full) > len(bare):
+                out.add(full[len(bare):])
+        return tuple(sorted(out, key=len, reverse=True))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Tokenize a rendered prompt in pieces that end where a generation prompt ends.
+
+        Turn N's prompt was tokenized ending right after its generation prompt and the model's tokens followed;
+        tokenized as one string, turn N+1 could merge across that seam (a trailing "\n\n" + "<tool_call>"
+        becomes different tokens) and lose the cache from there on. Cutting at the same seams gives back the
+        ids the engine saw; the text is unchanged.
+        """
+        cuts: set[int] = set()
+        for start in self.turn_starts:
+            at = text.find(start)
+            while at >= 0:
+                cuts.add(at + len(start))
+                at = text.find(start, at + 1)
+        bounds = [0, *sorted(c for c in cuts if 0 < c < len(text)), len(text)]
+        ids: list[int] = []
+        with self._encode_lock:
+            for a, b in zip(bounds, bounds[1:]):
+                ids.extend(self.tokenizer.encode(text[a:b], add_special_tokens=False))
+        return ids
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         with self._encode_lock:
@@ -148,7 +212,7 @@ class PromptRenderer:
         text = self.render_text(conv, opts, add_generation_prompt=add_generation_prompt,
                                 continue_final_message=continue_final_message)
         # The template writes BOS and other special tokens itself; adding them again would double them.
-        ids = self.encode(text)
+        ids = self.encode_prompt(text)
         starts = (self.reasoning_enabled and add_generation_prompt and not continue_final_message
                   and ends_in_reasoning(text, self.policy.markers))
         return RenderedPrompt(text=text, token_ids=ids, starts_in_reasoning=starts)

@@ -62,12 +62,12 @@ def _hermes(calls, sep_first: bool) -> str:
     return "".join(out)
 
 
-def qwen3_script(reasoning: str, text: str, calls) -> str:  # the prompt opened "<think>\n"
-    return f"{reasoning}\n</think>\n\n{text}" + _hermes(calls, bool(text))
+def qwen3_script(reasoning: str | None, text: str, calls) -> str:  # the prompt opened "<think>\n" (or closed it)
+    return ("" if reasoning is None else f"{reasoning}\n</think>\n\n") + text + _hermes(calls, bool(text))
 
 
-def xml_script(reasoning: str, text: str, calls) -> str:
-    out = f"{reasoning}\n</think>\n\n{text}"
+def xml_script(reasoning: str | None, text: str, calls) -> str:
+    out = ("" if reasoning is None else f"{reasoning}\n</think>\n\n") + text
     for i, (name, args) in enumerate(calls):
         out += ("\n" if (i == 0 and text) or i > 0 else "") + f"<tool_call>\n<function={name}>\n"
         for k, v in args.items():
@@ -76,7 +76,10 @@ def xml_script(reasoning: str, text: str, calls) -> str:
     return out
 
 
-def content_only_script(reasoning: str, text: str, calls) -> str:  # the model opens <think> itself
+def content_only_script(reasoning: str | None, text: str, calls) -> str:  # the model opens <think> itself
+    if reasoning is None:
+        return text + "".join("<tool_call>\n" + json.dumps({"name": n, "arguments": a}) + "\n</tool_call>"
+                              for n, a in calls)
     return (f"<think>\n{reasoning}\n</think>" + (f"\n\n{text}" if text else "")
             + "".join("<tool_call>\n" + json.dumps({"name": n, "arguments": a}) + "\n</tool_call>" for n, a in calls))
 
@@ -87,8 +90,8 @@ def r1_script(reasoning: str, text: str, calls) -> str:  # the prompt opened "<t
                       for n, a in calls))
 
 
-def smollm2_script(reasoning: str, text: str, calls) -> str:  # serve_app/templates/smollm2_tools.jinja
-    return (f"<think>\n{reasoning}\n</think>" + (f"\n\n{text}" if text else "")
+def smollm2_script(reasoning: str | None, text: str, calls) -> str:  # serve_app/templates/smollm2_tools.jinja
+    return (("" if reasoning is None else f"<think>\n{reasoning}\n</think>" + ("\n\n" if text else "")) + text
             + "".join('<tool_call>\n{"name": "' + n + '", "arguments": ' + json.dumps(a) + "}\n</tool_call>"
                       for n, a in calls))
 
@@ -131,9 +134,9 @@ def report():
     yield
     if REPORT:
         print("\nreused-prefix fraction per pair (turn N cache → turn N+1 prompt)")
-        print(f"{'template/parsers':34} {'api':10} {'turn':5} {'reused':>7} {'cached':>7} {'frac':>6}  stable")
+        print(f"{'template/parsers':48} {'api':10} {'turn':5} {'reused':>7} {'cached':>7} {'frac':>6}  stable")
         for name, api, turn, reused, cached, frac, ok in REPORT:
-            print(f"{name:34} {api:10} {turn:5} {reused:7d} {cached:7d} {frac:6.3f}  {ok}")
+            print(f"{name:48} {api:10} {turn:5} {reused:7d} {cached:7d} {frac:6.3f}  {ok}")
 
 
 _RENDERERS: dict[str, PromptRenderer] = {}
@@ -147,20 +150,25 @@ def make_renderer(path: str, pair: Pair) -> PromptRenderer:
     return _RENDERERS[pair.name]
 
 
-def first_request(api: str) -> dict:
+def first_request(api: str, thinking: bool) -> dict:
     user = "List the files and tell me the entry point."
     if api == "anthropic":  # Claude Code: billing line as system block 0, adaptive thinking
-        return {"model": "m", "system": [{"type": "text", "text": HEADER}, {"type": "text", "text": SYSTEM}],
-                "thinking": {"type": "adaptive"}, "messages": [{"role": "user", "content": user}],
+        body = {"model": "m", "system": [{"type": "text", "text": HEADER}, {"type": "text", "text": SYSTEM}],
+                "messages": [{"role": "user", "content": user}],
                 "tools": [{"name": n, "description": d, "input_schema": s} for n, d, s in TOOLS]}
+        body["thinking"] = {"type": "adaptive"} if thinking else {"type": "disabled"}
+        return body
     if api == "responses":  # Codex: stateless, encrypted reasoning round-trips in the input
         return {"model": "m", "instructions": SYSTEM, "store": False, "include": ["reasoning.encrypted_content"],
-                "reasoning": {"effort": "medium"}, "input": [{"type": "message", "role": "user",
-                                                             "content": [{"type": "input_text", "text": user}]}],
+                "reasoning": {"effort": "medium" if thinking else "none"},
+                "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}],
                 "tools": [{"type": "function", "name": n, "description": d, "parameters": s} for n, d, s in TOOLS]}
-    return {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+    body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
             "tools": [{"type": "function", "function": {"name": n, "description": d, "parameters": s}}
                       for n, d, s in TOOLS]}
+    if not thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    return body
 
 
 def to_conversation(api: str, body: dict):
@@ -182,16 +190,20 @@ def next_turn(api: str, body: dict, events, next_user: str):
 THINK_BLOCK = re.compile(r"<think>\n.*?</think>", re.S)
 
 
+@pytest.mark.parametrize("thinking", [True, False], ids=["thinking", "no-thinking"])
 @pytest.mark.parametrize("api", APIS)
 @pytest.mark.parametrize("pair", PAIRS, ids=[p.name for p in PAIRS])
-def test_turn_n_plus_1_starts_with_turn_n_and_its_output(tokenizer_path, pair, api):
+def test_turn_n_plus_1_starts_with_turn_n_and_its_output(tokenizer_path, pair, api, thinking):
+    if pair.drops_thinking and not thinking:
+        pytest.skip("an R1-style model always thinks: its template opens <think> whatever the request says")
     r = make_renderer(tokenizer_path, pair)
     tok = r.tokenizer
     schemas = [{"type": "function", "function": {"name": n, "description": d, "parameters": s}} for n, d, s in TOOLS]
-    body = first_request(api)
+    body = first_request(api, thinking)
     conv, opts = to_conversation(api, body)
-    assert opts.thinking is not False
+    assert (r.template_kwargs(opts)["enable_thinking"]) is thinking
     for turn, (reasoning, text, calls), next_user in [(1, TURN1, ""), (2, TURN2, "Now count the lines of a.py.")]:
+        reasoning = reasoning if thinking else None
         rendered = r.render_sync(conv, opts)
         assert "billing" not in rendered.text
         script = pair.script(reasoning, text, calls)
@@ -202,7 +214,7 @@ def test_turn_n_plus_1_starts_with_turn_n_and_its_output(tokenizer_path, pair, a
         body, conv, opts = next_turn(api, body, events, next_user)
         nxt = r.render_sync(conv, opts)
         expected = None
-        if pair.drops_thinking and not calls:
+        if pair.drops_thinking and not calls:  # (thinking is on: see the skip above)
             # The answer turn is followed by a new user query: the template drops every earlier think block.
             cached_text = rendered.text + script + tok.eos_token
             prefix = rendered.text[: -len(r.policy.opener)] if rendered.text.endswith(r.policy.opener) else rendered.text
@@ -210,7 +222,8 @@ def test_turn_n_plus_1_starts_with_turn_n_and_its_output(tokenizer_path, pair, a
             assert expected_text != cached_text
             expected = tok.encode(expected_text, add_special_tokens=False)
         result = check_turn(rendered.token_ids, generated, nxt.token_ids, expected)
-        REPORT.append((pair.name, api, f"{turn}→{turn + 1}", result.reused, len(result.cached),
+        REPORT.append((pair.name + ("" if thinking else " (no thinking)"), api, f"{turn}→{turn + 1}", result.reused,
+                       len(result.cached),
                        result.reused_fraction, result.stable))
         assert result.stable, f"{pair.name} {api} turn {turn}: " + result.diverges_at(tok)
         if expected is None:

@@ -228,7 +228,8 @@ def test_thinking_kwargs_follow_the_parser_and_the_client(tok):
     r = renderer(tok, "qwen3_like.jinja", default_chat_template_kwargs={"custom": 1})
     assert r.template_kwargs(GenerationOptions()) == {"custom": 1, "enable_thinking": True,
                                                        "truncate_history_thinking": False}
-    assert r.template_kwargs(GenerationOptions(thinking=False)) == {"custom": 1, "enable_thinking": False}
+    assert r.template_kwargs(GenerationOptions(thinking=False)) == {"custom": 1, "enable_thinking": False,
+                                                                     "truncate_history_thinking": False}
     explicit = GenerationOptions(chat_template_kwargs={"enable_thinking": False, "custom": 2, "tools": "x",
                                                        "add_generation_prompt": False})
     assert r.template_kwargs(explicit) == {"custom": 2, "enable_thinking": False, "truncate_history_thinking": False}
@@ -354,3 +355,29 @@ def test_load_tokenizer_takes_an_inline_template_or_a_path():
     assert from_file.chat_template == (TEMPLATES / "r1_like.jinja").read_text()
     with pytest.raises(FileNotFoundError):
         load_tokenizer(path, "no/such/template.jinja")
+
+
+# -- thinking off: the empty think block and the tokenization seam ---------------------------------------------------
+
+def test_with_thinking_off_an_answer_gets_the_prompts_empty_think_block_back(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    assert (r.policy.empty_block, r.policy.empty_replay) == ("<think>\n\n</think>\n\n", "field")
+    assert renderer(tok, "content_only.jinja").policy.empty_replay == "none"
+    off = GenerationOptions(thinking=False)
+    first = r.render_sync(conv(USER, tools=[LS]), off)
+    assert first.text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    c = conv(USER, Message("assistant", [TextPart("Done.")]), Message("user", [TextPart("next")]), tools=[LS])
+    assert r.render_sync(c, off).text.startswith(first.text + "Done.<|im_end|>")
+    # With thinking on, an answer without reasoning is not given an invented block.
+    assert "<think>" not in r.template_messages(c)[1].get("reasoning_content", "")
+
+
+def test_prompt_ids_are_cut_where_the_generation_prompt_ends(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    prompt = r.render_sync(conv(USER, tools=[LS]), GenerationOptions(thinking=False))
+    generated = '<tool_call>\n{"name": "ls", "arguments": {"path": "."}}\n</tool_call>'
+    whole = tok.encode(prompt.text + generated, add_special_tokens=False)
+    seamed = prompt.token_ids + tok.encode(generated, add_special_tokens=False)
+    assert whole != seamed  # one-string tokenization merges across the seam ("\n\n" + "<")...
+    assert r.encode_prompt(prompt.text + generated) == seamed  # ...the renderer's does not
+    assert tok.decode(seamed) == prompt.text + generated
