@@ -236,3 +236,12 @@ def test_any_event_order_gives_a_well_formed_stream(items, thinking):
         for b in msg["content"]:
             if b["type"] == "thinking":
                 assert signatures.verify(SECRET, b["thinking"], b["signature"])
+
+
+@given(st.text(), st.sampled_from(["text_delta", "thinking_delta", "input_json_delta"]), st.integers(0, 500))
+def test_fast_delta_frames_equal_the_generic_framing(text, kind, index):
+    from serve_app.ingress import sse
+
+    field = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}[kind]
+    data = {"type": "content_block_delta", "index": index, "delta": {"type": kind, field: text}}
+    assert to_frames([("content_block_delta", data)]) == sse.frame(data, "content_block_delta")

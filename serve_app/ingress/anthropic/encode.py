@@ -216,8 +216,27 @@ def error_event(kind: str | None, message: str) -> StreamEvent:
     return ("error", error_body(kind, message))
 
 
+_DELTA_FIELD = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _frame(name: str, data: dict[str, Any]) -> bytes:
+    if name == "content_block_delta":
+        # The per-token hot path: format the fixed envelope and encode only the delta's string.
+        delta = data["delta"]
+        field = _DELTA_FIELD.get(delta["type"])
+        if field is not None:
+            return (
+                f'event: content_block_delta\ndata: {{"type":"content_block_delta","index":{data["index"]},'
+                f'"delta":{{"type":"{delta["type"]}","{field}":{_dumps(delta[field])}}}}}\n\n'
+            ).encode()
+    return sse.frame(data, name)
+
+
 def to_frames(events: list[StreamEvent]) -> bytes:
-    return b"".join(sse.frame(data, name) for name, data in events)
+    if len(events) == 1:
+        return _frame(*events[0])
+    return b"".join(_frame(name, data) for name, data in events)
 
 
 def fold(events: list[StreamEvent]) -> dict[str, Any]:
