@@ -134,9 +134,10 @@ def test_encrypted_reasoning_is_opened_and_forgery_rejected():
 
 
 def test_sealer_round_trip_and_nonce():
-    a, b = SEALER.seal("x"), SEALER.seal("x")
-    assert a != b and SEALER.open(a) == SEALER.open(b) == "x"
-    assert "x" not in base64.urlsafe_b64decode(a)[2:].decode("latin-1")
+    text = "a private chain of thought"
+    a, b = SEALER.seal(text), SEALER.seal(text)
+    assert a != b and SEALER.open(a) == SEALER.open(b) == text  # fresh nonce per seal
+    assert text.encode() not in base64.urlsafe_b64decode(a)
 
 
 @pytest.mark.parametrize("body,param", [
@@ -225,3 +226,34 @@ def test_store_overwrite_refreshes():
     s.put("a", 2)
     clock.t = 15
     assert s.get("a") == 2 and len(s) == 1
+
+
+def test_output_items_sent_back_rebuild_the_generated_turn():
+    """Turn N's output, sent back as turn N+1's input, is the same assistant turn the events folded to: same order,
+    same reasoning text (exact, via the sealed copy), byte-identical function arguments, freeform input intact."""
+    from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, \
+        ToolCallStart, Usage, fold_events
+    from serve_app.ingress.responses.encode import ResponsesEncoder, fold
+
+    patch = "*** Begin Patch\n*** Add File: x\n+é \"q\"\n*** End Patch\n"
+    events = [ReasoningDelta("think "), ReasoningDelta("0"), TextDelta("Let me look."),
+              ToolCallStart(0, "call_a", "exec_command"), ToolCallArgsDelta(0, '{"cmd":'), ToolCallArgsDelta(0, ' "ls"}'),
+              ToolCallEnd(0), ReasoningDelta("think 1"),
+              ToolCallStart(1, "call_b", "apply_patch"), ToolCallArgsDelta(1, json.dumps({"input": patch})),
+              ToolCallEnd(1), Usage(5, 5), Finish("tool_calls")]
+    enc = ResponsesEncoder(response_id="r", model="m", echo={}, custom_tools={"apply_patch"}, seal=SEALER.seal)
+    output = fold(enc, events)["output"]
+    for item in output:  # what a client that keeps only the sealed copy sends back
+        if item["type"] == "reasoning":
+            item["content"] = []
+    _, conv, _ = convert({"model": "m", "input": [{"role": "user", "content": "go"}, *output]})
+    expected = fold_events(events)
+    expected[-1].kind = "custom"
+    got = conv.messages[-1].parts
+    assert [type(p) for p in got] == [type(p) for p in expected]
+    for g, e in zip(got, expected):
+        if isinstance(e, ToolCallPart):
+            assert (g.id, g.name, g.kind) == (e.id, e.name, e.kind)
+            assert g.arguments == e.arguments if e.kind == "function" else json.loads(g.arguments) == {"input": patch}
+        else:
+            assert g.text == e.text
