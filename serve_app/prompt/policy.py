@@ -124,3 +124,17 @@ def ends_in_reasoning(text: str, markers: tuple[str, str] | None) -> bool:
     start, end = markers
     at = text.rfind(start)
     return at >= 0 and end not in text[at + len(start):] and not text[at + len(start):].strip()
+
+
+def prompt_starts_in_reasoning(text: str, markers: tuple[str, str] | None, turn_starts: tuple[str, ...],
+                               format_default: bool) -> bool:
+    """Where the model's output begins: inside reasoning when the prompt leaves a think block open; not when
+    the generation prompt closed one (thinking off); otherwise the format's own default (an R1-style model
+    starts thinking without writing the start marker)."""
+    if not markers:
+        return False
+    if ends_in_reasoning(text, markers):
+        return True
+    at = max((text.rfind(s) for s in turn_starts), default=-1)
+    tail = text[at:] if at >= 0 else text[-256:]
+    return False if markers[0] in tail else format_default

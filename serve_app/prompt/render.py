@@ -13,7 +13,7 @@ from typing import Any
 from serve_app.conversation import Conversation, GenerationOptions, Message, TextPart
 from serve_app.errors import InvalidRequest, ServiceError
 from serve_app.prompt.messages import to_template_messages, to_template_tools
-from serve_app.prompt.policy import ReplayPolicy, closed_empty_block, decide_policy, ends_in_reasoning
+from serve_app.prompt.policy import ReplayPolicy, closed_empty_block, decide_policy, prompt_starts_in_reasoning
 from serve_app.prompt.preamble import strip_preamble
 
 # apply_chat_template's own parameters: a client's chat_template_kwargs must not override them.
@@ -55,8 +55,19 @@ def load_tokenizer(path_or_id: str, chat_template: str | None = None):
     return tok
 
 
-class _TemplateRejected(Exception):
-    pass
+_WORKERS = 4  # renders per model at once; tokenizing itself is serialised by the encode lock
+
+
+def _format_default(parser: str | None) -> bool:
+    """Whether the reasoning format starts in reasoning when the prompt shows no marker (DeepSeek-R1 style)."""
+    if not parser:
+        return False
+    try:
+        from serve_app.parsers import REASONING_PARSERS
+    except ImportError:
+        return False
+    fmt = REASONING_PARSERS.get(parser)
+    return bool(getattr(fmt, "starts_in_reasoning", False))
 
 
 def _template_message(e: Exception) -> str:
@@ -85,7 +96,8 @@ class PromptRenderer:
         # Fast tokenizers are not safe to call from several threads at once ("Already borrowed").
         self._encode_lock = threading.Lock()
         self.turn_starts = self._probe_turn_starts()
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
+        self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
 
     # -- template kwargs --------------------------------------------------------------------------------------
 
@@ -214,7 +226,8 @@ class PromptRenderer:
         # The template writes BOS and other special tokens itself; adding them again would double them.
         ids = self.encode_prompt(text)
         starts = (self.reasoning_enabled and add_generation_prompt and not continue_final_message
-                  and ends_in_reasoning(text, self.policy.markers))
+                  and prompt_starts_in_reasoning(text, self.policy.markers, self.turn_starts,
+                                                 self._format_starts_in_reasoning))
         return RenderedPrompt(text=text, token_ids=ids, starts_in_reasoning=starts)
 
     async def render(self, conv: Conversation, opts: GenerationOptions, **kw) -> RenderedPrompt:
@@ -229,7 +242,7 @@ class PromptRenderer:
             return await asyncio.wait_for(fut, self.render_timeout_s)
         except asyncio.TimeoutError:
             # The stuck thread cannot be killed; give later requests fresh threads instead of queueing behind it.
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="render")
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
             pool.shutdown(wait=False, cancel_futures=True)
             raise ServiceError("timeout", f"rendering the prompt took longer than {self.render_timeout_s:g} s",
                                code="render_timeout") from None

@@ -252,6 +252,10 @@ def test_truncate_history_thinking_false_keeps_earlier_reasoning(tok):
     ("qwen3_like.jinja", None, GenerationOptions(), False),
     ("content_only.jinja", "qwen3", GenerationOptions(), False),
     ("r1_like.jinja", "deepseek_r1", GenerationOptions(), True),
+    # No marker in the generation prompt: the format decides (an R1 model starts thinking unannounced).
+    ("content_only.jinja", "deepseek_r1", GenerationOptions(), True),
+    # The generation prompt closed an empty block: not in reasoning, whatever the format's default.
+    ("qwen3_like.jinja", "deepseek_r1", GenerationOptions(thinking=False), False),
 ])
 def test_starts_in_reasoning(tok, template, reasoning, opts, expected):
     out = renderer(tok, template, reasoning).render_sync(conv(USER), opts)
