@@ -109,6 +109,11 @@ async def test_stream_with_sdk_and_get_from_other_replica(replicas):
     assert [o.type for o in final.output] == ["reasoning", "function_call"]
     got = await client(b).responses.retrieve(final.id)
     assert got.id == final.id and [o.id for o in got.output] == [o.id for o in final.output]
+    await client(a).responses.delete(final.id)
+    with pytest.raises(openai.NotFoundError):
+        await client(b).responses.retrieve(final.id)
+    with pytest.raises(openai.NotFoundError):
+        await client(b).responses.delete(final.id)
 
 
 async def test_previous_response_id_across_replicas(replicas):

@@ -169,3 +169,14 @@ async def get_response(response_id: str, request: Request, ctx: IngressContext =
         raise ServiceError("not_found", f"response {response_id!r} not found (unknown, expired or not stored)",
                            param="response_id")
     return JSONResponse(record["response"], headers=_replica_headers(ctx))
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request, ctx: IngressContext = Depends(get_ctx)):
+    check_api_key(request.headers, ctx.settings.ingress.api_keys)
+    store = _store(ctx)
+    if store is None or not await store.delete(response_id):
+        raise ServiceError("not_found", f"response {response_id!r} not found (unknown, expired or not stored)",
+                           param="response_id")
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True},
+                        headers=_replica_headers(ctx))

@@ -112,3 +112,8 @@ class StoreClient:
         if isinstance(self.backend, ResponseStoreCore):
             return self.backend.get(key)
         return await self.backend.get.remote(key)
+
+    async def delete(self, key: str) -> bool:
+        if isinstance(self.backend, ResponseStoreCore):
+            return self.backend.delete(key)
+        return await self.backend.delete.remote(key)
