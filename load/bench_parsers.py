@@ -5,7 +5,9 @@ delta, the way the engine delivers them:
   long      ~8K tokens of reasoning, then a `write_file` call whose `content` is ~20K characters
   parallel  50 small parallel calls
   args-1x / args-2x   the write_file call alone with a 20K / 40K `content` (scaling: linear means ~2x time)
-Formats: hermes and qwen3_coder (with the qwen3 reasoning parser), plus reasoning alone.
+Formats: hermes and qwen3_coder (with the qwen3 reasoning parser), plus reasoning alone; then every other format
+of ours on the args-1x stream. Times are process CPU time (best of --repeat), so other load on the machine
+inflates them less than wall time would.
 
     .venv/bin/python load/bench_parsers.py            # table
     .venv/bin/python load/bench_parsers.py --json     # machine-readable
@@ -97,13 +99,13 @@ def deltas(tok, text: str) -> list[tuple[str, int]]:
 
 def run_ours(stream, reasoning, tools) -> tuple[float, list]:
     gc.collect()  # garbage left by an earlier run must not be collected on our clock
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     p = make_stream_parser(reasoning=reasoning, tools=tools, tool_schemas=TOOLS)
     events = []
     for text, tid in stream:
         events += p.push(text, (tid,))
     events += p.finish()
-    return time.perf_counter() - t0, events
+    return time.process_time() - t0, events
 
 
 def make_vllm(tok, reasoning, tools):
@@ -115,7 +117,7 @@ def make_vllm(tok, reasoning, tools):
 
     def run(stream):
         gc.collect()
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         p = cls(tok, tools=req.tools)
         n = len(stream)
         out = []
@@ -123,7 +125,7 @@ def make_vllm(tok, reasoning, tools):
             dm = p.parse_delta(text, [tid], req, None, finished=k == n - 1)
             if dm is not None:
                 out.append(dm)
-        return time.perf_counter() - t0, out
+        return time.process_time() - t0, out
 
     return run
 
