@@ -217,3 +217,12 @@ def test_whitespace_between_calls_is_not_text_but_real_text_keeps_its_spacing():
     assert simple(fold_complete(stream(text, list(range(1, len(text))), tools="hermes"))) == want
     text2 = f"{call}\n\nDone."
     assert simple(fold_complete(parse_complete(text2, tools="hermes"))) == [("call", "f", {}), ("text", "\n\nDone.")]
+
+
+def test_markup_inside_json_strings_is_content():
+    """The JSON scanner, not a marker search, decides where hermes arguments end."""
+    args = {"content": "x = '</tool_call>' + \"<tool_call>\" # </think>", "n": [1, "}"]}
+    text = '<tool_call>{"name": "write", "arguments": ' + json.dumps(args) + "}</tool_call>tail"
+    want = [("call", "write", args), ("text", "tail")]
+    for cuts in ([], list(range(1, len(text)))):
+        assert simple(fold_complete(stream(text, cuts, reasoning="qwen3", tools="hermes"))) == want
