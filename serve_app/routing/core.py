@@ -162,6 +162,7 @@ class RouterCore:
         old = self.feeds.pop(replica_id, None)
         if old is not None:
             old.stop()
+        self.index.replicas[replica_id].clear()  # a (re)registering engine starts from what its events say
         if events_endpoint and self.kv_events:
             from serve_app.routing.kv_events import ReplicaFeed
 
