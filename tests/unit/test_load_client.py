@@ -13,9 +13,10 @@ from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallAr
 from serve_app.ingress.anthropic import encode as anthropic_encode
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("locustfile", ROOT / "load" / "locustfile.py")
-locustfile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(locustfile)
+# agent_wire, not the locustfile: importing locust would monkey-patch this whole test process with gevent.
+_spec = importlib.util.spec_from_file_location("agent_wire", ROOT / "load" / "agent_wire.py")
+wire = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wire)
 
 
 def _anthropic_stream():
@@ -32,16 +33,16 @@ def _anthropic_stream():
 
 def test_iter_sse_parses_frames_and_skips_comments():
     raw = b": keep-alive\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\ndata: {\"a\":\ndata: 1}\n\ndata: [DONE]\n\n"
-    got = list(locustfile.iter_sse(httpx.Response(200, content=raw)))
+    got = list(wire.iter_sse(httpx.Response(200, content=raw)))
     assert got == [("ping", '{"type": "ping"}'), (None, '{"a":\n1}'), (None, "[DONE]")]
 
 
 def test_anthropic_fold_matches_the_service_fold():
     events = _anthropic_stream()
-    wire = anthropic_encode.to_frames(events)
+    frames = anthropic_encode.to_frames(events)
     parsed = [(name, json.loads(data))
-              for name, data in locustfile.iter_sse(httpx.Response(200, content=wire))]
-    blocks, stop, usage = locustfile.ClaudeCodeSession._fold(parsed)
+              for name, data in wire.iter_sse(httpx.Response(200, content=frames))]
+    blocks, stop, usage = wire.fold_anthropic(parsed)
     expected = anthropic_encode.fold(events)
     assert blocks == expected["content"]
     assert stop == expected["stop_reason"] == "tool_use"
@@ -51,10 +52,10 @@ def test_anthropic_fold_matches_the_service_fold():
 
 
 def test_billing_line_is_stable_per_session_and_differs_across_sessions():
-    a1, a2, b = locustfile.billing_line("a"), locustfile.billing_line("a"), locustfile.billing_line("b")
+    a1, a2, b = wire.billing_line("a"), wire.billing_line("a"), wire.billing_line("b")
     assert a1 == a2 != b and a1.startswith("x-anthropic-billing-header: cc_version=")
 
 
 def test_stable_system_prompt_is_identical_across_processes():
-    assert locustfile.stable_text(300, "s") == locustfile.stable_text(300, "s")
-    assert len(locustfile.stable_text(300, "s").split()) >= 300
+    assert wire.stable_text(300, "s") == wire.stable_text(300, "s")
+    assert len(wire.stable_text(300, "s").split()) >= 300
