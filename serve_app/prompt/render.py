@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,9 @@ def load_tokenizer(path_or_id: str, chat_template: str | None = None):
     return tok
 
 
+# Memoised prompt pieces (per renderer, per process): long pieces only, bounded by their total length.
+_MEMO_MIN_CHARS = 2048
+_MEMO_MAX_CHARS = 32 * 1024 * 1024
 _WORKERS = 4  # renders per model at once; tokenizing itself is serialised by the encode lock
 
 
@@ -96,6 +100,9 @@ class PromptRenderer:
         # Fast tokenizers are not safe to call from several threads at once ("Already borrowed").
         self._encode_lock = threading.Lock()
         self.turn_starts = self._probe_turn_starts()
+        self._cut_before = [t for t in self._special_cuts() if t in self.template]  # only those templates write
+        self._memo: OrderedDict[str, list[int]] = OrderedDict()
+        self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
 
@@ -200,7 +207,9 @@ class PromptRenderer:
         Turn N's prompt was tokenized ending right after its generation prompt and the model's tokens followed;
         tokenized as one string, turn N+1 could merge across that seam (a trailing "\n\n" + "<tool_call>"
         becomes different tokens) and lose the cache from there on. Cutting at the same seams gives back the
-        ids the engine saw; the text is unchanged.
+        ids the engine saw; the text is unchanged. Pieces are also cut in front of special tokens (which the
+        tokenizer splits out first anyway, so the ids are the same) to memoise long repeated pieces: the
+        system prompt and earlier turns are tokenized once, not on every turn.
         """
         cuts: set[int] = set()
         for start in self.turn_starts:
@@ -208,12 +217,41 @@ class PromptRenderer:
             while at >= 0:
                 cuts.add(at + len(start))
                 at = text.find(start, at + 1)
+        for special in self._cut_before:
+            at = text.find(special)
+            while at >= 0:
+                cuts.add(at)
+                at = text.find(special, at + 1)
         bounds = [0, *sorted(c for c in cuts if 0 < c < len(text)), len(text)]
         ids: list[int] = []
         with self._encode_lock:
             for a, b in zip(bounds, bounds[1:]):
-                ids.extend(self.tokenizer.encode(text[a:b], add_special_tokens=False))
+                ids.extend(self._encode_piece(text[a:b]))
         return ids
+
+    def _encode_piece(self, piece: str) -> list[int]:
+        if len(piece) < _MEMO_MIN_CHARS:
+            return self.tokenizer.encode(piece, add_special_tokens=False)
+        memo = self._memo
+        hit = memo.get(piece)
+        if hit is not None:
+            memo.move_to_end(piece)
+            return hit
+        out = list(self.tokenizer.encode(piece, add_special_tokens=False))
+        memo[piece] = out
+        self._memo_chars += len(piece)
+        while self._memo_chars > _MEMO_MAX_CHARS and memo:
+            old, _ = memo.popitem(last=False)
+            self._memo_chars -= len(old)
+        return out
+
+    def _special_cuts(self) -> tuple[str, ...]:
+        """Special tokens that can start a piece without changing the ids: matched verbatim (not normalised) and
+        not eating whitespace on their left."""
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        return tuple(sorted({a.content for a in added.values()
+                             if getattr(a, "special", False) and not getattr(a, "lstrip", False)
+                             and not getattr(a, "normalized", True) and a.content}))
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         with self._encode_lock:

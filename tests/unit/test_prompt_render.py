@@ -385,3 +385,28 @@ def test_prompt_ids_are_cut_where_the_generation_prompt_ends(tok):
     assert whole != seamed  # one-string tokenization merges across the seam ("\n\n" + "<")...
     assert r.encode_prompt(prompt.text + generated) == seamed  # ...the renderer's does not
     assert tok.decode(seamed) == prompt.text + generated
+
+
+def test_cutting_in_front_of_special_tokens_leaves_the_ids_unchanged(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    r.turn_starts = ()  # only the special-token cuts
+    assert "<|im_start|>" in r._cut_before and "<|im_end|>" in r._cut_before
+    long = "word " * 600
+    text = (f"<|im_start|>system\n{long}\n\n<|im_end|>\n<|im_start|>user\n  spaced  <|im_end|>  \n\n"
+            f"<|im_start|>assistant\n{long}<|im_end|>\n<|im_start|>user\n\t<|im_end|><|im_start|>assistant\n")
+    first = r.encode_prompt(text)
+    assert first == tok.encode(text, add_special_tokens=False)
+    assert r._memo  # the long pieces were memoised...
+    assert r.encode_prompt(text) == first  # ...and give the same ids again
+
+
+def test_the_piece_memo_is_bounded(tok, monkeypatch):
+    import serve_app.prompt.render as render_mod
+
+    monkeypatch.setattr(render_mod, "_MEMO_MIN_CHARS", 10)
+    monkeypatch.setattr(render_mod, "_MEMO_MAX_CHARS", 100)
+    r = renderer(tok, "qwen3_like.jinja")
+    for i in range(20):
+        r.encode_prompt(f"<|im_start|>user\npiece number {i:04d} with some words<|im_end|>")
+    assert 0 < r._memo_chars <= 100
+    assert sum(len(k) for k in r._memo) == r._memo_chars
