@@ -226,3 +226,8 @@ def test_markup_inside_json_strings_is_content():
     want = [("call", "write", args), ("text", "tail")]
     for cuts in ([], list(range(1, len(text)))):
         assert simple(fold_complete(stream(text, cuts, reasoning="qwen3", tools="hermes"))) == want
+
+
+def test_no_parsers_is_plain_text_passthrough():
+    p = make_stream_parser()
+    assert [e.text for e in p.push("hello <think> <tool_call>") + p.finish()] == ["hello <think> <tool_call>"]
