@@ -80,7 +80,8 @@ def _template_message(e: Exception) -> str:
 
 
 class PromptRenderer:
-    """Renders and tokenizes for one model. Immutable after construction; safe to share across tasks."""
+    """Renders and tokenizes for one model; shared by all requests. The policy is fixed at construction (probed
+    once from the template); the piece memo is guarded by the encode lock."""
 
     def __init__(self, tokenizer, model, *, strip_preamble: bool = True, render_timeout_s: float = 30.0):
         self.tokenizer = tokenizer
