@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from serve_app.conversation import Conversation, GenerationOptions, Message, TextPart
+from serve_app.conversation import Conversation, GenerationOptions, Message, ReasoningPart, TextPart
 from serve_app.errors import InvalidRequest, ServiceError
 from serve_app.prompt.messages import to_template_messages, to_template_tools
 from serve_app.prompt.policy import ReplayPolicy, closed_empty_block, decide_policy, prompt_starts_in_reasoning
 from serve_app.prompt.preamble import strip_preamble
+
+log = logging.getLogger(__name__)
 
 # apply_chat_template's own parameters: a client's chat_template_kwargs must not override them.
 _RESERVED_KWARGS = frozenset({
@@ -106,6 +109,10 @@ class PromptRenderer:
         self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
+        self.replay_exact = self._probe_replay()
+        if self.replay_exact is False and self.policy.mode != "drop":
+            log.warning("model %s: an answer with reasoning does not render back as it was generated (replay mode "
+                        "%s); later turns will miss the prefix cache from that answer on", model.id, self.policy.mode)
 
     # -- template kwargs --------------------------------------------------------------------------------------
 
@@ -164,6 +171,26 @@ class PromptRenderer:
             if text.startswith(prompt + answer):
                 return trial
         return replace(policy, empty_block=block)
+
+    def _probe_replay(self) -> bool | None:
+        """Whether a thinking answer replays byte for byte under the chosen policy (None: nothing to check).
+        A diagnostic for operators adding a model: the decision itself never depends on it."""
+        if not self.policy.markers:
+            return None
+        start, end = self.policy.markers
+        try:
+            prompt = self._probe_render([{"role": "user", "content": "x"}], True, True)
+            opened = prompt.endswith(self.policy.opener) and self.policy.opener.startswith(start)
+            reasoning = ("" if opened else "\n") + "Probe reasoning.\n"
+            answer = "\n\nProbe answer."
+            generated = ("" if opened else start) + reasoning + end + answer
+            conv = Conversation(messages=[Message("user", [TextPart("x")]),
+                                          Message("assistant", [ReasoningPart(reasoning), TextPart(answer)]),
+                                          Message("user", [TextPart("y")])])
+            text = self._probe_render(to_template_messages(conv, self.policy), True, False)
+        except Exception:  # noqa: BLE001 - a template that cannot render the probe is reported as not exact
+            return False
+        return text.startswith(prompt + generated)
 
     # -- rendering ---------------------------------------------------------------------------------------------
 

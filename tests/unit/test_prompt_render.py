@@ -410,3 +410,26 @@ def test_the_piece_memo_is_bounded(tok, monkeypatch):
         r.encode_prompt(f"<|im_start|>user\npiece number {i:04d} with some words<|im_end|>")
     assert 0 < r._memo_chars <= 100
     assert sum(len(k) for k in r._memo) == r._memo_chars
+
+
+@pytest.mark.parametrize("template,reasoning,exact", [
+    ("qwen3_like.jinja", "qwen3", True),
+    ("xml_tools.jinja", "qwen3", True),
+    ("content_only.jinja", "qwen3", True),
+    ("r1_like.jinja", "deepseek_r1", False),  # drops earlier thinking by design
+    ("content_only.jinja", None, None),
+])
+def test_the_replay_self_check_reports_whether_thinking_answers_round_trip(tok, template, reasoning, exact):
+    assert renderer(tok, template, reasoning).replay_exact is exact
+
+
+def test_a_template_that_mangles_reasoning_is_reported(tok, caplog):
+    import copy
+
+    t = copy.copy(tok)  # reads reasoning_content but trims it: replay cannot be exact
+    t.chat_template = ((TEMPLATES / "qwen3_like.jinja").read_text()
+                       .replace("rc.strip('\\n')", "rc.strip()[:5]"))
+    with caplog.at_level("WARNING", logger="serve_app.prompt.render"):
+        r = PromptRenderer(t, ModelConfig(id="mangler", reasoning_parser="qwen3"))
+    assert r.replay_exact is False
+    assert any("mangler" in rec.getMessage() for rec in caplog.records)
