@@ -32,7 +32,7 @@ class PreparedRequest:
     options: GenerationOptions
     prompt_token_ids: list[int]
     max_tokens: int  # clamped to what fits in the context
-    starts_in_reasoning: bool = False
+    starts_in_reasoning: bool | None = None  # None: the reasoning format's default; False: thinking is off
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style function schemas for the parser
 
     @property
@@ -55,6 +55,8 @@ from serve_app.conversation import (
     Finish,
     ReasoningDelta,
     TextDelta,
+    ToolCallArgsDelta,
+    ToolCallEnd,
     ToolCallStart,
     ToolSpec,
     Usage,
@@ -201,7 +203,7 @@ class GenerationService:
             options=opts,
             prompt_token_ids=rendered.token_ids,
             max_tokens=max_tokens,
-            starts_in_reasoning=rendered.starts_in_reasoning,
+            starts_in_reasoning=True if rendered.starts_in_reasoning else (False if opts.thinking is False else None),
             tool_schemas=tool_schemas(conv.tools),
         )
 
@@ -292,13 +294,13 @@ class GenerationService:
                 if events and all(isinstance(e, ReasoningDelta) for e in events):
                     reasoning_tokens += len(chunk.token_ids)
                 for ev in events:
-                    if isinstance(ev, ToolCallStart):
+                    if isinstance(ev, ToolCallEnd):  # a call cut off or abandoned as malformed never ends
                         saw_tool = True
                     yield ev
                 if chunk.finish_reason is not None:
                     break
             for ev in parser.finish():
-                if isinstance(ev, ToolCallStart):
+                if isinstance(ev, ToolCallEnd):
                     saw_tool = True
                 yield ev
             yield Usage(n_prompt, completion, cached_tokens=cached, reasoning_tokens=reasoning_tokens)
@@ -351,7 +353,11 @@ class GenerationService:
         task.add_done_callback(self._background.discard)
 
     async def complete(self, prepared: PreparedRequest) -> list[Event]:
-        return [ev async for ev in self.stream(prepared)]
+        """The whole stream, minus calls that never ended (cut off by the end, or abandoned as malformed: their
+        raw text follows as TextDelta), which a non-streaming response must not contain."""
+        events = [ev async for ev in self.stream(prepared)]
+        ended = {ev.index for ev in events if isinstance(ev, ToolCallEnd)}
+        return [ev for ev in events if not isinstance(ev, (ToolCallStart, ToolCallArgsDelta)) or ev.index in ended]
 
 
 def _classify_engine_error(e: Exception) -> tuple[str, str]:
