@@ -105,6 +105,10 @@ class PromptRenderer:
         self._encode_lock = threading.Lock()
         self.turn_starts = self._probe_turn_starts()
         self._cut_before = [t for t in self._special_cuts() if t in self.template]  # only those templates write
+        if not self._pieces_concatenate():
+            # A tokenizer that adds something at the start of every call (SentencePiece's "▁" prefix) would
+            # change the prompt if it were encoded in pieces: encode it whole.
+            self.turn_starts, self._cut_before = (), []
         self._memo: OrderedDict[str, list[int]] = OrderedDict()
         self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
@@ -272,6 +276,17 @@ class PromptRenderer:
             old, _ = memo.popitem(last=False)
             self._memo_chars -= len(old)
         return out
+
+    def _pieces_concatenate(self) -> bool:
+        """Encoding two pieces gives the ids of encoding their concatenation (at a newline and in front of a
+        special token)."""
+        def enc(text: str) -> list[int]:
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+        a, b = "Probe text.\n", "Next line"
+        if enc(a) + enc(b) != enc(a + b):
+            return False
+        return all(enc("Probe text") + enc(t + "user") == enc("Probe text" + t + "user") for t in self._cut_before)
 
     def _special_cuts(self) -> tuple[str, ...]:
         """Special tokens that can start a piece without changing the ids: matched verbatim (not normalised) and

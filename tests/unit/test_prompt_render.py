@@ -433,3 +433,28 @@ def test_a_template_that_mangles_reasoning_is_reported(tok, caplog):
         r = PromptRenderer(t, ModelConfig(id="mangler", reasoning_parser="qwen3"))
     assert r.replay_exact is False
     assert any("mangler" in rec.getMessage() for rec in caplog.records)
+
+
+class _PrefixingTokenizer:
+    """The SmolLM2 tokenizer, but every encode call starts with an extra token, as a SentencePiece tokenizer's
+    "▁" prefix does: encoding pieces separately would change the prompt."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def encode(self, text, add_special_tokens=False):
+        return [self._inner.convert_tokens_to_ids("Ġ")] + list(self._inner.encode(text, add_special_tokens=False))
+
+
+def test_a_tokenizer_that_prefixes_every_call_is_encoded_whole(tok):
+    import copy
+
+    t = copy.copy(tok)
+    t.chat_template = (TEMPLATES / "qwen3_like.jinja").read_text()
+    r = PromptRenderer(_PrefixingTokenizer(t), ModelConfig(id="m", reasoning_parser="qwen3"))
+    assert r.turn_starts == () and r._cut_before == []
+    out = r.render_sync(history(answer("x", "y")), GenerationOptions())
+    assert out.token_ids == r.tokenizer.encode(out.text)
