@@ -324,6 +324,6 @@ class PromptRenderer:
         except asyncio.TimeoutError:
             # The stuck thread cannot be killed; give later requests fresh threads instead of queueing behind it.
             self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=False)  # work queued there still runs (its threads are not all stuck)
             raise ServiceError("timeout", f"rendering the prompt took longer than {self.render_timeout_s:g} s",
                                code="render_timeout") from None
