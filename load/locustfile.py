@@ -408,7 +408,7 @@ def summary(stats) -> dict:
     errors: Counter = Counter()
     for err in stats.errors.values():
         # Locust keeps repr(exception): "LoadError('http_529: overloaded_error ...')".
-        m = re.search(r"LoadError\(['\"]([\w%]+):", str(err.error))
+        m = re.match(r"(?:LoadError\(['\"])?([\w%]+):", str(err.error))
         errors[m.group(1) if m else str(err.error)[:60]] += err.occurrences
     out["errors_by_type"] = dict(errors)
     return out

@@ -287,7 +287,7 @@ def test_overload_burst_is_answered_fast_with_retry_after(small_app):
     assert served and rejected, [r[0] for r in results]
     for status, head, retry_after, body, _ in rejected:
         assert status in (429, 529), (status, body)
-        assert retry_after and float(retry_after) > 0
+        assert retry_after and float(retry_after) > 0, (status, body)
         err = body["error"]
         assert err.get("type") in ("overloaded_error", "rate_limit_error") or err.get("code") in (
             "server_is_overloaded", "rate_limit_exceeded") or "overload" in json.dumps(err), body
