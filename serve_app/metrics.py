@@ -153,6 +153,12 @@ def set_inflight(n: int) -> None:
     INFLIGHT.record(n)
 
 
+# The API serving the current request (set by the ingress middleware), so the service can label its metrics.
+import contextvars as _cv
+
+CURRENT_API: _cv.ContextVar[str] = _cv.ContextVar("serve_app_api", default="other")
+
+
 async def instrument_stream(api: str, events: AsyncIterator, started: float | None = None) -> AsyncIterator:
     """Yield `events` unchanged while recording TTFT, inter-token gaps, output rate, usage and the finish reason.
 

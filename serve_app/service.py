@@ -23,7 +23,7 @@ from serve_app.conversation import Conversation, GenerationOptions
 from serve_app.settings import ModelConfig
 
 
-@dataclass(slots=True)
+@dataclass(eq=False)
 class PreparedRequest:
     request_id: str
     model_id: str  # the id the client asked for (echoed back)
@@ -34,6 +34,8 @@ class PreparedRequest:
     max_tokens: int  # clamped to what fits in the context
     starts_in_reasoning: bool | None = None  # None: the reasoning format's default; False: thinking is off
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style function schemas for the parser
+    created: float = 0.0  # time.monotonic() at admission, for TTFT
+    _release: Any = None  # frees this request's admission slot (idempotent)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -48,6 +50,9 @@ import logging
 import re
 import time
 import uuid
+import weakref
+
+from serve_app import metrics
 from typing import AsyncIterator, Protocol
 
 from serve_app.conversation import (
@@ -161,6 +166,12 @@ class GenerationService:
                 self._renderers[model.id] = renderer
         return renderer, model
 
+    def warm_renderers(self) -> None:
+        """Load every model's tokenizer and template now (at replica start), not on the first request."""
+        for model in self.settings.models:
+            if model.id not in self._renderers:
+                self._renderers[model.id] = self._make_renderer(model)
+
     def _make_renderer(self, model: ModelConfig):
         from serve_app.prompt import PromptRenderer, load_tokenizer
 
@@ -186,6 +197,7 @@ class GenerationService:
         limit = self.settings.ingress.max_inflight_requests
         if limit and self._inflight >= limit:
             raise Overloaded(retry_after=1.0)
+        started = time.monotonic()
         rendered = await renderer.render(conv, opts)
         n = len(rendered.token_ids)
         if n >= model.max_model_len:
@@ -195,7 +207,7 @@ class GenerationService:
         if wanted < 1:
             raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
         max_tokens = min(wanted, room, model.max_output_tokens)  # too large a request is clamped, not refused
-        return PreparedRequest(
+        prepared = PreparedRequest(
             request_id=uuid.uuid4().hex,
             model_id=model_id,
             model=model,
@@ -205,7 +217,22 @@ class GenerationService:
             max_tokens=max_tokens,
             starts_in_reasoning=True if rendered.starts_in_reasoning else (False if opts.thinking is False else None),
             tool_schemas=tool_schemas(conv.tools),
+            created=started,
         )
+        # Admission counts from here, not from the first token, so a burst cannot all slip past the limit.
+        self._inflight += 1
+        metrics.set_queue_depth("ingress", self._inflight)
+        released = [False]
+
+        def release() -> None:
+            if not released[0]:
+                released[0] = True
+                self._inflight -= 1
+                metrics.set_queue_depth("ingress", self._inflight)
+
+        prepared._release = release
+        weakref.finalize(prepared, release)  # an adapter that fails before streaming still frees the slot
+        return prepared
 
     # -- generation -----------------------------------------------------------------------------------------
 
@@ -245,14 +272,16 @@ class GenerationService:
             req.forced_eos_id = tok.eos_token_id
         return req
 
-    async def stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
+    def stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
+        return metrics.instrument_stream(metrics.CURRENT_API.get(), self._stream(prepared), prepared.created or None)
+
+    async def _stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
         from serve_app.parsers import make_stream_parser
 
         model = prepared.model
         key = engine_key(model)
         renderer, _ = await self.renderer_for(model.id)
         n_prompt = prepared.num_prompt_tokens
-        self._inflight += 1
         decision: Decision | None = None
         chunks: AsyncIterator[EngineChunk] | None = None
         try:
@@ -319,7 +348,8 @@ class GenerationService:
             log.warning("request %s failed: %s", prepared.request_id, message)
             yield Finish("error", error=message, error_kind=kind)
         finally:
-            self._inflight -= 1
+            if prepared._release is not None:
+                prepared._release()
             if chunks is not None:
                 aclose = getattr(chunks, "aclose", None)
                 if aclose is not None:

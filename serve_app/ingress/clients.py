@@ -6,6 +6,7 @@ import asyncio
 import logging
 from typing import AsyncIterator
 
+from serve_app import metrics
 from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
 from serve_app.routing.core import Decision, RouteRequest
 
@@ -30,10 +31,14 @@ class ServeEngineClient:
         if self._router is None:
             return None
         try:
-            return await asyncio.wait_for(self._router.choose.remote(engine_key, req), self._router_timeout_s)
+            decision = await asyncio.wait_for(self._router.choose.remote(engine_key, req), self._router_timeout_s)
         except Exception as e:  # noqa: BLE001 - an unavailable Router must not fail requests
             log.warning("router unavailable (%s); routing least-loaded", type(e).__name__)
+            metrics.observe_router_decision("fallback", "router_unavailable")
             return None
+        if decision is not None:
+            metrics.observe_router_decision(decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss")
+        return decision
 
     def release(self, engine_key: str, request_id: str) -> None:
         if self._router is not None:

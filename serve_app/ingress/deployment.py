@@ -17,7 +17,11 @@ class Ingress:
     def __init__(self, settings: dict, secret: bytes, engines: dict, router=None, extras: dict | None = None):
         cfg = AppSettings.model_validate(settings)
         client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s)
-        self.ctx = IngressContext(settings=cfg, service=GenerationService(cfg, client), secret=secret, extras=dict(extras or {}))
+        service = GenerationService(cfg, client)
+        # Tokenizers load here, one after another: building them lazily from several request threads at once
+        # raced inside transformers' lazy imports.
+        service.warm_renderers()
+        self.ctx = IngressContext(settings=cfg, service=service, secret=secret, extras=dict(extras or {}))
 
     def __serve_build_asgi_app__(self):
         return create_app(self.ctx)

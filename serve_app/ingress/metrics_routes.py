@@ -48,6 +48,7 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         status = 500  # an app that raises before starting a response is a 500 to the client
+        metrics.CURRENT_API.set(api_of(scope.get("path", "")))
         self.inflight += 1
         metrics.set_inflight(self.inflight)
 

@@ -61,6 +61,9 @@ def error_response(request: Request, err: ServiceError) -> JSONResponse:
 def create_app(ctx: IngressContext) -> FastAPI:
     app = FastAPI(title="serve_app", docs_url=None, redoc_url=None)
     app.state.ctx = ctx
+    from serve_app.ingress.metrics_routes import RequestMetricsMiddleware
+
+    app.add_middleware(RequestMetricsMiddleware)
     for name in ROUTE_MODULES:
         try:
             module = importlib.import_module(name)

@@ -195,12 +195,21 @@ def test_forced_scripts_only_when_enabled_and_rules_match_the_last_input():
     assert engines.requests[-1].forced_token_ids is None
 
 
-def test_overload_is_refused_at_once():
-    svc = make_service(ReplayEngines(), ingress={"max_inflight_requests": 1})
-    svc._inflight = 1
+def test_overload_is_refused_at_once_and_admission_counts_from_prepare():
+    engines = ReplayEngines([EngineChunk("", [1], finish_reason="stop")])
+    svc = make_service(engines, ingress={"max_inflight_requests": 2})
+    first = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    second = run(svc.prepare(conv(), GenerationOptions(), "m"))  # neither has started streaming yet
     with pytest.raises(Overloaded) as e:
         run(svc.prepare(conv(), GenerationOptions(), "m"))
     assert e.value.status == 529 and e.value.retry_after
+    run(collect(svc, first))  # finishing one frees its slot
+    assert svc._inflight == 1
+    del second  # an adapter that gave up before streaming frees its slot too
+    import gc
+
+    gc.collect()
+    assert svc._inflight == 0
 
 
 def test_zero_max_tokens_is_invalid():
