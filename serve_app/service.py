@@ -81,6 +81,8 @@ class EngineClient(Protocol):
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None: ...
 
+    def prefilled(self, engine_key: str, request_id: str) -> None: ...
+
     def release(self, engine_key: str, request_id: str) -> None: ...
 
     def generate(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]: ...
@@ -316,6 +318,8 @@ class GenerationService:
                 last = chunk
                 if chunk.num_cached_tokens is not None:
                     cached = chunk.num_cached_tokens
+                    if decision is not None:
+                        self.engines.prefilled(key, prepared.request_id)
                 completion += len(chunk.token_ids)
                 if warm:
                     generated.extend(chunk.token_ids)

@@ -40,6 +40,13 @@ class ServeEngineClient:
             metrics.observe_router_decision(decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss")
         return decision
 
+    def prefilled(self, engine_key: str, request_id: str) -> None:
+        if self._router is not None:
+            try:
+                self._router.mark_prefilled.remote(engine_key, request_id)  # fire and forget
+            except Exception:  # noqa: BLE001
+                pass
+
     def release(self, engine_key: str, request_id: str) -> None:
         if self._router is not None:
             try:

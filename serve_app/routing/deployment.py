@@ -57,6 +57,21 @@ class Router:
             return None
         return core.choose(req, candidates)
 
+    async def mark_prefilled(self, engine_key: str, request_id: str) -> None:
+        """The request's first token exists: its prefill no longer loads the replica."""
+        core = self.cores.get(engine_key)
+        if core is not None and hasattr(core, "mark_prefilled"):
+            core.mark_prefilled(request_id)
+
+    async def set_policy(self, engine_key: str, policy: str) -> None:
+        """Switch one engine's routing policy at run time (operations and side-by-side tests); the KV index and
+        loads are kept."""
+        from serve_app.routing.policies import make_policy
+
+        core = self._core(engine_key)
+        core._policy = make_policy(policy)
+        core.policy = policy
+
     async def release(self, engine_key: str, request_id: str) -> None:
         core = self.cores.get(engine_key)
         if core is not None:

@@ -52,6 +52,7 @@ class ReplayEngines:
         self.decision = decision
         self.requests = []
         self.released = []
+        self.prefilled_ids = []
         self.closed = False
 
     async def block_size(self, key):
@@ -62,6 +63,9 @@ class ReplayEngines:
 
     def release(self, key, request_id):
         self.released.append(request_id)
+
+    def prefilled(self, key, request_id):
+        self.prefilled_ids.append(request_id)
 
     async def generate(self, key, req):
         self.requests.append(req)
@@ -128,7 +132,7 @@ def test_stream_order_usage_and_finish():
     assert events[-2] == Usage(100, 4, cached_tokens=32)
     assert events[-1] == Finish("stop")
     assert engines.requests[0].target_replica == "r1"
-    assert engines.released == [p.request_id]
+    assert engines.released == [p.request_id] and engines.prefilled_ids == [p.request_id]
 
 
 def test_tool_calls_and_stop_sequences_map_to_finish_reasons():
