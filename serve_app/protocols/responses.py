@@ -103,7 +103,7 @@ _KNOWN = {"message", "reasoning", "function_call", "function_call_output", "cust
 
 def _item_tag(v: Any) -> str:
     t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
-    return t if t in _KNOWN else "other"
+    return t if isinstance(t, str) and t in _KNOWN else "other"  # a non-string type must not raise TypeError
 
 
 InputItem = Annotated[
@@ -146,7 +146,7 @@ class OtherTool(_Open):
 
 def _tool_tag(v: Any) -> str:
     t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in ("function", "custom") else "other"
+    return t if isinstance(t, str) and t in ("function", "custom") else "other"
 
 
 ToolDef = Annotated[
