@@ -63,6 +63,9 @@ def run_claude(claude: Path, serve_url: str, home: Path, prompt: str, *extra: st
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "1024",
         "API_TIMEOUT_MS": "900000",
+        # Claude Code's stream watchdog does not count `ping`s; a cold ~20K-token prefill on two CPU cores can
+        # pass its 300 s default before the first content event.
+        "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "1200000",
         "CLAUDE_CODE_DISABLE_NONSTREAMING_FALLBACK": "1",  # a broken stream must fail the test, not be papered over
     }
     # --include-partial-messages: every SSE event of every request is echoed, so the test sees each request's
