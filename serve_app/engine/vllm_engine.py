@@ -60,6 +60,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_lacks_bf16() -> bool:
+    """True on a CPU engine host without native bf16 (no AVX512-BF16/AMX): there vLLM's default bf16 runs through
+    slow fallback kernels — a 3K-token prefill measured 75 s in bf16 vs 18 s in fp32 on this project's machines."""
+    try:
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():
+            return False
+        flags = open("/proc/cpuinfo").read()
+    except Exception:  # noqa: BLE001 - not Linux or no vLLM platform: keep vLLM's default
+        return False
+    return "avx512_bf16" not in flags and "amx_bf16" not in flags
+
+
 def build_engine_args(
     model: ModelConfig,
     model_path: str,
@@ -91,6 +105,8 @@ def build_engine_args(
         )
     if forced_scripts:
         kwargs["logits_processors"] = [FORCING_PROCESSOR]
+    if "dtype" not in model.engine_kwargs and cpu_lacks_bf16():
+        kwargs["dtype"] = "float32"
     kwargs.update(model.engine_kwargs)
     return AsyncEngineArgs(**kwargs)
 
