@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.conformance, pytest.mark.integration]
+# Claude Code's and OpenClaw's first request carries a ~16-20K-token system prompt and tool set; on two CPU cores
+# its cold prefill on the 32K engine takes 10+ minutes, which does not fit CI's budget. Opt in with
+# SERVE_APP_LONG_CONFORMANCE=1 (any machine with a faster engine, or patience). The Anthropic adapter's behaviour
+# is covered in CI by the SDK tests in tests/integration/test_anthropic_e2e.py.
+pytestmark = [
+    pytest.mark.conformance,
+    pytest.mark.integration,
+    pytest.mark.skipif(os.environ.get("SERVE_APP_LONG_CONFORMANCE") != "1",
+                       reason="long cold prefill on CPU; set SERVE_APP_LONG_CONFORMANCE=1 to run"),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".tools"
