@@ -220,6 +220,6 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int
     stream: bool | None = None
     stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: float | None = Field(default=None, ge=0, le=1)  # Anthropic's own range
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
