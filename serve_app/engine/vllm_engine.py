@@ -74,6 +74,28 @@ def cpu_lacks_bf16() -> bool:
     return "avx512_bf16" not in flags and "amx_bf16" not in flags
 
 
+# At or below this many usable CPUs, vLLM's auto binding (one core reserved for its scheduler process) costs more
+# than it saves: on two cores it leaves one torch thread, and a 6K-token prefill measured 64 s vs 35 s on both.
+SMALL_HOST_CPUS = 4
+
+
+def cpu_thread_env(cpus: set[int], environ: dict[str, str]) -> dict[str, str]:
+    """Env for a CPU engine on a small host: bind its OpenMP threads to every usable CPU instead of reserving one.
+    Empty where the operator chose a binding or the host is big enough for vLLM's own choice."""
+    if "VLLM_CPU_OMP_THREADS_BIND" in environ or not cpus or len(cpus) > SMALL_HOST_CPUS:
+        return {}
+    return {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in sorted(cpus))}
+
+
+def _on_cpu_platform() -> bool:
+    try:
+        from vllm.platforms import current_platform
+
+        return current_platform.is_cpu()
+    except Exception:  # noqa: BLE001 - no vLLM platform: nothing to tune
+        return False
+
+
 def build_engine_args(
     model: ModelConfig,
     model_path: str,
@@ -127,7 +149,10 @@ class VLLMEngine:
     def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        for key, value in self.model.engine_env.items():
+        env = dict(self.model.engine_env)
+        if _on_cpu_platform():
+            env = {**cpu_thread_env(os.sched_getaffinity(0), {**os.environ, **env}), **env}
+        for key, value in env.items():
             os.environ[key] = value
         args = build_engine_args(
             self.model,
