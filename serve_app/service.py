@@ -196,9 +196,36 @@ class GenerationService:
 
     async def prepare(self, conv: Conversation, opts: GenerationOptions, model_id: str) -> PreparedRequest:
         renderer, model = await self.renderer_for(model_id)
+        # The slot is taken before the first await: a burst whose checks all ran before any render finished
+        # would otherwise slip past the limit together (seen in the overload fault test).
+        release = self._admit()
+        try:
+            prepared = await self._prepare_admitted(renderer, model, conv, opts, model_id)
+        except BaseException:
+            release()
+            raise
+        prepared._release = release
+        weakref.finalize(prepared, release)  # an adapter that fails before streaming still frees the slot
+        return prepared
+
+    def _admit(self):
+        """Count one request in flight, or refuse it fast with a retry-after; returns the idempotent release."""
         limit = self.settings.ingress.max_inflight_requests
         if limit and self._inflight >= limit:
             raise Overloaded(retry_after=1.0)
+        self._inflight += 1
+        metrics.set_queue_depth("ingress", self._inflight)
+        released = [False]
+
+        def release() -> None:
+            if not released[0]:
+                released[0] = True
+                self._inflight -= 1
+                metrics.set_queue_depth("ingress", self._inflight)
+
+        return release
+
+    async def _prepare_admitted(self, renderer, model, conv, opts, model_id) -> PreparedRequest:
         started = time.monotonic()
         rendered = await renderer.render(conv, opts)
         n = len(rendered.token_ids)
@@ -221,19 +248,6 @@ class GenerationService:
             tool_schemas=tool_schemas(conv.tools),
             created=started,
         )
-        # Admission counts from here, not from the first token, so a burst cannot all slip past the limit.
-        self._inflight += 1
-        metrics.set_queue_depth("ingress", self._inflight)
-        released = [False]
-
-        def release() -> None:
-            if not released[0]:
-                released[0] = True
-                self._inflight -= 1
-                metrics.set_queue_depth("ingress", self._inflight)
-
-        prepared._release = release
-        weakref.finalize(prepared, release)  # an adapter that fails before streaming still frees the slot
         return prepared
 
     # -- generation -----------------------------------------------------------------------------------------

@@ -134,6 +134,11 @@ class RouterCore:
             self.loads[rid] = ReplicaLoad()
             self.index.ensure(rid)
 
+    def set_policy(self, policy: str) -> None:
+        """Switch the policy at run time; the KV index, loads and in-flight requests are kept."""
+        self._policy = make_policy(policy)
+        self.policy = policy
+
     def _forget(self, rid: str) -> None:
         self.loads.pop(rid, None)
         self.index.drop(rid)

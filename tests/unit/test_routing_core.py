@@ -112,6 +112,17 @@ def test_round_robin_cycles():
     assert [c.choose(req(str(i), PROMPT)).replica_id for i in range(4)] == ["a", "b", "c", "a"]
 
 
+def test_set_policy_switches_scoring_and_keeps_the_index():
+    c = core("round_robin")
+    c.blocks_stored("b", block_hashes(PROMPT, BS))
+    assert c.choose(req("1", PROMPT)).replica_id == "a"  # round robin ignores b's cache
+    c.set_policy("kv")
+    assert c.policy == "kv"
+    assert c.choose(req("2", PROMPT)).replica_id == "b"  # the index survived the switch
+    with pytest.raises(ValueError):
+        c.set_policy("nope")
+
+
 def test_least_loaded_ignores_cache():
     c = core("least_loaded")
     c.blocks_stored("a", block_hashes(PROMPT, BS))

@@ -216,6 +216,35 @@ def test_overload_is_refused_at_once_and_admission_counts_from_prepare():
     assert svc._inflight == 0
 
 
+class SlowRenderer(StubRenderer):
+    """Yields to the event loop while rendering, as the real renderer's worker thread does."""
+
+    async def render(self, conv, opts):
+        await asyncio.sleep(0.01)
+        return await super().render(conv, opts)
+
+
+def test_a_concurrent_burst_cannot_slip_past_the_admission_limit():
+    svc = make_service(ReplayEngines(), ingress={"max_inflight_requests": 3})
+    svc._renderers["m"] = SlowRenderer(100)
+
+    async def burst():
+        return await asyncio.gather(*(svc.prepare(conv(), GenerationOptions(), "m") for _ in range(10)),
+                                    return_exceptions=True)
+
+    results = run(burst())
+    admitted = [r for r in results if not isinstance(r, Exception)]
+    assert len(admitted) == 3 and svc._inflight == 3
+    assert all(isinstance(r, Overloaded) for r in results if isinstance(r, Exception))
+
+
+def test_a_request_refused_after_admission_frees_its_slot():
+    svc = make_service(ReplayEngines(), n_tokens=5000, ingress={"max_inflight_requests": 1})
+    with pytest.raises(PromptTooLong):
+        run(svc.prepare(conv(), GenerationOptions(), "m"))
+    assert svc._inflight == 0
+
+
 def test_zero_max_tokens_is_invalid():
     svc = make_service(ReplayEngines())
     with pytest.raises(InvalidRequest):
