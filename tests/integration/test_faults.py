@@ -4,7 +4,8 @@
 - property-based fuzzing of every endpoint's request schema (hypothesis): never a 5xx, 4xx in the right envelope;
 - a disconnect storm: 100 streams over the three APIs dropped mid-way leave no running engine request;
 - an overload burst beyond the caps of a small second app: fast 429/529 with retry-after, no hang, still healthy;
-- an engine replica killed mid-stream: in-flight streams end with a protocol-correct error, later requests succeed.
+- an engine replica killed mid-stream: in-flight streams end with a protocol-correct error, later requests succeed;
+- graceful shutdown: deleting the app while streams run lets them finish whole before the replicas go.
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def test_disconnect_storm_leaves_no_running_engine_request(serve_url, engine_han
 # -- a second, small app: overload caps and an engine replica kill -------------------------------------------
 
 SMALL_APP = "faults"
+GRACE_S = 120  # the small app's graceful_shutdown_timeout_s: running streams get this long to finish
 
 
 @pytest.fixture(scope="module")
@@ -240,10 +242,11 @@ def small_app(serve_url, serve_config):
 
     args = copy.deepcopy(serve_config["applications"][0]["args"])
     base = next(m for m in args["models"] if m["id"] == "smollm2-135m-instruct")
-    base["deployment"] = {"max_ongoing_requests": 2, "max_queued_requests": 2, "num_replicas": 1}
+    base["deployment"] = {"max_ongoing_requests": 2, "max_queued_requests": 2, "num_replicas": 1,
+                          "graceful_shutdown_timeout_s": GRACE_S}
     args["models"] = [base]
     args["ingress"] = {**args.get("ingress", {}), "max_inflight_requests": 6,
-                       "deployment": {"num_replicas": 1}}
+                       "deployment": {"num_replicas": 1, "graceful_shutdown_timeout_s": GRACE_S}}
     serve.run(build_app(args), name=SMALL_APP, route_prefix=f"/{SMALL_APP}")
     url = f"{serve_url}/{SMALL_APP}"
     deadline = time.monotonic() + 600
@@ -257,7 +260,8 @@ def small_app(serve_url, serve_config):
     else:
         raise RuntimeError("the small app did not become healthy")
     yield url
-    serve.delete(SMALL_APP)
+    if SMALL_APP in serve.status().applications:  # the graceful-shutdown test deletes it itself
+        serve.delete(SMALL_APP)
 
 
 async def _consume(client: httpx.AsyncClient, url: str, api: str, script: str, max_tokens: int):
@@ -347,3 +351,44 @@ def test_engine_replica_killed_mid_stream(small_app):
             time.sleep(2)
         _healthy(c)
     assert engine_actors() and engine_actors()[0]["name"] != victim["name"]
+
+
+def test_graceful_shutdown_lets_running_streams_finish(small_app):
+    """Deleting the app (what a rolling update or a scale-down does to a replica) stops new work but lets the
+    streams already running end normally, whole, within graceful_shutdown_timeout_s."""
+    from ray import serve
+
+    script = " ".join(f"w{i}" for i in range(150))
+    results: dict[str, list[str]] = {}
+
+    async def stream_then_delete():
+        async with httpx.AsyncClient(timeout=GRACE_S + 60) as c:
+            started = asyncio.Event()
+
+            async def watch(api):
+                path, body = _stream_body(api, script, 400)
+                async with c.stream("POST", small_app + path, json=body) as resp:
+                    assert resp.status_code == 200
+                    lines = []
+                    async for line in resp.aiter_lines():
+                        lines.append(line)
+                        if _is_delta(line):
+                            started.set()
+                    results[api] = lines
+
+            tasks = [asyncio.create_task(watch(a)) for a in ("anthropic", "chat")]
+            await asyncio.wait_for(started.wait(), 120)
+            deleting = asyncio.create_task(asyncio.to_thread(serve.delete, SMALL_APP))
+            await asyncio.wait_for(asyncio.gather(*tasks), GRACE_S)
+            await asyncio.wait_for(deleting, GRACE_S + 60)
+
+    asyncio.run(stream_then_delete())
+    anthropic = "\n".join(results["anthropic"])
+    assert "event: message_stop" in anthropic and "event: error" not in anthropic
+    text = "".join(json.loads(line[5:])["delta"].get("text", "") for line in results["anthropic"]
+                   if line.startswith("data:") and '"content_block_delta"' in line)
+    assert text.split() == script.split()
+    chat = results["chat"]
+    assert chat[-1] == "data: [DONE]" or "data: [DONE]" in chat
+    assert not any('"error"' in line for line in chat)
+    assert SMALL_APP not in serve.status().applications
