@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from serve_app.protocols.tags import type_discriminator
+
 
 class _Open(BaseModel):
     # extra="allow": new Claude Code fields must never break a request (cline#261, CLIProxyAPI#512).
@@ -89,9 +91,7 @@ class UnknownBlock(_Open):
     type: str
 
 
-def _result_block_tag(v: Any) -> str:
-    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if t in ("text", "image", "document") else "unknown"
+_result_block_tag = type_discriminator(("text", "image", "document"), "unknown")
 
 
 ToolResultContentBlock = Annotated[
@@ -126,23 +126,11 @@ class RedactedThinkingBlock(_Open):
     cache_control: CacheControl | None = None
 
 
-_KNOWN_BLOCKS = {
-    "text",
-    "image",
-    "document",
-    "tool_use",
-    "server_tool_use",
-    "tool_result",
-    "thinking",
-    "redacted_thinking",
-}
-
-
-def _block_tag(v: Any) -> str:
-    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    if t == "server_tool_use":
-        return "tool_use"
-    return t if t in _KNOWN_BLOCKS else "unknown"
+_block_tag = type_discriminator(
+    ("text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking"),
+    "unknown",
+    aliases={"server_tool_use": "tool_use"},
+)
 
 
 ContentBlock = Annotated[

@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from serve_app.protocols.tags import type_discriminator
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -101,9 +103,7 @@ class OtherItem(_Open):
 _KNOWN = {"message", "reasoning", "function_call", "function_call_output", "custom_tool_call", "custom_tool_call_output"}
 
 
-def _item_tag(v: Any) -> str:
-    t = v.get("type", "message") if isinstance(v, dict) else getattr(v, "type", "message")
-    return t if isinstance(t, str) and t in _KNOWN else "other"  # a non-string type must not raise TypeError
+_item_tag = type_discriminator(_KNOWN, "other", missing="message")  # an item without `type` is a message
 
 
 InputItem = Annotated[
@@ -144,9 +144,7 @@ class OtherTool(_Open):
     type: str  # local_shell, web_search, tool_search, image_generation, namespace, ...
 
 
-def _tool_tag(v: Any) -> str:
-    t = v.get("type") if isinstance(v, dict) else getattr(v, "type", None)
-    return t if isinstance(t, str) and t in ("function", "custom") else "other"
+_tool_tag = type_discriminator(("function", "custom"), "other")
 
 
 ToolDef = Annotated[
