@@ -39,8 +39,7 @@ def _engine_options(model: ModelConfig, key: str) -> dict[str, Any]:
     return opts
 
 
-def _small_options(options, default_cpus: float = 0.0) -> dict[str, Any]:
-    opts = options.serve_options()
+def _small_options(opts: dict[str, Any], default_cpus: float = 0.0) -> dict[str, Any]:
     actor = dict(opts.pop("ray_actor_options", {}) or {})
     actor.setdefault("num_cpus", default_cpus)
     opts["ray_actor_options"] = actor
@@ -54,7 +53,8 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         if m.model_source in EMBEDDED:
             ensure_model(m.model_source, settings.model_cache_dir)
 
-    router = Router.options(**_small_options(settings.router.deployment)).bind(settings.router.model_dump())
+    router_opts = _small_options(settings.router.deployment.serve_options())
+    router = Router.options(**router_opts).bind(settings.router.model_dump())
 
     engines: dict[str, Any] = {}
     for m in settings.models:
@@ -73,7 +73,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     # One secret for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of them.
     secret = (settings.ingress.server_secret or secrets.token_hex(32)).encode()
     extras = _extras(settings)
-    return Ingress.options(**_small_options(settings.ingress.deployment)).bind(
+    return Ingress.options(**_small_options(settings.ingress.serve_options())).bind(
         settings.model_dump(), secret, engines, router, extras
     )
 

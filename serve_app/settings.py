@@ -8,7 +8,7 @@ with the field's path in the message.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -112,6 +112,28 @@ class IngressConfig(_Strict):
     response_store_max_items: int = 10_000
     response_store_ttl_s: float = 3600.0
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
+
+    # Serve's own cap on an ingress replica (its default is 5) must sit above max_inflight_requests: otherwise the
+    # excess waits in Serve's queue, unseen by admission, instead of getting a fast 529 in the API's envelope.
+    # The headroom carries the cheap calls (health, models, count_tokens) and the refusals themselves.
+    OVERLOAD_HEADROOM: ClassVar[int] = 64
+
+    @model_validator(mode="after")
+    def _serve_cap_above_admission(self) -> "IngressConfig":
+        cap = self.deployment.max_ongoing_requests
+        if self.max_inflight_requests and cap is not None and cap <= self.max_inflight_requests:
+            raise ValueError(
+                f"ingress.deployment.max_ongoing_requests ({cap}) must exceed ingress.max_inflight_requests "
+                f"({self.max_inflight_requests}), or overload queues in Serve instead of being refused with 529"
+            )
+        return self
+
+    def serve_options(self) -> dict[str, Any]:
+        """The ingress deployment's Serve options, with max_ongoing_requests defaulted above admission."""
+        opts = self.deployment.serve_options()
+        if "max_ongoing_requests" not in opts:
+            opts["max_ongoing_requests"] = (self.max_inflight_requests or 1024) + self.OVERLOAD_HEADROOM
+        return opts
 
 
 class TestingConfig(_Strict):

@@ -66,3 +66,23 @@ def test_deployment_options_pass_through():
     )
     opts = s.models[0].deployment.serve_options()
     assert opts == {"num_replicas": 2, "max_queued_requests": 10, "ray_actor_options": {"num_cpus": 1}}
+
+
+def test_ingress_serve_cap_defaults_above_admission():
+    from serve_app.settings import IngressConfig
+
+    # Serve's default of 5 ongoing requests per replica would queue the overflow where admission cannot see it.
+    assert IngressConfig().serve_options()["max_ongoing_requests"] == 256 + IngressConfig.OVERLOAD_HEADROOM
+    assert IngressConfig(max_inflight_requests=6).serve_options()["max_ongoing_requests"] > 6
+    explicit = IngressConfig(max_inflight_requests=6, deployment={"max_ongoing_requests": 100})
+    assert explicit.serve_options()["max_ongoing_requests"] == 100
+
+
+def test_ingress_serve_cap_at_or_below_admission_is_rejected():
+    import pytest
+    from pydantic import ValidationError
+
+    from serve_app.settings import IngressConfig
+
+    with pytest.raises(ValidationError, match="must exceed"):
+        IngressConfig(max_inflight_requests=10, deployment={"max_ongoing_requests": 10})
