@@ -73,7 +73,7 @@ def test_agent_says_ok(openclaw, serve_url, tmp_path):
     env = {
         "PATH": f"{NODE.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "HOME": str(home),
-        "OPENCLAW_HOME": str(home / ".openclaw"),
+        "OPENCLAW_HOME": str(home),  # OpenClaw keeps its state in $OPENCLAW_HOME/.openclaw
         "NO_COLOR": "1",
     }
     r = subprocess.run([*openclaw, "agent", "--local", "--agent", "main", "--session-id", "t1", "-m", "Say ok",
