@@ -85,7 +85,10 @@ class EngineClient(Protocol):
 
     def release(self, engine_key: str, request_id: str) -> None: ...
 
-    def generate(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]: ...
+    async def open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """The request's chunks, returned once a replica has taken it; raises (e.g. Serve's BackPressureError)
+        when none will, before anything has been streamed."""
+        ...
 
 
 def engine_key(model: ModelConfig) -> str:
@@ -310,8 +313,6 @@ class GenerationService:
                 session_key=prepared.options.session_key,
             )
             decision = await self.engines.choose(key, route)
-            predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
-            yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
 
             engine_req = self._engine_request(prepared, renderer)
             if decision is not None:
@@ -327,7 +328,11 @@ class GenerationService:
             warm = prepared.options.hints.speculative_prefill
             generated: list[int] = []  # kept only to warm the next turn's prefix
             last: EngineChunk | None = None
-            chunks = self.engines.generate(key, engine_req)
+            # Opened before anything is yielded: an engine that refuses (queue full) fails the request while the
+            # adapter can still answer with a plain 429/529 instead of an in-stream error.
+            chunks = await self.engines.open(key, engine_req)
+            predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
+            yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
             async for chunk in chunks:
                 last = chunk
                 if chunk.num_cached_tokens is not None:
@@ -391,7 +396,7 @@ class GenerationService:
 
         async def run() -> None:
             try:
-                async for _ in self.engines.generate(key, warm):
+                async for _ in await self.engines.open(key, warm):
                     pass
             except Exception as e:  # noqa: BLE001 - warming is best effort
                 log.debug("speculative prefill failed: %s", e)

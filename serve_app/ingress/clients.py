@@ -54,8 +54,20 @@ class ServeEngineClient:
             except Exception:  # noqa: BLE001
                 pass
 
-    async def generate(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+    async def open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Start the call and return its chunks once a replica has taken it. The Engine deployment's first
+        chunk is an empty acceptance, so a full engine queue (Serve's BackPressureError) is raised here, before
+        the ingress has committed a response head, and becomes a plain 429/529."""
         gen = self._engines[engine_key].options(stream=True).generate.remote(req)
+        try:
+            await gen.__anext__()  # the acceptance chunk
+        except BaseException:
+            gen.cancel()
+            raise
+        return self._rest(gen)
+
+    @staticmethod
+    async def _rest(gen) -> AsyncIterator[EngineChunk]:
         finished = False
         try:
             async for chunk in gen:

@@ -60,3 +60,44 @@ async def with_keepalive(source: AsyncIterator[T], interval: float) -> AsyncIter
         aclose = getattr(it, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class _Empty:
+    pass
+
+
+EMPTY = _Empty()  # what `peek` returns as the first item of a stream that yielded nothing
+
+
+async def peek(stream: AsyncIterator[T]) -> tuple[T | _Empty, AsyncIterator[T]]:
+    """Await the first item, and return it with an iterator that yields it again and then the rest.
+
+    A route peeks before it commits a response head, so a refusal that comes before any output (an overloaded
+    engine, a failed route) keeps its HTTP status, which clients retry more readily than an in-stream error.
+    """
+    try:
+        first = await stream.__anext__()
+    except StopAsyncIteration:
+        return EMPTY, stream
+    return first, _Replayed(first, stream)
+
+
+class _Replayed:
+    """`first`, then the rest of `stream`; closing it closes `stream` even if it was never iterated."""
+
+    def __init__(self, first, stream):
+        self._first, self._stream, self._pending = first, stream, True
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._pending:
+            self._pending = False
+            return self._first
+        return await self._stream.__anext__()
+
+    async def aclose(self) -> None:
+        aclose = getattr(self._stream, "aclose", None)
+        if aclose is not None:
+            await aclose()

@@ -135,6 +135,33 @@ def test_keepalive_close_propagates():
     assert state["closed"]
 
 
+def test_peek_replays_the_first_item_and_closing_closes_the_source():
+    state = {"closed": False}
+
+    async def source():
+        try:
+            for i in range(3):
+                yield i
+        finally:
+            state["closed"] = True
+
+    async def run():
+        first, it = await sse.peek(source())
+        assert first == 0 and [x async for x in it] == [0, 1, 2]
+        state["closed"] = False
+        first, it = await sse.peek(source())
+        await it.aclose()  # closed before it was ever iterated: the source must still be closed
+        assert state["closed"]
+        empty_first, _ = await sse.peek(nothing())
+        return empty_first
+
+    async def nothing():
+        return
+        yield
+
+    assert asyncio.run(run()) is sse.EMPTY
+
+
 def test_frames():
     assert sse.frame({"a": 1}, "ping") == b'event: ping\ndata: {"a":1}\n\n'
     assert sse.frame({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode()

@@ -54,6 +54,7 @@ class ReplayEngines:
         self.released = []
         self.prefilled_ids = []
         self.closed = False
+        self.refuse = None  # an exception open() raises: the engine would not take the request
 
     async def block_size(self, key):
         return 16
@@ -67,8 +68,13 @@ class ReplayEngines:
     def prefilled(self, key, request_id):
         self.prefilled_ids.append(request_id)
 
-    async def generate(self, key, req):
+    async def open(self, key, req):
+        if self.refuse is not None:
+            raise self.refuse
         self.requests.append(req)
+        return self._chunks()
+
+    async def _chunks(self):
         try:
             for i, c in enumerate(self.chunks):
                 if self.fail_after is not None and i == self.fail_after:
@@ -158,6 +164,20 @@ def test_engine_failure_mid_stream_is_a_finish_error_and_releases():
     assert events[-1].reason == "error" and "replica died" in events[-1].error
     assert engines.released == [p.request_id] and engines.closed
     assert svc._inflight == 0
+
+
+def test_an_engine_that_refuses_fails_before_any_output_and_releases():
+    class BackPressureError(Exception):  # named like Serve's: classified as overload by its name
+        pass
+
+    engines = ReplayEngines([EngineChunk("a", [1], finish_reason="stop")])
+    engines.refuse = BackPressureError("queue full")
+    svc = make_service(engines)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    events = run(collect(svc, p))
+    # Nothing before the Finish, so a route that peeks the first event can still answer 529.
+    assert len(events) == 1 and events[0].reason == "error" and events[0].error_kind == "overloaded"
+    assert engines.released == [p.request_id] and svc._inflight == 0
 
 
 def test_router_unavailable_still_serves():

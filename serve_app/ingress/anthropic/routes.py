@@ -71,11 +71,8 @@ async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx
         return JSONResponse(message, headers={"request-id": rid})
 
     stream = sse.with_keepalive(ctx.service.stream(prepared), ctx.settings.ingress.ping_interval_s)
-    # The first event (the routed Usage) comes within the router's timeout. A refusal that arrives before any
-    # output (overload at routing) keeps its HTTP status, which clients retry more readily than an in-stream error.
-    try:
-        first = await stream.__anext__()
-    except StopAsyncIteration:
+    first, stream = await sse.peek(stream)
+    if first is sse.EMPTY:
         first = Finish("error", error="the generation ended before it started", error_kind="api_error")
     if isinstance(first, Finish) and first.reason == "error":
         await stream.aclose()
@@ -83,15 +80,7 @@ async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx
 
     async def frames():
         try:
-            pending = [first]
-            while True:
-                if pending:
-                    ev = pending.pop()
-                else:
-                    try:
-                        ev = await stream.__anext__()
-                    except StopAsyncIteration:
-                        break
+            async for ev in stream:
                 out = encoder.ping() if ev is None else encoder.event(ev)
                 if out:
                     yield to_frames(out)  # each event leaves as produced: no batching in front of the client

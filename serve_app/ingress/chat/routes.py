@@ -39,9 +39,16 @@ async def chat_completions(request: Request, ctx: IngressContext = Depends(get_c
         dispatch=ing.tool_dispatch,
     )
 
+    stream = sse.with_keepalive(ctx.service.stream(prepared), ing.ping_interval_s)
+    first, stream = await sse.peek(stream)
+    if first is sse.EMPTY or (isinstance(first, Finish) and first.reason == "error"):
+        await stream.aclose()
+        if first is sse.EMPTY:
+            raise ServiceError("api_error", "the generation ended before it started")
+        raise ServiceError(first.error_kind or "api_error", first.error or "engine error")
+
     async def frames():
-        yield encoder.start()  # the first frame leaves at once: no batching timer in front of the first token
-        stream = sse.with_keepalive(ctx.service.stream(prepared), ing.ping_interval_s)
+        yield encoder.start()
         try:
             async for ev in stream:
                 if ev is None:
