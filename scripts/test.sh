@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
-exec .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=15 "$@" tests
+exec .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=30 "$@" tests

@@ -289,7 +289,7 @@ def test_overload_burst_is_answered_fast_with_retry_after(small_app):
     async def burst():
         async with httpx.AsyncClient(timeout=httpx.Timeout(180), limits=httpx.Limits(max_connections=100)) as c:
             return await asyncio.wait_for(asyncio.gather(
-                *(_consume(c, small_app, apis[i % 3], "tok " * 60, 80) for i in range(40))), timeout=300)
+                *(_consume(c, small_app, apis[i % 3], "tok " * 24, 30) for i in range(40))), timeout=300)
 
     results = asyncio.run(burst())  # wait_for: no request may hang
     refused = [r for r in results if r[0] != 200]

