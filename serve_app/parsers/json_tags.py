@@ -22,6 +22,7 @@ import regex
 
 from serve_app.parsers.jsonscan import AFTER, ERROR, NEED_MORE, JsonScanner
 from serve_app.parsers.markers import Matcher
+from serve_app.parsers.section import HELD, SectionEngine
 from serve_app.parsers.sink import Sink
 
 _WS = re.compile(r"\s*")
@@ -64,7 +65,9 @@ def _tail_scanner() -> JsonScanner:
     return s
 
 
-class JsonTagsEngine:
+class JsonTagsEngine(SectionEngine):
+    OVER = OVER
+
     def __init__(self, fmt: JsonTagsFormat):
         self.fmt = fmt
         self.sec_m = Matcher([m for m in (fmt.call_start, fmt.section_end) if m])
@@ -107,17 +110,6 @@ class JsonTagsEngine:
         self.wrapped = self.fmt.head_end is None or self.in_list
         self.state = WRAP_HEAD if self.wrapped else NAME_HEAD
 
-    def _degrade(self, sink: Sink, rest: str) -> str:
-        """The call is not one: its opening marker becomes text and everything after it is scanned again as
-        top-level text (so the outcome does not depend on where the deltas were split)."""
-        k = self.mark_idx + 1
-        sink.plain("".join(self.raw[:k]))
-        rest = "".join(self.raw[k:]) + rest
-        self.raw = []
-        self.degraded = True
-        self.state = OVER
-        return rest
-
     def _finished_call(self) -> int:
         """State after a complete call."""
         self.raw = []
@@ -145,15 +137,12 @@ class JsonTagsEngine:
             if i >= n and st not in (WRAP_HEAD, NAME_HEAD):
                 return None
             if st == SEC:
-                p, mk = self.sec_m.search(t, i)
-                stop = p if p >= 0 else self.sec_m.hold_start(t, i)
-                if t[i:stop].strip():  # not a call where one must be: the markup was text, rescanned as such
-                    return self._degrade(sink, t[i:])
-                self.raw.append(t[i:stop])
-                if p < 0:
-                    self.hold = t[stop:]
+                found = self.seek_marker(t, i, sink)
+                if found is HELD:
                     return None
-                i = p + len(mk)
+                if isinstance(found, str):
+                    return found
+                mk, i = found
                 if mk == f.section_end:
                     self.state = OVER
                     continue
@@ -169,7 +158,7 @@ class JsonTagsEngine:
                 if st == WRAP_HEAD:
                     m = _WRAP_HEAD.match(self.head, partial=True)
                     if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
-                        return self._degrade(sink, self.head)
+                        return self.degrade(sink, self.head)
                     if m.partial:
                         return None
                     end = m.end()
@@ -179,7 +168,7 @@ class JsonTagsEngine:
                         try:
                             self.name = json.loads('"' + m.group(1) + '"')
                         except ValueError:
-                            return self._degrade(sink, self.head)
+                            return self.degrade(sink, self.head)
                 else:
                     p, mk = self.head_m.search(self.head, max(0, old - len(f.head_end) + 1))
                     if p > HEAD_CAP:
@@ -187,13 +176,13 @@ class JsonTagsEngine:
                     if p < 0:
                         if len(self.head) > HEAD_CAP or (self.head_re and not self.head_re.fullmatch(
                                 self.head, 0, self.head_m.hold_start(self.head), partial=True)):
-                            return self._degrade(sink, self.head)
+                            return self.degrade(sink, self.head)
                         return None
                     end = p + len(mk)
                     ok = self.head_re is None or self.head_re.fullmatch(self.head, 0, p)
                     parsed = ok and (f.name_of(self.head[:p]) if f.name_of else (self.head[:p].strip(), None))
                     if not parsed or not parsed[0]:
-                        return self._degrade(sink, self.head)
+                        return self.degrade(sink, self.head)
                     self.name, self.model_id = parsed
                 self.raw.append(self.head[:end])
                 t, i = self.head[end:], 0
@@ -221,11 +210,11 @@ class JsonTagsEngine:
                     self.argbuf = []
                     self.state = ARGS_BUF
                 else:
-                    return self._degrade(sink, t[i:])
+                    return self.degrade(sink, t[i:])
             elif st == ARGS:
                 r = self.scan.feed(t, i)
                 if r == ERROR:  # the streamed prefix stays without an End: the call is abandoned
-                    return self._degrade(sink, t[i:])
+                    return self.degrade(sink, t[i:])
                 seg = t[i:] if r == NEED_MORE else t[i:r]
                 sink.args(self.idx, seg)
                 self.raw.append(seg)
@@ -241,7 +230,7 @@ class JsonTagsEngine:
             elif st == ARGS_BUF:
                 r = self.scan.feed(t, i)
                 if r == ERROR:
-                    return self._degrade(sink, t[i:])
+                    return self.degrade(sink, t[i:])
                 seg = t[i:] if r == NEED_MORE else t[i:r]
                 self.argbuf.append(seg)
                 self.raw.append(seg)
@@ -256,7 +245,7 @@ class JsonTagsEngine:
                     except (ValueError, TypeError):
                         ok = False
                     if not ok:
-                        return self._degrade(sink, t[i:])
+                        return self.degrade(sink, t[i:])
                     self.argbuf = [inner]
                 if self.name:
                     self.idx = sink.start(self.name, self.model_id)
@@ -283,13 +272,13 @@ class JsonTagsEngine:
                 t, i = "", 0
                 m = _WRAP_TAIL_NAME.match(self.head, partial=True)
                 if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
-                    return self._degrade(sink, self.head)
+                    return self.degrade(sink, self.head)
                 if m.partial:
                     return None
                 try:
                     self.name = json.loads('"' + m.group(1) + '"')
                 except ValueError:
-                    return self._degrade(sink, self.head)
+                    return self.degrade(sink, self.head)
                 t, i = self.head[m.end():], 0
                 idx = sink.start(self.name)
                 sink.args(idx, "".join(self.argbuf))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from serve_app.parsers.jsonscan import json_string_chunk
 from serve_app.parsers.markers import Matcher
 from serve_app.parsers.schema import ToolSchemas, coerce, decode_or_string
+from serve_app.parsers.section import HELD, SectionEngine
 from serve_app.parsers.sink import Sink
 
 HEAD_CAP = 512
@@ -67,7 +68,9 @@ class XmlFormat:
 SEC, FHEAD, FBODY, PHEAD, VOPEN, PVAL, OVER = range(7)
 
 
-class XmlEngine:
+class XmlEngine(SectionEngine):
+    OVER = OVER
+
     def __init__(self, fmt: XmlFormat, schemas: ToolSchemas):
         self.fmt = fmt
         self.schemas = schemas
@@ -103,17 +106,6 @@ class XmlEngine:
 
     def eof(self, sink: Sink) -> None:
         """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed."""
-
-    def _degrade(self, sink: Sink, rest: str) -> str:
-        """Not a call: the section marker (if this call opened the section) becomes text and everything after it
-        is scanned again as top-level text, so the outcome does not depend on where the deltas were split."""
-        k = self.mark_idx + 1
-        sink.plain("".join(self.raw[:k]))
-        rest = "".join(self.raw[k:]) + rest
-        self.raw = []
-        self.degraded = True
-        self.state = OVER
-        return rest
 
     # -- call pieces --------------------------------------------------------------------------------------------
     def _start_value(self, sink: Sink, head: str) -> None:
@@ -179,15 +171,12 @@ class XmlEngine:
             if i >= n:
                 return None
             if st == SEC:
-                p, mk = self.sec_m.search(t, i)
-                stop = p if p >= 0 else self.sec_m.hold_start(t, i)
-                if t[i:stop].strip():  # not a call where one must be: the markup was text, rescanned as such
-                    return self._degrade(sink, t[i:])
-                self.raw.append(t[i:stop])
-                if p < 0:
-                    self.hold = t[stop:]
+                found = self.seek_marker(t, i, sink)
+                if found is HELD:
                     return None
-                i = p + len(mk)
+                if isinstance(found, str):
+                    return found
+                mk, i = found
                 if mk == f.section_end:
                     self.state = OVER
                 else:
@@ -204,7 +193,7 @@ class XmlEngine:
                 if p < 0:
                     if len(self.head) > HEAD_CAP:
                         if st == FHEAD:
-                            return self._degrade(sink, self.head)
+                            return self.degrade(sink, self.head)
                         self.state = OVER  # an unreadable parameter head inside a committed call: abandon it
                         return self.head
                     return None
@@ -215,7 +204,7 @@ class XmlEngine:
                     name = f.name_of(head)
                     if not name:
                         self.raw.append(head)
-                        return self._degrade(sink, mk + rest)
+                        return self.degrade(sink, mk + rest)
                     self.fname = name
                     self.idx = sink.start(name)
                     self.raw, self.mark_idx = [], -1

@@ -1,0 +1,43 @@
+"""What the tag engines (json_tags, xml_tags) share: finding the next call marker inside a tool-call section, and
+giving up on markup that turns out not to be a call."""
+
+from __future__ import annotations
+
+from serve_app.parsers.markers import Matcher
+from serve_app.parsers.sink import Sink
+
+HELD = object()  # `seek_marker`: the text ends inside what may be a marker; wait for more
+
+
+class SectionEngine:
+    """Subclasses set `sec_m` (a Matcher over the call and section-end markers) and keep, per call, `raw` (the text
+    consumed so far, released as text if the call proves malformed), `mark_idx` (where in `raw` the marker that
+    must become text sits), `hold` (a possible partial marker), `state`, `degraded`, and an OVER state."""
+
+    sec_m: Matcher
+    OVER: int
+
+    def seek_marker(self, t: str, i: int, sink: Sink) -> tuple[str, int] | str | object:
+        """Between calls only whitespace may stand before the next marker. Returns (marker, index after it);
+        HELD when the text ends inside a possible marker (kept in `hold`); or, when something else stands
+        there, the text to rescan as plain text (the engine has degraded)."""
+        p, mk = self.sec_m.search(t, i)
+        stop = p if p >= 0 else self.sec_m.hold_start(t, i)
+        if t[i:stop].strip():  # not a call where one must be: the markup was text, rescanned as such
+            return self.degrade(sink, t[i:])
+        self.raw.append(t[i:stop])
+        if p < 0:
+            self.hold = t[stop:]
+            return HELD
+        return mk, p + len(mk)
+
+    def degrade(self, sink: Sink, rest: str) -> str:
+        """Not a call: the marker that opened it becomes text and everything after it is scanned again as
+        top-level text, so the outcome does not depend on where the deltas were split."""
+        k = self.mark_idx + 1
+        sink.plain("".join(self.raw[:k]))
+        rest = "".join(self.raw[k:]) + rest
+        self.raw = []
+        self.degraded = True
+        self.state = self.OVER
+        return rest
