@@ -17,8 +17,8 @@ import pytest
 
 from npm_tools import TOOLS, npm_install
 
-# The first request carries a ~16-20K-token system prompt and tool set: its cold prefill on the 32K engine takes
-# about 9 minutes on two CPU cores, the longest single step of CI. It runs anyway: it is the request users send.
+# The agent's first request (system prompt and tools, several thousand tokens) is a cold prefill on the 32K engine:
+# about 2.5 minutes on two CPU cores in CI. It runs anyway: it is the request users send.
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
 NODE_PREFIX = TOOLS / "node24"
