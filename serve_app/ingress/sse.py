@@ -6,6 +6,9 @@ import asyncio
 import json
 from typing import Any, AsyncIterator, TypeVar
 
+from serve_app.conversation import Finish
+from serve_app.errors import ServiceError
+
 T = TypeVar("T")
 
 SSE_HEADERS = {
@@ -67,6 +70,15 @@ class _Empty:
 
 
 EMPTY = _Empty()  # what `peek` returns as the first item of a stream that yielded nothing
+
+
+def refusal(first) -> ServiceError | None:
+    """The error to answer with, when a peeked stream ended or failed before producing anything."""
+    if first is EMPTY:
+        return ServiceError("api_error", "the generation ended before it started")
+    if isinstance(first, Finish) and first.reason == "error":
+        return ServiceError(first.error_kind or "api_error", first.error or "engine error")
+    return None
 
 
 async def peek(stream: AsyncIterator[T]) -> tuple[T | _Empty, AsyncIterator[T]]:

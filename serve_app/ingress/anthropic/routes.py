@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve_app.conversation import Finish
 from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.anthropic.convert import count_tokens_request, messages_request, to_conversation
@@ -72,11 +71,10 @@ async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx
 
     stream = sse.with_keepalive(ctx.service.stream(prepared), ctx.settings.ingress.ping_interval_s)
     first, stream = await sse.peek(stream)
-    if first is sse.EMPTY:
-        first = Finish("error", error="the generation ended before it started", error_kind="api_error")
-    if isinstance(first, Finish) and first.reason == "error":
+    refused = sse.refusal(first)
+    if refused is not None:
         await stream.aclose()
-        return error_response(ServiceError(first.error_kind or "api_error", first.error or "engine error"), rid)
+        return error_response(refused, rid)
 
     async def frames():
         try:

@@ -41,11 +41,10 @@ async def chat_completions(request: Request, ctx: IngressContext = Depends(get_c
 
     stream = sse.with_keepalive(ctx.service.stream(prepared), ing.ping_interval_s)
     first, stream = await sse.peek(stream)
-    if first is sse.EMPTY or (isinstance(first, Finish) and first.reason == "error"):
+    refused = sse.refusal(first)
+    if refused is not None:
         await stream.aclose()
-        if first is sse.EMPTY:
-            raise ServiceError("api_error", "the generation ended before it started")
-        raise ServiceError(first.error_kind or "api_error", first.error or "engine error")
+        raise refused
 
     async def frames():
         yield encoder.start()
