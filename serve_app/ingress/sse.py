@@ -7,7 +7,7 @@ import json
 from typing import Any, AsyncIterator, TypeVar
 
 from serve_app.conversation import Finish
-from serve_app.errors import ServiceError
+from serve_app.errors import Overloaded, ServiceError
 
 T = TypeVar("T")
 
@@ -77,6 +77,9 @@ def refusal(first) -> ServiceError | None:
     if first is EMPTY:
         return ServiceError("api_error", "the generation ended before it started")
     if isinstance(first, Finish) and first.reason == "error":
+        if first.error_kind == "overloaded":
+            # A full engine queue is worth retrying soon: the answer carries retry-after like the admission cap's.
+            return Overloaded(first.error or "the service is overloaded, retry shortly")
         return ServiceError(first.error_kind or "api_error", first.error or "engine error")
     return None
 

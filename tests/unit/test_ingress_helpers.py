@@ -165,3 +165,16 @@ def test_peek_replays_the_first_item_and_closing_closes_the_source():
 def test_frames():
     assert sse.frame({"a": 1}, "ping") == b'event: ping\ndata: {"a":1}\n\n'
     assert sse.frame({"a": "é"}) == 'data: {"a":"é"}\n\n'.encode()
+
+
+def test_refusal_before_output_keeps_status_and_retry_after():
+    from serve_app.conversation import Finish, TextDelta
+
+    assert sse.refusal(sse.EMPTY).status == 500
+    full = sse.refusal(Finish("error", error="the engine queue is full, retry shortly", error_kind="overloaded"))
+    assert full.kind == "overloaded" and full.status == 529 and full.retry_after and full.retry_after > 0
+    assert full.message == "the engine queue is full, retry shortly"
+    failed = sse.refusal(Finish("error", error="boom", error_kind="api_error"))
+    assert failed.status == 500 and failed.retry_after is None
+    assert sse.refusal(TextDelta("hi")) is None
+    assert sse.refusal(Finish("stop")) is None
