@@ -14,6 +14,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
+from serve_app.engine import reaper
 from serve_app.settings import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -143,6 +144,7 @@ class VLLMEngine:
         self.kv_events_port = free_port() if kv_events else None
         self.kv_replay_port = free_port() if kv_events else None
         self.engine = None
+        self._reaper = None  # the watcher that stops vLLM's processes if this one is killed (reaper.py)
         self.block_size: int | None = None
         self.max_model_len: int = model.max_model_len
 
@@ -161,7 +163,9 @@ class VLLMEngine:
             kv_events_port=self.kv_events_port,
             kv_replay_port=self.kv_replay_port,
         )
+        before = reaper.children()
         self.engine = AsyncLLM.from_engine_args(args)
+        self._reaper = reaper.guard(reaper.children() - before)
         cfg = self.engine.vllm_config
         self.block_size = cfg.cache_config.block_size
         self.max_model_len = cfg.model_config.max_model_len

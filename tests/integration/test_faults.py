@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -312,6 +313,22 @@ def test_overload_burst_is_answered_fast_with_retry_after(small_app):
         _healthy(c)
 
 
+def _still_running(procs, within_s: float) -> list:
+    """The processes still running (not exited, not a zombie) once `within_s` has passed or all have ended."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
 def test_engine_replica_killed_mid_stream(small_app):
     import ray
 
@@ -320,6 +337,11 @@ def test_engine_replica_killed_mid_stream(small_app):
                 if a["name"].startswith(f"SERVE_REPLICA::{SMALL_APP}#Engine")]
 
     (victim,) = engine_actors()
+    # The replica's vLLM processes (EngineCore and the reaper watching it) must not outlive it.
+    (replica_proc,) = [p for p in psutil.process_iter(["cmdline"])
+                       if f"ServeReplica:{SMALL_APP}:Engine" in " ".join(p.info["cmdline"] or [])]
+    engine_procs = replica_proc.children(recursive=True)
+    assert engine_procs, "vLLM runs its engine core in a child process"
     results: list = []
 
     async def stream_and_kill():
@@ -349,6 +371,7 @@ def test_engine_replica_killed_mid_stream(small_app):
             assert "message_stop" not in text.split("event: error")[-1]
         else:
             assert '"error"' in text, text[-500:]
+    assert not _still_running(engine_procs, within_s=60), "engine processes outlived their killed replica"
     # Serve replaces the replica; new requests succeed once it is up.
     deadline = time.monotonic() + 600
     with httpx.Client(base_url=small_app, timeout=120) as c:

@@ -1,0 +1,89 @@
+"""The reaper stops an engine's child processes once the process that started them is killed, and only then."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from serve_app.engine import reaper
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="pidfds are Linux-only")
+
+# A stand-in for an Engine replica: starts a long-lived child the way vLLM starts EngineCore, guards it, reports.
+REPLICA = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from serve_app.engine import reaper
+    before = reaper.children()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    watcher = reaper.guard(reaper.children() - before)
+    print(child.pid, watcher.pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _wait_gone(pid: int, within_s: float) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def replica():
+    proc = subprocess.Popen([sys.executable, "-c", REPLICA], stdout=subprocess.PIPE, text=True)
+    child, watcher = map(int, proc.stdout.readline().split())
+    yield proc, child, watcher
+    for pid in (proc.pid, child, watcher):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+
+
+def test_killed_replica_takes_its_engine_process_with_it(replica):
+    proc, child, watcher = replica
+    assert not _wait_gone(child, 0.5), "the child must live while its replica does"
+    proc.kill()  # SIGKILL: no Python shutdown code runs, as when Ray kills an actor
+    proc.wait()
+    assert _wait_gone(child, 30), "the engine process outlived its replica"
+    assert _wait_gone(watcher, 30), "the watcher must exit once its work is done"
+
+
+def test_watcher_exits_when_the_children_exit_first(replica):
+    proc, child, watcher = replica
+    os.kill(child, signal.SIGTERM)  # a clean engine shutdown
+    assert _wait_gone(watcher, 30)
+    assert proc.poll() is None, "the replica itself is untouched"
+
+
+def test_child_ignoring_sigterm_is_killed(monkeypatch):
+    monkeypatch.setattr(reaper, "TERM_GRACE_S", 0.2)
+    stubborn = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(1, flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )
+    stubborn.stdout.readline()  # SIG_IGN is in place
+    parent = subprocess.Popen([sys.executable, "-c", "pass"])
+    parent.wait()  # a parent that has already exited: the watcher stops the children at once
+    # Its pid is reaped, so pidfd_open fails: the watcher treats a missing parent as a dead one.
+    reaper.watch(parent.pid, [stubborn.pid])
+    assert stubborn.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_guard_without_children_starts_nothing():
+    assert reaper.guard([]) is None
