@@ -106,6 +106,16 @@ class AgentHints:
 
 
 @dataclass(slots=True)
+class OutputFormat:
+    """A constraint on the answer's text, enforced by the engine's grammar (Chat `response_format`, Responses
+    `text.format`, Anthropic `output_config.format`). `schema` is None for any JSON object."""
+
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool = True
+
+
+@dataclass(slots=True)
 class GenerationOptions:
     max_tokens: int | None = None
     temperature: float | None = None
@@ -121,6 +131,7 @@ class GenerationOptions:
     forced_script: str | None = None  # test configs only: the exact text the engine must emit
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens (benchmarks)
     min_tokens: int = 0
+    output_format: OutputFormat | None = None  # None = free text
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ from typing import AsyncIterator, Protocol
 from serve_app.conversation import (
     Event,
     Finish,
+    OutputFormat,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
@@ -283,6 +284,7 @@ class GenerationService:
             skip_special_tokens=not _needs_special_tokens(prepared.model),
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,
+            structured=_engine_constraint(opts.output_format),
         )
         script = self._forced_script(prepared)
         if script is not None:
@@ -413,12 +415,24 @@ class GenerationService:
         return [ev for ev in events if not isinstance(ev, (ToolCallStart, ToolCallArgsDelta)) or ev.index in ended]
 
 
+def _engine_constraint(fmt: OutputFormat | None) -> dict | None:
+    """vLLM StructuredOutputsParams fields for the requested output format."""
+    if fmt is None:
+        return None
+    return {"json_object": True} if fmt.schema is None else {"json": fmt.schema}
+
+
 def _classify_engine_error(e: Exception) -> tuple[str, str]:
     name = type(e).__name__
     if name == "BackPressureError":
         return "overloaded", "the engine queue is full, retry shortly"
     if name in ("RayActorError", "ActorDiedError", "ActorUnavailableError", "EngineDeadError"):
         return "api_error", f"the engine replica failed ({name}); retry the request"
+    # vLLM's own request validation (an output schema its grammar cannot compile, ...) is the client's to fix.
+    # Across Ray it arrives wrapped; the cause has the message without the remote traceback.
+    cause = getattr(e, "cause", None) or e
+    if any(c.__name__ == "VLLMClientError" for c in type(cause).__mro__):
+        return "invalid_request", (str(cause).strip() or type(cause).__name__)[:1000]
     return "api_error", f"engine error: {name}: {e}"
 
 

@@ -49,6 +49,7 @@ class Engine:
                 await asyncio.sleep(min(2.0, 0.2 * (attempt + 1)))
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        self.engine.validate(req)
         yield EngineChunk(text="", token_ids=[])  # acceptance: this replica took the request (see clients.open)
         async for chunk in self.engine.generate(req):
             yield chunk

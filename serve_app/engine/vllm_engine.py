@@ -41,6 +41,8 @@ class EngineRequest:
     target_replica: str | None = None  # the router's choice, honoured by the Serve request router
     ignore_eos: bool = False
     min_tokens: int = 0
+    # vLLM StructuredOutputsParams fields, e.g. {"json": schema} or {"json_object": True}; None = free text
+    structured: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +99,34 @@ def _on_cpu_platform() -> bool:
         return False
 
 
+# Our reasoning-format names whose end marker one of vLLM's registered parsers recognises under another name.
+_VLLM_REASONING_ALIASES = {"gpt_oss": "openai_gptoss", "nemotron_deci": "qwen3", "kimi_k25": "kimi_k2"}
+
+
+def vllm_reasoning_parser(name: str | None, model_path: str) -> str | None:
+    """vLLM's name for the reasoning parser that gates grammars for `name`, or None where it has none.
+
+    vLLM's gate looks for the end marker as one token id; where the tokenizer splits it (a test model given a
+    think template) the gate would never open and the grammar never apply, so there is no gate at all then.
+    """
+    if not name:
+        return None
+    try:
+        from vllm.reasoning import ReasoningParserManager
+    except ImportError:
+        return None
+    from serve_app.parsers.formats import REASONING_PARSERS
+
+    vllm_name = _VLLM_REASONING_ALIASES.get(name, name)
+    fmt = REASONING_PARSERS.get(name)
+    if fmt is None or vllm_name not in ReasoningParserManager.list_registered():
+        return None
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    return vllm_name if len(tokenizer.encode(fmt.end, add_special_tokens=False)) == 1 else None
+
+
 def build_engine_args(
     model: ModelConfig,
     model_path: str,
@@ -128,6 +158,11 @@ def build_engine_args(
         )
     if forced_scripts:
         kwargs["logits_processors"] = [FORCING_PROCESSOR]
+    gate = vllm_reasoning_parser(model.reasoning_parser, model_path)
+    if gate is not None and "reasoning_parser" not in model.engine_kwargs:
+        # vLLM's structured-output manager holds a grammar back until this parser sees the reasoning end, so a
+        # thinking model reasons freely and only its answer is constrained. (Our own parsers still do the parsing.)
+        kwargs["reasoning_parser"] = gate
     if "dtype" not in model.engine_kwargs and cpu_lacks_bf16():
         kwargs["dtype"] = "float32"
     kwargs.update(model.engine_kwargs)
@@ -198,7 +233,25 @@ class VLLMEngine:
             params["seed"] = req.seed
         if req.forced_token_ids is not None:
             params["temperature"] = 0.0
+        elif req.structured is not None:  # a forced script is exact text already; a grammar would fight it
+            from vllm.sampling_params import StructuredOutputsParams
+
+            params["structured_outputs"] = StructuredOutputsParams(**req.structured)
         return SamplingParams(**params)
+
+    def validate(self, req: EngineRequest) -> None:
+        """Raise vLLM's own validation error for a request it would refuse (an output schema its grammar cannot
+        compile, ...), before the replica reports the request taken: the client then gets a plain 400 rather
+        than a stream that fails after its head. Checked on a copy; vLLM checks the real one again."""
+        if req.structured is None:
+            return
+        import copy
+
+        assert self.engine is not None, "engine not started"
+        proc = self.engine.input_processor
+        copy.deepcopy(self.sampling_params(req)).verify(
+            proc.model_config, proc.speculative_config, proc.structured_outputs_config, proc.tokenizer
+        )
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         from vllm import TokensPrompt

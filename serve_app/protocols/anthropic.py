@@ -181,6 +181,7 @@ class ThinkingConfig(_Open):
 
 class OutputConfig(_Open):
     effort: str | None = None
+    format: dict[str, Any] | None = None  # {"type": "json_schema", "schema": {...}}: the answer's text must match
 
 
 class Metadata(_Open):
@@ -200,6 +201,7 @@ class CountTokensRequest(_Open):
     tool_choice: ToolChoiceSpec | None = None
     thinking: ThinkingConfig | None = None
     output_config: OutputConfig | None = None
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling of output_config.format
     metadata: Metadata | None = None
     nvext: Nvext | None = None
 

@@ -87,6 +87,7 @@ class ChatCompletionRequest(_Open):
     tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
+    response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
     user: str | None = None

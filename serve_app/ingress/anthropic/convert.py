@@ -34,6 +34,7 @@ from serve_app.conversation import (
 from serve_app.errors import InvalidRequest
 from serve_app.ingress.anthropic import signatures
 from serve_app.ingress.anthropic.errors import validation_error
+from serve_app.ingress import output_format
 from serve_app.ingress.common import agent_hints
 from serve_app.protocols import anthropic as wire
 
@@ -252,6 +253,10 @@ def to_conversation(
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
     )
+    if req.output_config is not None and req.output_config.format is not None:
+        opts.output_format = output_format.from_anthropic(req.output_config.format, "output_config.format")
+    elif req.output_format is not None:
+        opts.output_format = output_format.from_anthropic(req.output_format, "output_format")
     if isinstance(req, wire.MessagesRequest):
         if req.max_tokens < 1:
             raise InvalidRequest("max_tokens: must be greater than or equal to 1", param="max_tokens")

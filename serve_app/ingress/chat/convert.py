@@ -18,6 +18,7 @@ from serve_app.conversation import (
     ToolSpec,
 )
 from serve_app.errors import InvalidRequest
+from serve_app.ingress import output_format
 from serve_app.ingress.common import agent_hints, parse_model
 from serve_app.protocols.chat import ChatCompletionRequest, ChatMessage
 
@@ -112,5 +113,6 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
         forced_script=nvext.forced_script if nvext else None,
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
+        output_format=output_format.from_chat(req.response_format),
     )
     return req, conv, opts

@@ -27,6 +27,7 @@ from serve_app.conversation import (
     ToolSpec,
 )
 from serve_app.errors import InvalidRequest
+from serve_app.ingress import output_format
 from serve_app.ingress.common import agent_hints
 from serve_app.protocols.responses import (
     CustomTool,
@@ -208,6 +209,7 @@ def responses_to_conversation(
         session_key=req.prompt_cache_key or req.user,
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
+        output_format=output_format.from_responses(req.text.format if req.text else None),
     )
     return conv, opts
 
