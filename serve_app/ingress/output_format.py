@@ -27,31 +27,31 @@ def _kind(raw: Any, param: str, allowed: tuple[str, ...]) -> str:
     return raw["type"]
 
 
-def from_chat(response_format: Any) -> OutputFormat | None:
-    if response_format is None:
+def _openai(raw: Any, param: str, nested: str | None) -> OutputFormat | None:
+    """Both OpenAI APIs: text | json_object | json_schema; the schema's fields sit under `nested` (Chat) or beside
+    `type` (Responses)."""
+    if raw is None:
         return None
-    kind = _kind(response_format, "response_format", ("text", "json_object", "json_schema"))
+    kind = _kind(raw, param, ("text", "json_object", "json_schema"))
     if kind == "text":
         return None
     if kind == "json_object":
         return OutputFormat()
-    spec = response_format.get("json_schema")
+    spec = raw.get(nested) if nested else raw
+    where = f"{param}.{nested}" if nested else param
     if not isinstance(spec, dict):
-        raise InvalidRequest("response_format.json_schema: an object with name and schema is required",
-                             param="response_format.json_schema")
-    return OutputFormat(_schema(spec.get("schema", {}), "response_format.json_schema.schema"), spec.get("name"),
-                        bool(spec.get("strict", False)))
+        raise InvalidRequest(f"{where}: an object with name and schema is required", param=where)
+    # No schema at all: any JSON (OpenAI marks `schema` optional); a schema that is not an object: a 400.
+    schema = None if spec.get("schema") is None else _schema(spec["schema"], f"{where}.schema")
+    return OutputFormat(schema, spec.get("name"), bool(spec.get("strict", False)))
+
+
+def from_chat(response_format: Any) -> OutputFormat | None:
+    return _openai(response_format, "response_format", "json_schema")
 
 
 def from_responses(fmt: Any) -> OutputFormat | None:
-    if fmt is None:
-        return None
-    kind = _kind(fmt, "text.format", ("text", "json_object", "json_schema"))
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return OutputFormat()
-    return OutputFormat(_schema(fmt.get("schema"), "text.format.schema"), fmt.get("name"), bool(fmt.get("strict", False)))
+    return _openai(fmt, "text.format", None)
 
 
 def from_anthropic(fmt: Any, param: str) -> OutputFormat | None:

@@ -22,6 +22,10 @@ def test_chat_response_format():
     assert got == OutputFormat(SCHEMA, "r", True)
 
 
+def test_json_schema_without_a_schema_is_any_json():
+    assert output_format.from_responses({"type": "json_schema", "name": "x"}) == OutputFormat(None, "x", False)
+
+
 def test_responses_text_format():
     assert output_format.from_responses({"type": "text"}) is None
     got = output_format.from_responses({"type": "json_schema", "name": "codex_output_schema", "schema": SCHEMA, "strict": True})
@@ -37,7 +41,7 @@ def test_anthropic_output_config_format():
     (output_format.from_chat, "json", "response_format.type"),
     (output_format.from_chat, {"type": "json_schema"}, "response_format.json_schema"),
     (output_format.from_chat, {"type": "json_schema", "json_schema": {"schema": []}}, "response_format.json_schema.schema"),
-    (output_format.from_responses, {"type": "json_schema", "name": "x"}, "text.format.schema"),
+    (output_format.from_responses, {"type": "json_schema", "name": "x", "schema": "{}"}, "text.format.schema"),
     (lambda raw: output_format.from_anthropic(raw, "output_config.format"), {"type": "json_object"}, "output_config.format.type"),
 ])
 def test_malformed_formats_name_the_field(call, raw, param):
