@@ -59,4 +59,3 @@ def from_anthropic(fmt: Any, param: str) -> OutputFormat | None:
         return None
     _kind(fmt, param, ("json_schema",))
     return OutputFormat(_schema(fmt.get("schema"), f"{param}.schema"))
-

@@ -32,9 +32,9 @@ from serve_app.conversation import (
     ToolSpec,
 )
 from serve_app.errors import InvalidRequest
+from serve_app.ingress import output_format
 from serve_app.ingress.anthropic import signatures
 from serve_app.ingress.anthropic.errors import validation_error
-from serve_app.ingress import output_format
 from serve_app.ingress.common import agent_hints
 from serve_app.protocols import anthropic as wire
 
