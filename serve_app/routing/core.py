@@ -24,6 +24,8 @@ from typing import Any
 
 from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
 from serve_app.routing.policies import ReplicaLoad, make_policy, prompt_tokens
+from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica
+from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +51,17 @@ class Decision:
 @dataclass(slots=True)
 class _Reservation:
     replica_id: str
-    prefill: int
+    prefill: int  # reserved uncached prompt tokens, 0 once prefilled
     decode: int
     at: float
+    prompt: int = 0
+    prefilled: bool = False
 
 
 class RouterCore:
     def __init__(
         self,
-        policy: str = "kv",
+        policy: str = "ttft",
         block_size: int = 16,
         config: Any = None,
         *,
@@ -68,6 +72,7 @@ class RouterCore:
         kv_events: bool | None = None,
         reservation_ttl_s: float = 900.0,
         max_sessions: int = 100_000,
+        step_tokens: int = DEFAULT_STEP_TOKENS,
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
     ):
@@ -96,6 +101,9 @@ class RouterCore:
             max_predicted_blocks=int(knob("prediction_max_blocks", prediction_max_blocks, 200_000)),
         )
         self.loads: dict[str, ReplicaLoad] = {}
+        self.rates: dict[str, ReplicaRates] = {}  # measured prefill/decode speed per replica (ttft policy)
+        self.step_tokens = step_tokens  # the engines' prefill tokens per step, for the ttft prediction
+        self.follow_on = FollowOnWork(clock())  # prefill a new session brings after its first request
         self.reservation_ttl_s = reservation_ttl_s
         self._inflight: OrderedDict[str, _Reservation] = OrderedDict()  # oldest first, for the TTL sweep
         self._sessions: OrderedDict[str, str] = OrderedDict()
@@ -132,6 +140,7 @@ class RouterCore:
     def _ensure(self, rid: str) -> None:
         if rid not in self.loads:
             self.loads[rid] = ReplicaLoad()
+            self.rates[rid] = rates_for_new_replica(list(self.rates.values()), self.now())
             self.index.ensure(rid)
 
     def set_policy(self, policy: str) -> None:
@@ -141,6 +150,7 @@ class RouterCore:
 
     def _forget(self, rid: str) -> None:
         self.loads.pop(rid, None)
+        self.rates.pop(rid, None)
         self.index.drop(rid)
         feed = self.feeds.pop(rid, None)
         if feed is not None:
@@ -225,6 +235,11 @@ class RouterCore:
         rid, cached_blocks = self._policy.choose(self, req, cands)
         n = prompt_tokens(req, self.block_size)
         cached = min(cached_blocks * self.block_size, n)
+        if req.session_key is not None:
+            if req.session_key in self._sessions:
+                self.follow_on.later_turn(now, n - cached)
+            else:
+                self.follow_on.new_session(now)
         self._reserve(req, rid, n - cached, now)
         if self.index.replicas[rid].mode == PREDICTED and req.block_hashes:
             self.index.replicas[rid].add(req.block_hashes, now)
@@ -244,25 +259,36 @@ class RouterCore:
 
     def _reserve(self, req: RouteRequest, rid: str, prefill_tokens: int, now: float) -> None:
         if req.request_id in self._inflight:  # a retried id: its old reservation is superseded
-            self.release(req.request_id)
+            self.release(req.request_id, measured=False)
         load = self.loads[rid]
         load.active_requests += 1
         load.active_prefill_tokens += prefill_tokens
         load.active_decode_tokens += req.expected_output_tokens
         load.add_recent(prefill_tokens, now)
-        self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now)
+        self.rates[rid].started(now, prefill_tokens)
+        self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
+                                                      prompt_tokens(req, self.block_size))
 
-    def mark_prefilled(self, request_id: str) -> None:
-        """The request's first token came back: its prefill no longer loads the replica."""
+    def mark_prefilled(self, request_id: str, cached_tokens: int | None = None) -> None:
+        """The request's first token came back: its prefill no longer loads the replica.
+
+        `cached_tokens` is what the engine reports it reused (vLLM's num_cached_tokens); with it the replica's
+        prefill rate is measured on the tokens really computed, without it on the router's own estimate.
+        """
         r = self._inflight.get(request_id)
-        if r is None or r.prefill == 0:
+        if r is None or r.prefilled:
             return
         load = self.loads.get(r.replica_id)
         if load is not None:
             load.active_prefill_tokens -= r.prefill
+            done = r.prefill if cached_tokens is None else max(0, r.prompt - cached_tokens)
+            now = self.now()
+            self.rates[r.replica_id].prefilled(now, done, r.prefill, now - r.at)
         r.prefill = 0
+        r.prefilled = True
 
-    def release(self, request_id: str) -> None:
+    def release(self, request_id: str, output_tokens: int | None = None, *, measured: bool = True) -> None:
+        """The request is over (finished, failed or cancelled); `output_tokens` is how many it generated."""
         r = self._inflight.pop(request_id, None)
         if r is None:
             return
@@ -271,6 +297,9 @@ class RouterCore:
             load.active_requests -= 1
             load.active_prefill_tokens -= r.prefill
             load.active_decode_tokens -= r.decode
+            # An expired or superseded reservation's duration is not a measurement of the replica.
+            tokens = (r.decode if output_tokens is None else output_tokens) if measured else None
+            self.rates[r.replica_id].finished(self.now(), tokens, r.prefilled, r.prefill)
 
     def _expire_reservations(self, now: float) -> None:
         # A caller that died never releases; its reservation must not weigh on the replica forever.
@@ -279,7 +308,7 @@ class RouterCore:
             req_id, r = next(iter(self._inflight.items()))
             if r.at > cutoff:
                 break
-            self.release(req_id)
+            self.release(req_id, measured=False)
             self.expired_reservations += 1
 
     # ---- lifecycle and metrics ----
@@ -299,6 +328,7 @@ class RouterCore:
                 "active_requests": load.active_requests,
                 "active_prefill_tokens": load.active_prefill_tokens,
                 "active_decode_tokens": load.active_decode_tokens,
+                **(self.rates[rid].stats() if rid in self.rates else {}),
                 **(feed.stats() if feed is not None else {}),
             }
         return {

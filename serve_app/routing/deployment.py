@@ -57,21 +57,23 @@ class Router:
             return None
         return core.choose(req, candidates)
 
-    async def mark_prefilled(self, engine_key: str, request_id: str) -> None:
-        """The request's first token exists: its prefill no longer loads the replica."""
+    async def mark_prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
+        """The request's first token exists: its prefill no longer loads the replica. `cached_tokens` (the
+        engine's num_cached_tokens) lets the router measure the replica's prefill rate on what it computed."""
         core = self.cores.get(engine_key)
         if core is not None and hasattr(core, "mark_prefilled"):
-            core.mark_prefilled(request_id)
+            core.mark_prefilled(request_id, cached_tokens)
 
     async def set_policy(self, engine_key: str, policy: str) -> None:
         """Switch one engine's routing policy at run time (operations and side-by-side tests); the KV index and
         loads are kept."""
         self._core(engine_key).set_policy(policy)
 
-    async def release(self, engine_key: str, request_id: str) -> None:
+    async def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
+        """The request ended; `output_tokens` generated (else the expected count stands in for the decode rate)."""
         core = self.cores.get(engine_key)
         if core is not None:
-            core.release(request_id)
+            core.release(request_id, output_tokens)
 
     async def metrics(self) -> dict:
         return {key: core.metrics() for key, core in self.cores.items()}

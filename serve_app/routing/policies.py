@@ -3,7 +3,8 @@
 A policy reads the router's state through a `RouterState` (the RouterCore) and never mutates it; the core
 does the bookkeeping (reservation, predicted blocks, session memory) after the pick, the same for every policy.
 
-- `kv` (default): Dynamo's cost, in prefill-token units: overlap_weight * (prompt tokens left to prefill after
+- `ttft` (default, in ttft.py): lowest predicted time to first token in seconds, from measured replica rates.
+- `kv`: Dynamo's cost, in prefill-token units: overlap_weight * (prompt tokens left to prefill after
   the replica's cached overlap) + prefill tokens already reserved there + decode_weight * expected output tokens
   outstanding there. Argmin; within one block of the minimum the session's last replica wins, then the replica
   with fewer active requests and less recent prefill work. A prompt that no replica holds 10% of is placed as a
@@ -256,7 +257,15 @@ POLICIES = {
 }
 
 
+def _register_late() -> None:
+    # ttft.py builds on this module's base class and helpers, so it registers itself here, after they exist.
+    from serve_app.routing.ttft import TtftPolicy
+
+    POLICIES.setdefault(TtftPolicy.name, TtftPolicy)
+
+
 def make_policy(name: str) -> Policy:
+    _register_late()
     try:
         return POLICIES[name]()
     except KeyError:

@@ -1,0 +1,98 @@
+"""The `ttft` policy: send each request where it costs the least time to first token, its own and others'.
+
+Per candidate replica, in seconds, from that replica's measured rates (routing/throughput.py):
+
+    cost = wait                                  this request's predicted TTFT there
+         + delay x (uncached + follow-on) / P    what its prefill (and its session's) adds to others' waits
+         + later turns x typical TTFT there      its session's own future turns, when this is a new session
+
+- wait = (backlog + uncached) / P + decode interleaved. backlog: prefill tokens routed there and not yet reported
+  prefilled, less what the replica has presumably computed since (it drains at P while pending); uncached: prompt
+  tokens beyond the leading blocks that replica holds (KV index); P: its measured prefill rate. With continuous
+  batching running decodes share the prefill's steps (one token per running request per step, about
+  `(backlog + uncached) / step_tokens` steps), so they add `decoding x steps` tokens at the decode rate.
+- delay: how many seconds of others' waiting one more second of work there causes. The M/M/1 marginal,
+  rho (2 - rho) / (1 - rho)^2 at the replica's recent prefill utilization rho, scaled by Kingman's variability
+  (ca^2 + cs^2) / 2 of its arrivals and prefill sizes (bursty traffic queues more). Zero on an idle replica:
+  recomputing a prefix costs nobody else then; steep near saturation, where recomputation is what tips it over.
+- follow-on, later turns: a session's first request decides where its later turns go (their history will be
+  cached there). The router measures, over recent sessions, the prefill work and the number of requests that
+  follow a session's first one (only with session keys: X-Claude-Code-Session-Id, prompt_cache_key ...), and
+  the replica's typical TTFT from the reports.
+
+What this does, without a weight to tune: a hot shared prefix stays on the replicas that hold it until the queue
+there costs more than computing it elsewhere (for this request and those it delays), then it spreads, and new
+sessions go where their whole future is cheapest, not only their first turn. A session's later turns stay where
+its history is cached, unless that replica is so backed up that recomputing the history elsewhere is faster
+even counting what the recomputation does to others. Within one block's prefill time of the best the
+predictions are noise: the session's last replica wins, then the larger cached prefix, then fewer requests in
+flight, then the replica that wrote the least new cache lately.
+"""
+
+from __future__ import annotations
+
+import math
+
+from serve_app.routing.policies import Policy, _tie_break, prompt_tokens
+
+DEFAULT_STEP_TOKENS = 8192  # vLLM's max_num_batched_tokens for online serving: prefill tokens per engine step
+
+
+class TtftPolicy(Policy):
+    name = "ttft"
+
+    def choose(self, state, req, candidates):
+        bs = state.block_size
+        n = prompt_tokens(req, bs)
+        overlaps = state.index.overlaps(req.block_hashes, candidates, state.now())
+        step_tokens = getattr(state, "step_tokens", DEFAULT_STEP_TOKENS)
+        now = state.now()
+        # A session's first request also decides where its later turns go (their history will be cached there).
+        follow_on = later_turns = 0.0
+        if req.session_key is not None and state.session_replica(req.session_key) is None:
+            follow_on = state.follow_on.per_session()
+            later_turns = state.follow_on.turns_per_session()
+        predicted = {}
+        for rid in candidates:
+            uncached = n - min(overlaps[rid] * bs, n)
+            wait = predict_ttft(state, rid, uncached, step_tokens)
+            rates = state.rates[rid]
+            others = delay_factor(rates.prefill_utilization(now)) * rates.variability()
+            predicted[rid] = (wait + others * (uncached + follow_on) / rates.prefill.rate
+                              + later_turns * rates.ttft.m1)
+        best = min(predicted.values())
+        # One block's prefill on the fastest replica: below that the difference is not real work.
+        band = bs / max(state.rates[r].prefill.rate for r in candidates)
+        tied = [r for r in candidates if predicted[r] <= best + band]
+        if state.session_replica(req.session_key) not in tied:
+            # Equal predictions: keep the larger cached prefix (it serves this session's next turn too).
+            most = max(overlaps[r] for r in tied)
+            tied = [r for r in tied if overlaps[r] == most]
+        rid = _tie_break(state, req, tied)
+        return rid, overlaps[rid]
+
+
+def predict_ttft(state, rid: str, uncached: int, step_tokens: int = DEFAULT_STEP_TOKENS) -> float:
+    """Seconds until `uncached` more prompt tokens routed to `rid` would produce their first token."""
+    load = state.loads[rid]
+    rates = state.rates[rid]
+    prefill_tokens = rates.backlog(load.active_prefill_tokens, state.now()) + uncached
+    prefill_s = prefill_tokens / rates.prefill.rate
+    steps = max(1, math.ceil(prefill_tokens / step_tokens))
+    # Decode tokens that share those steps; no more than the running requests are expected to produce.
+    interleaved = min(rates.decoding * steps, load.active_decode_tokens)
+    return prefill_s + interleaved / rates.decode.rate
+
+
+MAX_UTILIZATION = 0.95  # keeps the delay factor finite on a saturated replica
+
+
+def delay_factor(rho: float) -> float:
+    """Seconds of waiting that one more second of work on a replica at utilization `rho` costs the others.
+
+    M/M/1: requests waiting L = rho^2 / (1 - rho); work added over a horizon raises rho, and the total waiting
+    grows by dL/drho = rho (2 - rho) / (1 - rho)^2 per second of work. Zero on an idle replica, steep near
+    saturation, where recomputing what is cached elsewhere is what tips a replica over.
+    """
+    rho = min(max(rho, 0.0), MAX_UTILIZATION)
+    return rho * (2.0 - rho) / (1.0 - rho) ** 2

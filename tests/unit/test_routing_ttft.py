@@ -1,0 +1,197 @@
+"""The ttft policy and the rates it learns: behaviour, no timing thresholds."""
+
+import pytest
+
+from serve_app.routing.core import RouteRequest, RouterCore
+from serve_app.routing.hashing import block_hashes
+from serve_app.routing.index import EVENTS
+from serve_app.routing.throughput import PRIOR_PREFILL_TPS, MIN_SAMPLE_TOKENS
+from serve_app.routing.ttft import delay_factor, predict_ttft
+
+BS = 16
+SHARED = list(range(100_000, 100_000 + 64 * BS))  # a 1024-token system prompt + tools shared by every session
+
+
+class Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def core(replicas="abc", clock=None):
+    c = RouterCore("ttft", BS, clock=clock or Clock(), seed=1)
+    c.sync_replicas(list(replicas))
+    for r in replicas:
+        c.set_mode(r, EVENTS)
+    return c
+
+
+def req(rid, toks, out=16, session=None):
+    return RouteRequest(rid, block_hashes(toks, BS), len(toks), out, session)
+
+
+def own(i, n=BS):
+    return [i * 1000 + k for k in range(n)]  # a session's own tokens, distinct per i
+
+
+def test_idle_replicas_keep_a_cached_prefix_where_it_is():
+    c = core()
+    c.blocks_stored("b", block_hashes(SHARED, BS))
+    for i in range(5):  # one at a time: no queue anywhere
+        d = c.choose(req(str(i), SHARED + own(i)))
+        assert (d.replica_id, d.cached_blocks) == ("b", 64)
+        c.mark_prefilled(str(i))
+        c.release(str(i))
+
+
+def test_a_hot_shared_prefix_spreads_once_its_queue_costs_more_than_recomputing():
+    c = core()
+    c.blocks_stored("a", block_hashes(SHARED, BS))
+    suffix = 4 * BS
+    # A burst: nothing finishes, each request's 64-token suffix queues at the replica it is sent to.
+    chosen = [c.choose(req(str(i), SHARED + own(i, suffix))).replica_id for i in range(40)]
+    assert chosen[0] == "a"
+    assert set(chosen) == {"a", "b", "c"}
+    # Spreading waited for a queue at "a" worth more than recomputing the 1024-token prefix elsewhere.
+    first_away = next(i for i, r in enumerate(chosen) if r != "a")
+    assert first_away * suffix >= len(SHARED)
+    # The copy elsewhere is then used: once "b" holds the prefix, it is as good a home as "a".
+    c.blocks_stored("b", block_hashes(SHARED, BS))
+    for i in range(40):
+        c.mark_prefilled(str(i))
+        c.release(str(i))
+    assert c.choose(req("x", SHARED + own(99))).cached_blocks == 64
+
+
+def test_a_sessions_later_turns_go_back_to_its_history():
+    c = core()
+    c.blocks_stored("a", block_hashes(SHARED, BS))
+    c.blocks_stored("b", block_hashes(SHARED, BS))
+    c.blocks_stored("c", block_hashes(SHARED, BS))
+    history = SHARED + own(1, 40 * BS)
+    home = c.choose(req("t1", history, session="s1")).replica_id
+    c.mark_prefilled("t1")
+    c.release("t1")
+    c.blocks_stored(home, block_hashes(history, BS))  # what the engine reports it cached
+    # Other work arrives at the home replica, less than recomputing the history elsewhere would cost.
+    c._reserve(RouteRequest("other", [], 0, 0), home, 20 * BS, 0.0)
+    d = c.choose(req("t2", history + own(2), session="s1"))
+    assert (d.replica_id, d.cached_blocks) == (home, 104)
+    # Without a session key the cached history alone brings it back too.
+    d = c.choose(req("t3", history + own(3)))
+    assert d.replica_id == home
+
+
+def test_a_backed_up_home_loses_the_session_when_recomputing_is_faster():
+    c = core("ab")
+    history = own(1, 8 * BS)
+    c.blocks_stored("a", block_hashes(history, BS))
+    c._reserve(RouteRequest("flood", [], 0, 0), "a", 50_000, 0.0)  # seconds of queued prefill at "a"
+    assert c.choose(req("t2", history + own(2), session="s")).replica_id == "b"
+
+
+def test_prefill_rate_is_measured_from_reports_and_changes_the_choice():
+    clock = Clock()
+    c = core("ab", clock)
+    assert c.rates["a"].prefill.rate == PRIOR_PREFILL_TPS
+    big = own(7, 4 * MIN_SAMPLE_TOKENS)  # enough tokens for one measurement
+    tokens = len(big)
+    c.choose(req("1", big), ["a"])
+    clock.t = 4.0  # the engine took 4 s to prefill it
+    c.mark_prefilled("1", cached_tokens=0)
+    assert c.rates["a"].prefill.rate == pytest.approx(tokens / 4.0)
+    clock.t = 6.0
+    c.release("1", output_tokens=500)
+    assert c.rates["a"].decode.samples == 0  # 500 tokens: not enough for a sample yet
+    # "a" is now known to be slower than "b" (still at the prior): equal queues, equal cache -> "b".
+    c._reserve(RouteRequest("qa", [], 0, 0), "a", 1000, clock.t)
+    c._reserve(RouteRequest("qb", [], 0, 0), "b", 1000, clock.t)
+    assert predict_ttft(c, "a", 1000) > predict_ttft(c, "b", 1000)
+    assert c.choose(req("2", own(8, 64))).replica_id == "b"
+
+
+def test_cached_tokens_report_is_what_the_rate_is_measured_on():
+    clock = Clock()
+    c = core("a", clock)
+    toks = own(3, 4096)
+    c.choose(req("1", toks))  # the router believed nothing was cached
+    clock.t = 1.0
+    c.mark_prefilled("1", cached_tokens=4096 - MIN_SAMPLE_TOKENS)  # the engine found most of it cached
+    assert c.rates["a"].prefill.rate == pytest.approx(MIN_SAMPLE_TOKENS / 1.0)
+
+
+def test_decode_rate_is_measured_from_generated_tokens():
+    clock = Clock()
+    c = core("a", clock)
+    c.choose(req("1", own(1, 64), out=100))
+    c.mark_prefilled("1")
+    clock.t = 2.0
+    c.release("1", output_tokens=2 * MIN_SAMPLE_TOKENS)
+    assert c.rates["a"].decode.rate == pytest.approx(MIN_SAMPLE_TOKENS)
+
+
+def test_removed_replicas_are_forgotten_and_joiners_start_from_the_fleet():
+    clock = Clock()
+    c = core("ab", clock)
+    c.choose(req("1", own(1, 4 * MIN_SAMPLE_TOKENS), session="s"), ["b"])
+    c.blocks_stored("b", block_hashes(own(1, 4 * MIN_SAMPLE_TOKENS), BS))
+    c.choose(req("m", own(5, 4 * MIN_SAMPLE_TOKENS)), ["a"])
+    clock.t = 2.0
+    c.mark_prefilled("m")
+    measured = c.rates["a"].prefill.rate
+    assert measured != PRIOR_PREFILL_TPS
+    c.sync_replicas(["a"])  # "b" goes, with request "1" in flight on it
+    assert "b" not in c.rates and "b" not in c.loads and "b" not in c.index.replicas
+    assert c.metrics()["inflight"] == 1  # only "m", on "a"
+    d = c.choose(req("2", own(1, 4 * MIN_SAMPLE_TOKENS) + own(2), session="s"))
+    assert d.replica_id == "a" and d.cached_blocks == 0  # its session and its cache went with it
+    c.sync_replicas(["a", "n"])  # a replica joins: same hardware as the measured ones, most likely
+    assert c.rates["n"].prefill.rate == pytest.approx(measured)
+
+
+def test_expired_reservations_are_not_measurements():
+    clock = Clock()
+    c = RouterCore("ttft", BS, clock=clock, reservation_ttl_s=10)
+    c.sync_replicas(["a"])
+    c.choose(req("1", own(1, 4 * MIN_SAMPLE_TOKENS)))
+    clock.t = 11.0
+    c.choose(req("2", own(2)))  # sweeps "1", which nobody reported
+    assert c.rates["a"].prefill.samples == 0 and c.rates["a"].prefilling == 1
+
+
+def test_new_sessions_weigh_their_future_turns():
+    clock = Clock()
+    c = core("ab", clock)
+    # Two sessions have run several turns each on "a": new sessions follow-on work is measured.
+    for s in ("s1", "s2"):
+        for t in range(4):
+            rid = f"{s}-{t}"
+            c.choose(req(rid, own(hash(s) % 50 + 1, (t + 1) * 64), session=s), ["a"])
+            clock.t += 1.0
+            c.mark_prefilled(rid)
+            c.release(rid)
+    # Three more requests per session, decayed over the few seconds this took.
+    assert c.follow_on.turns_per_session() == pytest.approx(3.0, rel=0.05)
+    assert c.follow_on.per_session() > 0
+    # "b" has a second of prefill queued, "a" none, but "a" answers its sessions' turns slowly: a request with
+    # no session goes to "a", a new session (its ~3 later turns will follow it) to "b".
+    c._reserve(RouteRequest("qb", [], 0, 0), "b", 10_000, clock.t)
+    for _ in range(20):
+        c.rates["a"].ttft.add(5.0)
+    assert c.choose(req("one-off", own(77, 64))).replica_id == "a"
+    c.release("one-off")
+    assert c.choose(req("new", own(78, 64), session="s3")).replica_id == "b"
+
+
+def test_delay_factor_is_zero_when_idle_and_grows_with_load():
+    assert delay_factor(0.0) == 0.0
+    assert 0 < delay_factor(0.3) < delay_factor(0.6) < delay_factor(0.9)
+    assert delay_factor(1.5) == delay_factor(0.95)  # finite on a saturated replica
+
+
+def test_metrics_show_the_rates():
+    c = core("a")
+    m = c.metrics()["replicas"]["a"]
+    assert {"prefill_tps", "decode_tps", "rate_samples"} <= m.keys()
