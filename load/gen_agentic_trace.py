@@ -45,8 +45,14 @@ class AgenticParams:
 
 # The parameter sets the simulation ships with. "agentic" is the shape (one ~18K-token shared prefix, many
 # growing sessions); it was the only agentic trace looked at while the router's defaults were chosen.
+# "agentic_unseen" was written after the defaults were frozen (commit 96ff7f5) and is reported as such: another
+# seed, three shared prefixes of another length, longer sessions with larger tool outputs and longer pauses, so
+# that far more sessions are live at once and at 2048 blocks per replica their histories no longer all fit.
 SPECS = {
     "agentic": AgenticParams(),
+    "agentic_unseen": AgenticParams(sessions=400, shared_prefix_blocks=24, prefixes=3, turns=25,
+                                    first_user_tokens=600, tool_output_tokens=2500, output_tokens=400,
+                                    think_time_s=12.0, arrival_rate=0.4, seed=20261201),
 }
 
 

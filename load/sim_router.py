@@ -52,7 +52,11 @@ SHIPPED = [
     ("agentic", "spec:agentic", 1.0),
     ("agentic", "spec:agentic", 2.0),
 ]
-UNSEEN: list[tuple[str, str, float]] = []  # filled once the defaults are frozen (see load/gen_agentic_trace.py)
+# Held out: generated only after the router's defaults were frozen (load/gen_agentic_trace.py, SPECS).
+UNSEEN = [
+    ("agentic_unseen", "spec:agentic_unseen", 1.0),
+    ("agentic_unseen", "spec:agentic_unseen", 2.0),
+]
 CACHE_SIZES = [8192, 2048]
 
 
