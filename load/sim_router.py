@@ -235,7 +235,7 @@ def _provenance(argv: list[str]) -> dict:
     return {
         "command": "python -m load.sim_router " + " ".join(argv),
         "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty_routing": bool(git("status", "--porcelain", "--", "serve_app/routing", "load")),
+        "git_dirty_routing": bool(git("status", "--porcelain", "--untracked-files=no", "--", "serve_app/routing", "load")),
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "python": platform.python_version(),
