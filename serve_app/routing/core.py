@@ -24,7 +24,7 @@ from typing import Any
 
 from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
 from serve_app.routing.policies import ReplicaLoad, make_policy, prompt_tokens
-from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica
+from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica, share_measurements
 from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
 
 log = logging.getLogger(__name__)
@@ -283,7 +283,11 @@ class RouterCore:
             load.active_prefill_tokens -= r.prefill
             done = r.prefill if cached_tokens is None else max(0, r.prompt - cached_tokens)
             now = self.now()
-            self.rates[r.replica_id].prefilled(now, done, r.prefill, now - r.at)
+            rates = self.rates[r.replica_id]
+            first = not rates.prefill.samples
+            rates.prefilled(now, done, r.prefill, now - r.at)
+            if first and rates.prefill.samples:
+                share_measurements(list(self.rates.values()))
         r.prefill = 0
         r.prefilled = True
 
@@ -299,7 +303,11 @@ class RouterCore:
             load.active_decode_tokens -= r.decode
             # An expired or superseded reservation's duration is not a measurement of the replica.
             tokens = (r.decode if output_tokens is None else output_tokens) if measured else None
-            self.rates[r.replica_id].finished(self.now(), tokens, r.prefilled, r.prefill)
+            rates = self.rates[r.replica_id]
+            first = not rates.decode.samples
+            rates.finished(self.now(), tokens, r.prefilled, r.prefill)
+            if first and rates.decode.samples:
+                share_measurements(list(self.rates.values()))
 
     def _expire_reservations(self, now: float) -> None:
         # A caller that died never releases; its reservation must not weigh on the replica forever.

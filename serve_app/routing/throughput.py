@@ -171,6 +171,23 @@ class ReplicaRates:
                 "rate_samples": self.prefill.samples + self.decode.samples}
 
 
+def share_measurements(rates: list[ReplicaRates]) -> None:
+    """Replicas not yet measured take the measured ones' mean rather than the prior.
+
+    At startup every replica sits at the prior; the first one to report would otherwise look far slower (or
+    faster) than its still-unmeasured peers, and requests would leave their cache for a replica that only looks
+    fast because nobody has measured it.
+    """
+    for phase in ("prefill", "decode"):
+        measured = [getattr(r, phase).rate for r in rates if getattr(r, phase).samples]
+        if measured:
+            mean = sum(measured) / len(measured)
+            for r in rates:
+                est = getattr(r, phase)
+                if not est.samples:
+                    est.rate = mean
+
+
 def rates_for_new_replica(known: list[ReplicaRates], now: float) -> ReplicaRates:
     """A joining replica starts from what the measured replicas run at, else from the priors."""
     measured = [r for r in known if r.prefill.samples]

