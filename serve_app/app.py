@@ -18,6 +18,7 @@ from serve_app.engine.deployment import Engine
 from serve_app.engine.provision import EMBEDDED, ensure_model
 from serve_app.ingress.deployment import Ingress
 from serve_app.routing.deployment import Router
+from serve_app.serve_tuning import with_replica_env
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
 
@@ -26,12 +27,7 @@ def _engine_options(model: ModelConfig, key: str) -> dict[str, Any]:
     opts = model.deployment.serve_options()
     actor = dict(opts.pop("ray_actor_options", {}) or {})
     actor.setdefault("num_cpus", 0.5)
-    env = dict(model.engine_env)
-    if env:
-        runtime_env = dict(actor.get("runtime_env") or {})
-        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env}
-        actor["runtime_env"] = runtime_env
-    opts["ray_actor_options"] = actor
+    opts["ray_actor_options"] = with_replica_env(actor, model.engine_env)
     opts["name"] = key
     opts["request_router_config"] = RequestRouterConfig(
         request_router_class="serve_app.routing.serve_router:TargetReplicaRouter",
@@ -42,7 +38,7 @@ def _engine_options(model: ModelConfig, key: str) -> dict[str, Any]:
 def _small_options(opts: dict[str, Any], default_cpus: float = 0.0) -> dict[str, Any]:
     actor = dict(opts.pop("ray_actor_options", {}) or {})
     actor.setdefault("num_cpus", default_cpus)
-    opts["ray_actor_options"] = actor
+    opts["ray_actor_options"] = with_replica_env(actor)
     return opts
 
 

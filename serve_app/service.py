@@ -82,9 +82,9 @@ class EngineClient(Protocol):
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None: ...
 
-    def prefilled(self, engine_key: str, request_id: str) -> None: ...
+    def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None: ...
 
-    def release(self, engine_key: str, request_id: str) -> None: ...
+    def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None: ...
 
     async def open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         """The request's chunks, returned once a replica has taken it; raises (e.g. Serve's BackPressureError)
@@ -305,6 +305,7 @@ class GenerationService:
         n_prompt = prepared.num_prompt_tokens
         decision: Decision | None = None
         chunks: AsyncIterator[EngineChunk] | None = None
+        completion = 0
         try:
             block = await self.engines.block_size(key)
             route = RouteRequest(
@@ -339,8 +340,8 @@ class GenerationService:
                 last = chunk
                 if chunk.num_cached_tokens is not None:
                     cached = chunk.num_cached_tokens
-                    if decision is not None:
-                        self.engines.prefilled(key, prepared.request_id)
+                    if decision is not None:  # the Router learns this replica's prefill rate from it
+                        self.engines.prefilled(key, prepared.request_id, cached)
                 completion += len(chunk.token_ids)
                 if warm:
                     generated.extend(chunk.token_ids)
@@ -382,8 +383,8 @@ class GenerationService:
                         await aclose()
                     except Exception:
                         pass
-            if decision is not None:
-                self.engines.release(key, prepared.request_id)
+            if decision is not None:  # with the real output count: the Router learns the decode rate from it
+                self.engines.release(key, prepared.request_id, completion)
 
     def _warm_next_turn(self, key: str, done: EngineRequest, generated: list[int]) -> None:
         """`agent_hints.speculative_prefill`: the next turn starts with this prompt plus this answer, so prefill

@@ -48,7 +48,8 @@ def serve_url(serve_config):
     # Logical CPUs: actors are mostly idle waiting on vLLM's own processes; two cores run them all.
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     try:
-        serve.start(http_options={"host": http["host"], "port": http["port"]})
+        serve.start(http_options={"host": http["host"], "port": http["port"]},
+                    controller_options=serve_config.get("controller_options"))
         serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
         url = f"http://{http['host']}:{http['port']}"
         deadline = time.monotonic() + 600

@@ -57,6 +57,22 @@ class EngineChunk:
     error: str | None = None
 
 
+def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
+    """Consecutive chunks of one request as one: texts and token ids joined, the cache report from the first
+    that has it, the end (finish, stop reason, error) from the last."""
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    return EngineChunk(
+        text="".join(c.text for c in chunks),
+        token_ids=[t for c in chunks for t in c.token_ids],
+        finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
+        num_cached_tokens=next((c.num_cached_tokens for c in chunks if c.num_cached_tokens is not None), None),
+        error=last.error,
+    )
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))

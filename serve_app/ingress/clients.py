@@ -7,16 +7,25 @@ import logging
 from typing import AsyncIterator
 
 from serve_app import metrics
-from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
+from serve_app.engine.vllm_engine import EngineChunk, EngineRequest, merge_chunks
 from serve_app.routing.core import Decision, RouteRequest
+from serve_app.streams import Pump
 
 log = logging.getLogger(__name__)
 
 
+def _by_value(handle):
+    options = getattr(handle, "options", None)
+    return options(_by_reference=False) if options is not None else handle
+
+
 class ServeEngineClient:
     def __init__(self, engines: dict, router, router_timeout_s: float = 0.5):
-        self._engines = engines  # engine key -> DeploymentHandle
-        self._router = router
+        # Calls go over Serve's gRPC transport (`_by_reference=False`) rather than as Ray actor calls and object
+        # refs: a streamed token costs a fraction of the CPU (docs/serving-path.md), and the replicas' results
+        # are never passed on by reference anyway.
+        self._engines = {key: _by_value(h) for key, h in engines.items()}  # engine key -> DeploymentHandle
+        self._router = _by_value(router) if router is not None else None
         self._router_timeout_s = router_timeout_s
         self._block_sizes: dict[str, int] = {}
 
@@ -35,22 +44,25 @@ class ServeEngineClient:
         except Exception as e:  # noqa: BLE001 - an unavailable Router must not fail requests
             log.warning("router unavailable (%s); routing least-loaded", type(e).__name__)
             metrics.observe_router_decision("fallback", "router_unavailable")
+            # A slow Router may still make the decision and reserve load for it: free that reservation, since
+            # this request will not report back under it.
+            self.release(engine_key, req.request_id)
             return None
         if decision is not None:
             metrics.observe_router_decision(decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss")
         return decision
 
-    def prefilled(self, engine_key: str, request_id: str) -> None:
+    def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
         if self._router is not None:
             try:
-                self._router.mark_prefilled.remote(engine_key, request_id)  # fire and forget
+                self._router.mark_prefilled.remote(engine_key, request_id, cached_tokens)  # fire and forget
             except Exception:  # noqa: BLE001
                 pass
 
-    def release(self, engine_key: str, request_id: str) -> None:
+    def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         if self._router is not None:
             try:
-                self._router.release.remote(engine_key, request_id)
+                self._router.release.remote(engine_key, request_id, output_tokens)
             except Exception:  # noqa: BLE001
                 pass
 
@@ -68,13 +80,24 @@ class ServeEngineClient:
 
     @staticmethod
     async def _rest(gen) -> AsyncIterator[EngineChunk]:
+        """The chunks after the acceptance. Read ahead (serve_app/streams.py): when the consumer (parse, encode,
+        send) falls behind, the chunks that arrived meanwhile are merged into one, so its per-chunk work is
+        paid once per batch; when it keeps up nothing waits."""
+        pump = Pump(gen)
         finished = False
         try:
-            async for chunk in gen:
+            while True:
+                try:
+                    batch = await pump.next_batch()
+                except StopAsyncIteration:
+                    return
+                chunk = merge_chunks(batch)
                 yield chunk
                 if chunk.finish_reason is not None:
                     finished = True
+                    return
         finally:
+            await pump.aclose()
             if not finished:
                 # The client went away (or we stopped early): cancelling the Serve call cancels the replica's
                 # generator, and AsyncLLM aborts the request and frees its KV blocks.

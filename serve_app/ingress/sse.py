@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
+from collections import deque
 from typing import Any, AsyncIterator, TypeVar
 
 from serve_app.conversation import Finish
 from serve_app.errors import Overloaded, ServiceError
+from serve_app.streams import Pump
 
 T = TypeVar("T")
 
@@ -30,39 +31,56 @@ def frame(data: Any, event: str | None = None) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-async def with_keepalive(source: AsyncIterator[T], interval: float) -> AsyncIterator[T | None]:
-    """Yield items from `source`, and `None` whenever `interval` seconds pass without one.
+class KeepAlive:
+    """Items from `source`, and `None` whenever `interval` seconds pass without one.
 
     The caller turns `None` into its protocol's keep-alive (Anthropic `ping`, an SSE comment), so a client
-    waiting through a long queue or prefill sees bytes and does not time out. Closing this generator
-    closes `source`, which propagates cancellation to the engine request.
+    waiting through a long queue or prefill sees bytes and does not time out. The source is read ahead
+    (serve_app/streams.py): `ready()` hands over what is already read, so a route that falls behind frames
+    several events into one write. Closing this closes `source`, which propagates cancellation to the engine
+    request.
     """
-    it = source.__aiter__()
-    pending: asyncio.Task | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield None
-                continue
-            task, pending = pending, None
-            try:
-                item = task.result()
-            except StopAsyncIteration:
-                return
-            yield item
-    finally:
-        if pending is not None:
-            pending.cancel()
-            try:
-                await pending
-            except (asyncio.CancelledError, StopAsyncIteration, Exception):
-                pass
-        aclose = getattr(it, "aclose", None)
-        if aclose is not None:
-            await aclose()
+
+    def __init__(self, source: AsyncIterator[T], interval: float):
+        self._pump: Pump[T] = Pump(source)
+        self._interval = interval
+        self._ready: deque[T] = deque()
+
+    def __aiter__(self) -> "KeepAlive":
+        return self
+
+    async def __anext__(self) -> T | None:
+        if self._ready:
+            return self._ready.popleft()
+        batch = await self._pump.next_batch(self._interval)
+        if not batch:
+            return None
+        self._ready.extend(batch[1:])
+        return batch[0]
+
+    def ready(self) -> list[T]:
+        """The items already read, without waiting."""
+        out = list(self._ready)
+        self._ready.clear()
+        return out + self._pump.drain()
+
+    async def aclose(self) -> None:
+        await self._pump.aclose()
+
+
+def with_keepalive(source: AsyncIterator[T], interval: float) -> KeepAlive:
+    return KeepAlive(source, interval)
+
+
+async def batches(stream) -> AsyncIterator[list]:
+    """Lists of items: the next one (awaited), then every item already read behind it (`ready()`), so a
+    consumer that keeps up gets one at a time and one that lags gets them together. `None` stays alone."""
+    async for item in stream:
+        if item is None:
+            yield [None]
+            continue
+        ready = getattr(stream, "ready", None)
+        yield [item, *ready()] if ready is not None else [item]
 
 
 class _Empty:
@@ -111,6 +129,12 @@ class _Replayed:
             self._pending = False
             return self._first
         return await self._stream.__anext__()
+
+    def ready(self) -> list:
+        if self._pending:
+            return []
+        ready = getattr(self._stream, "ready", None)
+        return ready() if ready is not None else []
 
     async def aclose(self) -> None:
         aclose = getattr(self._stream, "aclose", None)

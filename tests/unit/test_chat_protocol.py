@@ -162,3 +162,21 @@ def test_engine_error_mid_stream_is_an_error_frame_then_done():
 def test_empty_deltas_are_not_sent():
     enc = ChatStreamEncoder("m", "r1")
     assert enc.event(TextDelta("")) == [] and enc.event(ReasoningDelta("")) == []
+
+
+def test_stream_chunks_are_the_json_of_the_whole_chunk_byte_for_byte():
+    """The encoder writes the constant part of each chunk once per stream; the bytes must still be exactly
+    json.dumps of the whole chunk, whatever the model id or the delta contains."""
+    from serve_app.ingress import sse
+    from serve_app.ingress.chat.encode import ChatStreamEncoder
+
+    for include_usage in (False, True):
+        enc = ChatStreamEncoder('org/mo"dél\n', "rid", include_usage=include_usage)
+        for delta, finish in [({"content": 'hé"llo\n\u2028'}, None), ({}, "stop"),
+                              ({"role": "assistant", "content": ""}, None),
+                              ({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\": 1}"}}]}, None)]:
+            body = {"id": enc.id, "object": "chat.completion.chunk", "created": enc.created, "model": enc.model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+            if include_usage:
+                body["usage"] = None
+            assert enc._chunk(delta, finish) == sse.frame(body)

@@ -53,6 +53,7 @@ class ReplayEngines:
         self.requests = []
         self.released = []
         self.prefilled_ids = []
+        self.counts = {}  # what the Router is told: the engine's cached tokens and the output generated
         self.closed = False
         self.refuse = None  # an exception open() raises: the engine would not take the request
 
@@ -62,11 +63,13 @@ class ReplayEngines:
     async def choose(self, key, req):
         return self.decision
 
-    def release(self, key, request_id):
+    def release(self, key, request_id, output_tokens=None):
         self.released.append(request_id)
+        self.counts["output_tokens"] = output_tokens
 
-    def prefilled(self, key, request_id):
+    def prefilled(self, key, request_id, cached_tokens=None):
         self.prefilled_ids.append(request_id)
+        self.counts["cached_tokens"] = cached_tokens
 
     async def open(self, key, req):
         if self.refuse is not None:
@@ -139,6 +142,7 @@ def test_stream_order_usage_and_finish():
     assert events[-1] == Finish("stop")
     assert engines.requests[0].target_replica == "r1"
     assert engines.released == [p.request_id] and engines.prefilled_ids == [p.request_id]
+    assert engines.counts == {"cached_tokens": 32, "output_tokens": 4}  # real counts, for the Router's rates
 
 
 def test_tool_calls_and_stop_sequences_map_to_finish_reasons():

@@ -78,10 +78,15 @@ async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx
 
     async def frames():
         try:
-            async for ev in stream:
-                out = encoder.ping() if ev is None else encoder.event(ev)
+            # Each event leaves as produced; events that piled up while the route lagged leave in one write.
+            async for batch in sse.batches(stream):
+                out = []
+                for ev in batch:
+                    out += encoder.ping() if ev is None else encoder.event(ev)
+                    if encoder.done:
+                        break
                 if out:
-                    yield to_frames(out)  # each event leaves as produced: no batching in front of the client
+                    yield to_frames(out)
                 if encoder.done:
                     break
             if not encoder.done:  # the service always ends with Finish; never leave a client hanging if not

@@ -49,12 +49,12 @@ async def chat_completions(request: Request, ctx: IngressContext = Depends(get_c
     async def frames():
         yield encoder.start()
         try:
-            async for ev in stream:
-                if ev is None:
-                    yield b": keep-alive\n\n"
-                    continue
-                for chunk in encoder.event(ev):
-                    yield chunk
+            # One write per batch: a route that keeps up sends each event as produced; one that lags sends what
+            # piled up together (fewer messages through Serve's proxy), never waiting for more.
+            async for batch in sse.batches(stream):
+                out = [b": keep-alive\n\n"] if batch == [None] else [c for ev in batch for c in encoder.event(ev)]
+                if out:
+                    yield b"".join(out)
         finally:
             await stream.aclose()
 

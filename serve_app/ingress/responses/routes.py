@@ -140,16 +140,17 @@ async def create_response(request: Request, ctx: IngressContext = Depends(get_ct
             yield chunk
         stream = sse.with_keepalive(ctx.service.stream(prepared), ing.ping_interval_s)
         try:
-            async for ev in stream:
-                if ev is None:
+            # Each event leaves as produced; events that piled up while the route lagged leave in one write.
+            async for batch in sse.batches(stream):
+                if batch == [None]:
                     yield b": keep-alive\n\n"
                     continue
-                chunks = encoder.event(ev)
+                out = [chunk for ev in batch for chunk in encoder.event(ev)]
                 if encoder.finished:
                     # Stored before the terminal event leaves, so a follow-up that names it always finds it.
                     await _save(store, req, history_raw, encoder.response)
-                for chunk in chunks:
-                    yield chunk
+                if out:
+                    yield b"".join(out)
             if not encoder.finished:
                 for chunk in encoder.fail("server_error", "the generation stream ended without finishing"):
                     yield chunk

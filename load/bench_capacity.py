@@ -1,0 +1,449 @@
+"""Capacity of the serving path at GPU token rates, against vLLM's own OpenAI server, in one run.
+
+Both servers serve the same frontend-bound model (load/tiny_model.py: SmolLM2's tokenizer, a 2-layer 128-wide
+Llama with random weights, `load_format: dummy`, fp32, eager), so a decode step costs almost nothing and what is
+measured is the path around the engine. They run at once and are measured alternately, round by round, so drift
+in machine load hits both alike. Per concurrency level and server:
+
+- aggregate streamed tokens/s (tokens from each stream's final `usage`, not chunks);
+- TTFT p50/p99; inter-token latency p50/p99, measured as vLLM's own benchmark does: the gap between successive
+  content chunks (a chunk that carries several tokens counts once), plus TPOT p50/p99 per request;
+- CPU seconds per 1,000 streamed tokens of every process involved, by role (proxy, ingress, router, engine
+  replica, engine core, Ray's own daemons; vLLM's API server and engine core), from /proc, so nothing in the
+  servers is instrumented;
+- the load generator's own CPU, and before anything else its ceiling: the same client against a trivial SSE
+  server that streams chat chunks as fast as it can, so the report says how far below the client's limit the
+  servers were measured.
+
+    python -m load.bench_capacity --json load/results/capacity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+MODEL_ID = "tiny"
+LEVELS = (1, 8, 32, 128)
+
+
+# -- servers -------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ours_config(port: int, model_path: str, ingress_replicas: int) -> dict:
+    model = {
+        "id": MODEL_ID,
+        "source": model_path,
+        "max_model_len": 4096,
+        "max_output_tokens": 4096,
+        "chat_template": "serve_app/templates/smollm2_tools.jinja",
+        "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+        "engine_kwargs": {"enforce_eager": True, "load_format": "dummy"},
+    }
+    ingress: dict = {"strip_preamble": True}
+    if ingress_replicas != 1:
+        ingress["deployment"] = {"num_replicas": ingress_replicas}
+    served = yaml.safe_load((ROOT / "config.yaml").read_text())  # Serve's own settings as the README runs them
+    return {
+        **{k: served[k] for k in ("controller_options", "proxy_location") if k in served},
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
+                          "args": {"models": [model], "router": {"policy": "kv"}, "ingress": ingress}}],
+    }
+
+
+def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str]) -> subprocess.Popen:
+    path = Path(tempfile.mkdtemp()) / "capacity.yaml"
+    path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas)))
+    return subprocess.Popen([str(Path(PY).parent / "serve"), "run", str(path)], stdout=log, stderr=log, cwd=ROOT,
+                            env={**os.environ, **env}, start_new_session=True)
+
+
+def start_vllm(port: int, model_path: str, log) -> subprocess.Popen:
+    from serve_app.engine.vllm_engine import cpu_lacks_bf16, cpu_thread_env
+
+    cmd = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--served-model-name", MODEL_ID,
+           "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096", "--enforce-eager",
+           "--load-format", "dummy", "--enable-prefix-caching",
+           "--chat-template", str(ROOT / "serve_app" / "templates" / "smollm2_tools.jinja")]
+    if cpu_lacks_bf16():
+        cmd += ["--dtype", "float32"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env.update(cpu_thread_env(os.sched_getaffinity(0), env))  # the binding our engines pick on this host
+    return subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early with {proc.returncode}")
+        try:
+            r = httpx.post(url + "/v1/chat/completions", timeout=30,
+                           json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+# -- CPU accounting ------------------------------------------------------------------------------------------
+
+
+def role_of(proc: psutil.Process, server: str) -> str:
+    try:
+        title = " ".join(proc.cmdline()) or proc.name()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return "gone"
+    if "VLLM::" in title or "EngineCore" in title:
+        return "engine_core"
+    if server == "vllm":
+        return "api_server" if "api_server" in title else "other"
+    for key, role in (("ProxyActor", "proxy"), (":Ingress", "ingress"), (":Router", "router"), (":Engine", "engine_replica"),
+                      ("ServeController", "serve_controller")):
+        if key in title:
+            return role
+    if "raylet" in title or "gcs_server" in title or "dashboard" in title or "ray/_private" in title:
+        return "ray_daemons"
+    return "other"
+
+
+class CpuMeter:
+    """CPU seconds of a server's whole process tree, by role, between two snapshots."""
+
+    def __init__(self, root_pid: int, server: str):
+        self.root, self.server = psutil.Process(root_pid), server
+
+    def snapshot(self) -> dict[int, tuple[str, float]]:
+        out = {}
+        for p in [self.root, *self.root.children(recursive=True)]:
+            try:
+                t = p.cpu_times()
+                out[p.pid] = (role_of(p, self.server), t.user + t.system)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+        return out
+
+    @staticmethod
+    def delta(before: dict, after: dict) -> dict[str, float]:
+        roles: dict[str, float] = {}
+        for pid, (role, cpu) in after.items():
+            roles[role] = roles.get(role, 0.0) + cpu - (before[pid][1] if pid in before else 0.0)
+        return roles
+
+
+def self_cpu() -> float:
+    t = psutil.Process().cpu_times()
+    return t.user + t.system
+
+
+# -- load ----------------------------------------------------------------------------------------------------
+
+
+async def one_stream(session: aiohttp.ClientSession, url: str, prompt: str, tokens: int) -> dict:
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
+            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    first = last = None
+    gaps: list[float] = []
+    usage = None
+    async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            now = time.perf_counter()
+            if b'"usage":{' in line:
+                usage = json.loads(line[6:])["usage"]
+            # Content chunks only (not the role chunk, the finish chunk or the usage chunk); no JSON parse per chunk.
+            if b'"content":"' in line and b'"content":""' not in line:
+                if first is None:
+                    first = now
+                else:
+                    gaps.append(now - last)
+                last = now
+    end = time.perf_counter()
+    n = int(usage["completion_tokens"]) if usage else 0
+    ttft = (first or end) - t0
+    tpot = (end - (first or end)) / (n - 1) if n > 1 else 0.0
+    return {"ttft": ttft, "gaps": gaps, "tokens": n, "tpot": tpot}
+
+
+async def run_level(url: str, concurrency: int, requests: int, tokens: int, seed: int) -> dict:
+    rng = random.Random(seed)
+    prompts = [f"[{rng.random():.12f}] Write a story about the number {rng.randint(0, 10**6)}." for _ in range(requests)]
+    sem = asyncio.Semaphore(concurrency)
+    conn = aiohttp.TCPConnector(limit=0, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=1800)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        async def go(p: str) -> dict:
+            async with sem:
+                return await one_stream(session, url, p, tokens)
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(go(p) for p in prompts))
+        wall = time.perf_counter() - t0
+    return {"results": results, "wall": wall}
+
+
+# -- the client's own ceiling -------------------------------------------------------------------------------
+
+
+def _fake_server(port: int, tokens: int) -> None:
+    """A minimal HTTP/1.1 SSE server that streams `tokens` chat chunks per request as fast as it can."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                def chunk(data: bytes) -> bytes:
+                    return b"%x\r\n%s\r\n" % (len(data), data)
+                role = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+                writer.write(chunk(role))
+                tok = b'data: {"id":"x","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":" tok"},"finish_reason":null}]}\n\n'
+                for i in range(tokens):
+                    writer.write(chunk(tok))
+                    if i % 4 == 0:
+                        await writer.drain()
+                        await asyncio.sleep(0)
+                usage = json.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": tokens}}, separators=(",", ":"))
+                writer.write(chunk(f"data: {usage}\n\n".encode()) + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+def client_ceiling(tokens: int, concurrency: int, requests: int) -> dict:
+    import multiprocessing
+
+    port = free_port()
+    proc = multiprocessing.get_context("spawn").Process(target=_fake_server, args=(port, tokens), daemon=True)
+    proc.start()
+    time.sleep(1.0)
+    try:
+        c0 = self_cpu()
+        res = asyncio.run(run_level(f"http://127.0.0.1:{port}", concurrency, requests, tokens, seed=0))
+        cpu = self_cpu() - c0
+    finally:
+        proc.terminate()
+    n = sum(r["tokens"] for r in res["results"])
+    return {"concurrency": concurrency, "tokens_per_s": n / res["wall"], "client_cpu_s_per_1k_tokens": 1000 * cpu / n}
+
+
+# -- report --------------------------------------------------------------------------------------------------
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+
+
+def summarize(acc: dict) -> dict:
+    res = acc["results"]
+    tokens = sum(r["tokens"] for r in res)
+    gaps = [g for r in res for g in r["gaps"]]
+    row = {
+        "requests": len(res),
+        "tokens": tokens,
+        "tokens_per_s": tokens / acc["wall"],
+        "ttft_p50_ms": 1000 * pct([r["ttft"] for r in res], 0.5),
+        "ttft_p99_ms": 1000 * pct([r["ttft"] for r in res], 0.99),
+        "itl_p50_ms": 1000 * pct(gaps, 0.5),
+        "itl_p99_ms": 1000 * pct(gaps, 0.99),
+        "tpot_p50_ms": 1000 * pct([r["tpot"] for r in res], 0.5),
+        "tpot_p99_ms": 1000 * pct([r["tpot"] for r in res], 0.99),
+        "chunks_per_token": (len(gaps) + len(res)) / max(tokens, 1),
+        "cpu_s_per_1k_tokens": {k: round(1000 * v / max(tokens, 1), 4) for k, v in sorted(acc["cpu"].items())},
+        "load_generator_cpu_s_per_1k_tokens": 1000 * acc["client_cpu"] / max(tokens, 1),
+    }
+    serving = [v for k, v in row["cpu_s_per_1k_tokens"].items() if k in ("proxy", "ingress", "router", "engine_replica", "api_server")]
+    row["serving_path_cpu_s_per_1k_tokens"] = round(sum(serving), 4)
+    return row
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
+                               text=True).stdout.strip()
+        return out + ("+dirty" if dirty else "")
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def host() -> dict:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"hostname": platform.node(), "cpus": len(os.sched_getaffinity(0)), "cpu_model": cpu,
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version()}
+
+
+def requests_for(c: int, tokens: int, scale: float) -> int:
+    return max(c, int(round(scale * max(8, 2 * c) if c < 128 else scale * c)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=256, help="forced output tokens per request (ignore_eos)")
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
+    ap.add_argument("--scale", type=float, default=1.0, help="requests per round = scale * max(8, 2c) (c for c>=128)")
+    ap.add_argument("--ingress-replicas", type=int, default=1)
+    ap.add_argument("--only", choices=("ours", "vllm"), help="measure one server only (profiling)")
+    ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for `serve run` (Ray Serve's own settings), repeatable")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+    levels = [int(x) for x in a.levels.split(",")]
+
+    from load.tiny_model import ensure_tiny_model
+
+    model_path = ensure_tiny_model()
+    ceiling = client_ceiling(a.tokens, max(levels), max(levels) * 2)
+    print(f"load generator ceiling: {ceiling['tokens_per_s']:.0f} tokens/s at concurrency {ceiling['concurrency']}",
+          flush=True)
+
+    # A SIGTERM (timeout, pkill) still runs the cleanup below: the servers are in their own sessions.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    log = open(tempfile.mkstemp(prefix="bench_capacity_", suffix=".log")[1], "w")
+    print(f"server logs: {log.name}", flush=True)
+    names = [a.only] if a.only else ["ours", "vllm"]
+    ports = {n: free_port() for n in names}
+    procs = {}
+    if "ours" in names:
+        procs["ours"] = start_ours(ports["ours"], model_path, a.ingress_replicas, log,
+                                   dict(kv.split("=", 1) for kv in a.serve_env))
+    if "vllm" in names:
+        procs["vllm"] = start_vllm(ports["vllm"], model_path, log)
+    try:
+        urls = {n: f"http://127.0.0.1:{ports[n]}" for n in names}
+        for n in names:
+            wait_healthy(urls[n], procs[n])
+        meters = {n: CpuMeter(procs[n].pid, n) for n in names}
+        acc = {(n, c): {"results": [], "wall": 0.0, "cpu": {}, "client_cpu": 0.0} for n in names for c in levels}
+        for n in names:  # warm-up: first requests pay one-off costs on both sides
+            asyncio.run(run_level(urls[n], 8, 8, 16, seed=-1))
+        for r in range(a.rounds):
+            for c in levels:
+                order = names if r % 2 == 0 else names[::-1]
+                for n in order:
+                    before, c0 = meters[n].snapshot(), self_cpu()
+                    res = asyncio.run(run_level(urls[n], c, requests_for(c, a.tokens, a.scale), a.tokens, seed=r * 1000 + c))
+                    cpu = CpuMeter.delta(before, meters[n].snapshot())
+                    s = acc[(n, c)]
+                    s["results"] += res["results"]
+                    s["wall"] += res["wall"]
+                    s["client_cpu"] += self_cpu() - c0
+                    for k, v in cpu.items():
+                        s["cpu"][k] = s["cpu"].get(k, 0.0) + v
+                    print(f"round {r} c={c} {n}: {sum(x['tokens'] for x in res['results']) / res['wall']:.0f} tokens/s",
+                          flush=True)
+        out = {
+            "command": " ".join([Path(PY).name, "-m", "load.bench_capacity", *sys.argv[1:]]),
+            "commit": git_commit(),
+            "host": host(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "model": "tiny-random-smollm2 (2 layers, hidden 128, SmolLM2 tokenizer, load_format dummy, fp32, eager)",
+            "tokens_per_request": a.tokens,
+            "rounds": a.rounds,
+            "ingress_replicas": a.ingress_replicas,
+            "serve_env": a.serve_env,
+            "load_generator_ceiling": ceiling,
+            "levels": {},
+        }
+        for c in levels:
+            row = {n: summarize(acc[(n, c)]) for n in names}
+            if len(names) == 2:
+                o, v = row["ours"], row["vllm"]
+                row["ratio"] = {
+                    "tokens_per_s": o["tokens_per_s"] / v["tokens_per_s"],
+                    "ttft_p50": o["ttft_p50_ms"] / max(v["ttft_p50_ms"], 1e-9),
+                    "ttft_p99": o["ttft_p99_ms"] / max(v["ttft_p99_ms"], 1e-9),
+                    "itl_p50": o["itl_p50_ms"] / max(v["itl_p50_ms"], 1e-9),
+                    "itl_p99": o["itl_p99_ms"] / max(v["itl_p99_ms"], 1e-9),
+                    "serving_path_cpu": o["serving_path_cpu_s_per_1k_tokens"] / max(v["serving_path_cpu_s_per_1k_tokens"], 1e-9),
+                }
+            out["levels"][str(c)] = row
+        print(json.dumps(out, indent=2))
+        if a.json:
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+        if len(names) == 2:
+            print(table(out))
+    finally:
+        for p in procs.values():
+            try:
+                os.killpg(p.pid, signal.SIGINT)
+            except ProcessLookupError:
+                pass
+        for p in procs.values():
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def table(out: dict) -> str:
+    lines = ["| concurrency | tokens/s ours / vLLM | TTFT p50 ours / vLLM | ITL p99 ours / vLLM | serving-path CPU s per 1K tokens ours / vLLM |",
+             "|---|---|---|---|---|"]
+    for c, row in out["levels"].items():
+        o, v, r = row["ours"], row["vllm"], row["ratio"]
+        lines.append(f"| {c} | {o['tokens_per_s']:.0f} / {v['tokens_per_s']:.0f} = **{r['tokens_per_s']:.2f}x** "
+                     f"| {o['ttft_p50_ms']:.0f} / {v['ttft_p50_ms']:.0f} ms = {r['ttft_p50']:.2f}x "
+                     f"| {o['itl_p99_ms']:.1f} / {v['itl_p99_ms']:.1f} ms = {r['itl_p99']:.2f}x "
+                     f"| {o['serving_path_cpu_s_per_1k_tokens']:.2f} / {v['serving_path_cpu_s_per_1k_tokens']:.2f} = {r['serving_path_cpu']:.2f}x |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""Ray Serve's per-process settings for this app's replicas, chosen for streaming many small deltas.
+
+Serve reads these from the environment of each replica process when it starts, so the app sets them on its own
+deployments (`runtime_env.env_vars`) instead of asking operators to export flags: nothing here changes the
+topology (no direct ingress, no proxy change), only how each replica runs its own code. Measured with
+load/bench_capacity.py (docs/serving-path.md): every token crosses engine replica -> ingress as one item, and
+the per-item cost of Serve's defaults is what bounded the path.
+
+- User code on the replica's own event loop: by default Serve runs it on a second thread and hands every
+  yielded item across threads (`call_soon_threadsafe`) to the loop that reports it to Ray. All of this app's
+  deployment code is async and never blocks its loop (tokenization and template rendering run in threads).
+- The handle's request router on the same loop, for the same reason: each engine call otherwise crosses threads.
+- Request-path logs buffered (flushed when full or on an error line) rather than flushed per request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+SERVE_REPLICA_ENV = {
+    "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
+    "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
+}
+
+
+def with_replica_env(actor_options: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`ray_actor_options` with Serve's replica settings under the operator's `runtime_env.env_vars`, and `env`
+    (a model's `engine_env`) over both."""
+    actor = dict(actor_options)
+    runtime_env = dict(actor.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**SERVE_REPLICA_ENV, **runtime_env.get("env_vars", {}), **(env or {})}
+    actor["runtime_env"] = runtime_env
+    return actor
