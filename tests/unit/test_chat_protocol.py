@@ -144,7 +144,18 @@ def test_tool_dispatch_arrives_once_per_call_before_the_final_chunk():
     assert first == {"choice_index": 0, "tool_call": {"index": 0, "id": "call_a", "type": "function",
                                                       "function": {"name": "ls", "arguments": "{\"p\": 1}"}}}
     json.loads(first["tool_call"]["function"]["arguments"])
-    assert "tool_call_dispatch" not in names[: names.index("tool_call_dispatch")]
+    # Once per call, in call order, each the moment its arguments are complete: after that call's last chunk
+    # and before the next call's first one.
+    assert [d["tool_call"]["id"] for _, d in dispatches] == ["call_a", "call_b"]
+    assert names.count("tool_call_dispatch") == 2
+
+    def call_chunks(index):
+        return [i for i, (n, d) in enumerate(events) if n is None and d != "[DONE]"
+                for ch in d["choices"] for tc in ch["delta"].get("tool_calls") or [] if tc["index"] == index]
+
+    a_chunks, b_chunks = call_chunks(0), call_chunks(1)
+    assert max(a_chunks) < dispatches[0][0] < min(b_chunks)
+    assert max(b_chunks) < dispatches[1][0]
 
 
 def test_no_dispatch_events_when_off():
