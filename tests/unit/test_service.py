@@ -51,6 +51,7 @@ class ReplayEngines:
         self.fail_after = fail_after
         self.decision = decision
         self.requests = []
+        self.routes = []  # the RouteRequests the service asked the Router to place
         self.released = []
         self.prefilled_ids = []
         self.counts = {}  # what the Router is told: the engine's cached tokens and the output generated
@@ -61,6 +62,7 @@ class ReplayEngines:
         return 16
 
     async def choose(self, key, req):
+        self.routes.append(req)
         return self.decision
 
     def release(self, key, request_id, output_tokens=None):
@@ -283,3 +285,76 @@ def test_hints_reach_the_engine_request():
     opts = GenerationOptions(hints=AgentHints(priority=5, osl=77))
     run(collect(svc, run(svc.prepare(conv(), opts, "m"))))
     assert engines.requests[-1].priority == -5  # vLLM runs lower values first
+
+
+def test_osl_hint_is_the_routers_expected_output():
+    """`agent_hints.osl` is what the Router reserves as the request's decode load on the chosen replica."""
+    from serve_app.conversation import AgentHints
+
+    engines = ReplayEngines([EngineChunk("", [1], finish_reason="stop")])
+    svc = make_service(engines)
+    run(collect(svc, run(svc.prepare(conv(), GenerationOptions(hints=AgentHints(osl=1234)), "m"))))
+    run(collect(svc, run(svc.prepare(conv(), GenerationOptions(max_tokens=40), "m"))))
+    run(collect(svc, run(svc.prepare(conv(), GenerationOptions(), "m"))))
+    # Without the hint: the request's own output cap (40; the model's 300 when unset).
+    assert [r.expected_output_tokens for r in engines.routes] == [1234, 40, 300]
+    assert all(r.num_prompt_tokens == 100 for r in engines.routes)
+
+
+def test_osl_from_the_wire_reaches_the_router():
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    engines = ReplayEngines([EngineChunk("", [1], finish_reason="stop")])
+    svc = make_service(engines)
+    _, c, opts = chat_request_to_conversation({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                              "nvext": {"agent_hints": {"osl": 77}}})
+    run(collect(svc, run(svc.prepare(c, opts, "m"))))
+    assert engines.routes[-1].expected_output_tokens == 77
+
+
+async def collect_and_settle(svc, prepared):
+    """The stream's events, then whatever the service started in the background once it finished."""
+    events = await collect(svc, prepared)
+    await asyncio.gather(*list(svc._background))
+    return events
+
+
+def _speculative(**hints):
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    _, c, opts = chat_request_to_conversation({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                              "nvext": {"agent_hints": hints}})
+    return c, opts
+
+
+def test_speculative_prefill_warms_prompt_plus_answer_on_the_same_replica():
+    engines = ReplayEngines([EngineChunk("Hel", [7, 8]), EngineChunk("lo", [9]),
+                             EngineChunk("", [10], finish_reason="stop")],
+                            decision=Decision("r2", "kv", cached_blocks=0))
+    svc = make_service(engines)
+    c, opts = _speculative(speculative_prefill=True, priority=3)
+    p = run(svc.prepare(c, opts, "m"))
+    events = run(collect_and_settle(svc, p))
+    assert events[-1] == Finish("stop")
+    main, warm = engines.requests  # a second engine request, after the turn
+    assert warm.request_id != main.request_id
+    # The next turn's prefix: this prompt followed by every token this turn generated.
+    assert warm.prompt_token_ids == list(range(100)) + [7, 8, 9, 10]
+    assert warm.max_tokens == 1
+    assert warm.target_replica == main.target_replica == "r2"  # where this turn's KV already is
+    assert warm.priority > main.priority  # vLLM runs lower values first: the warm-up yields to real requests
+    assert len(engines.routes) == 1  # not routed, so not counted as a request by the Router
+    assert engines.released == [p.request_id]
+
+
+def test_no_speculative_prefill_without_the_hint_or_after_a_failed_turn():
+    engines = ReplayEngines([EngineChunk("a", [1]), EngineChunk("", [2], finish_reason="stop")])
+    svc = make_service(engines)
+    c, opts = _speculative(speculative_prefill=False)
+    run(collect_and_settle(svc, run(svc.prepare(c, opts, "m"))))
+    assert len(engines.requests) == 1
+    failing = ReplayEngines([EngineChunk("a", [1]), EngineChunk("b", [2])], fail_after=1)
+    svc = make_service(failing)
+    c, opts = _speculative(speculative_prefill=True)
+    events = run(collect_and_settle(svc, run(svc.prepare(c, opts, "m"))))
+    assert events[-1].reason == "error" and len(failing.requests) == 1
