@@ -161,7 +161,11 @@ def main() -> None:
                     s["ttft"] += res["ttft"]
                     s["tokens"] += res["tokens"]
                     s["wall"] += res["wall"]
-        out = {"tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
+        from load.bench_capacity import git_commit, host
+
+        out = {"command": " ".join([Path(PY).name, "-m", "load.bench_overhead", *sys.argv[1:]]),
+               "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+               "tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
         for c in (1, 8):
             row = {}
             for name in ("ours", "vllm"):

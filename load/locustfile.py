@@ -43,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from agent_wire import LoadError, Timing, billing_line, fold_anthropic, iter_sse, stable_text  # noqa: E402
 
 API_KEY = "sk-load-test"
+OUTPUT_TOKENS: Counter = Counter()  # by API, from each response's usage (this process's users only)
 TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 
 TOOLS = [
@@ -131,6 +132,7 @@ class AgentUser(User):
         return timing, got
 
     def record(self, timing: Timing, prompt_tokens: int, cached_tokens: int, output_tokens: int) -> None:
+        OUTPUT_TOKENS[self.api] += output_tokens
         if timing.first is not None:
             self.fire("TTFT", self.api, (timing.first - timing.start) * 1000)
             for gap in timing.gaps:
@@ -411,6 +413,7 @@ def summary(stats) -> dict:
         m = re.match(r"(?:LoadError\(['\"])?([\w%]+):", str(err.error))
         errors[m.group(1) if m else str(err.error)[:60]] += err.occurrences
     out["errors_by_type"] = dict(errors)
+    out["output_tokens"] = {**OUTPUT_TOKENS, "total": sum(OUTPUT_TOKENS.values())}  # single-process runs only
     return out
 
 

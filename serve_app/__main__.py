@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 DEFAULT_CONFIG = "config.yaml"
+ENV_KEY = "SERVE_APP_API_KEY"
 
 
 def _load_settings(path: str):
@@ -29,9 +30,18 @@ def _cmd_codex_config(args: argparse.Namespace) -> int:
     if args.model and settings.find_model(args.model) is None:
         print(f"error: model {args.model!r} is not served by {args.config}", file=sys.stderr)
         return 2
-    block = write_codex_config(settings.models, args.base_url, args.catalog_out, model=args.model,
-                               env_key=None if args.no_env_key else args.env_key)
+    env_key = None if args.no_env_key else args.env_key
+    if env_key is None and not args.no_env_key and settings.ingress.api_keys:
+        env_key = ENV_KEY
+    block = write_codex_config(settings.models, args.base_url, args.catalog_out, model=args.model, env_key=env_key)
     print(block, end="")
+    if env_key is None:
+        # Codex stops with "Missing environment variable" when a provider names an env_key that is unset, so a
+        # service without keys gets a provider without one.
+        print(f"# {args.config} sets no ingress.api_keys: the provider has no env_key (pass --env-key to add one)",
+              file=sys.stderr)
+    else:
+        print(f"# Codex reads the API key from ${env_key}", file=sys.stderr)
     print(f"# model catalog written to {Path(args.catalog_out).expanduser().resolve()}", file=sys.stderr)
     return 0
 
@@ -46,8 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     codex.add_argument("--catalog-out", default="~/.codex/serve_app_models.json",
                        help="where to write the model catalog JSON (config.toml's model_catalog_json)")
     codex.add_argument("--model", default=None, help="the model Codex uses by default (first served id if unset)")
-    codex.add_argument("--env-key", default="SERVE_APP_API_KEY", help="env var holding the API key")
-    codex.add_argument("--no-env-key", action="store_true", help="the service has no API keys configured")
+    codex.add_argument("--env-key", default=None,
+                       help=f"env var holding the API key (default: {ENV_KEY} when the config sets ingress.api_keys, "
+                            "none otherwise)")
+    codex.add_argument("--no-env-key", action="store_true", help="never name an env var, even with API keys")
     codex.set_defaults(func=_cmd_codex_config)
     return parser
 

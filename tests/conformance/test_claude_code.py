@@ -2,7 +2,7 @@
 with the second request reusing the first's prompt prefix.
 
 Claude Code is npm-installed at test time into `.tools/claude-code` (gitignored); without npm or the registry the
-tests skip and say why. The model's words come from `tests/configs/script_rules/anthropic.yaml` (forced scripts
+tests say why and skip (fail under CI). The model's words come from `tests/configs/script_rules/anthropic.yaml` (forced scripts
 keyed on markers in the prompt), through the real engine.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from npm_tools import TOOLS, npm_bin
+from npm_tools import TOOLS, npm_bin, unavailable
 
 # The first request carries a ~16-20K-token system prompt and tool set: its cold prefill on the 32K engine takes
 # about 9 minutes on two CPU cores, the longest single step of CI. It runs anyway: it is the request users send.
@@ -30,7 +30,7 @@ def claude() -> Path:
     path = npm_bin(PREFIX, "@anthropic-ai/claude-code", "claude")
     r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
-        pytest.skip(f"the installed claude binary does not run here: {r.stderr[-300:]}")
+        unavailable(f"the installed claude binary does not run here: {r.stderr[-300:]}")
     return path
 
 

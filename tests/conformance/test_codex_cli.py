@@ -3,7 +3,7 @@
 `exec_command` with `echo hi …`, Codex runs it and sends the output back, the model answers) completes with the
 second request reusing the first's prompt prefix.
 
-Codex is npm-installed at test time into `.tools/codex` (gitignored); without npm or the registry the tests skip and
+Codex is npm-installed at test time into `.tools/codex` (gitignored); without npm or the registry the tests skip (fail under CI) and
 say why. The model's words come from `tests/configs/script_rules/codex.yaml` (forced scripts keyed on markers in the
 prompt), through the real engine. Per-request usage is read from Codex's own trace of the SSE it received.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from npm_tools import ROOT, TOOLS, npm_bin
+from npm_tools import ROOT, TOOLS, npm_bin, unavailable
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
@@ -32,7 +32,7 @@ def codex() -> Path:
     path = npm_bin(PREFIX, "@openai/codex", "codex")
     r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
-        pytest.skip(f"the installed codex binary does not run here: {r.stderr[-300:]}")
+        unavailable(f"the installed codex binary does not run here: {r.stderr[-300:]}")
     return path
 
 

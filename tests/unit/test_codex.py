@@ -57,3 +57,23 @@ def test_cli_writes_catalog_and_prints_block(tmp_path, capsys):
     assert [m["slug"] for m in json.loads(out.read_text())["models"]] == ["small", "small-alias", "thinker"]
     assert main(["codex-config", "--base-url", "http://h:1", "--config", str(cfg), "--catalog-out", str(out),
                  "--model", "unknown"]) == 2
+
+
+def test_cli_names_an_env_key_only_when_the_service_has_api_keys(tmp_path, capsys):
+    """Codex stops with "Missing environment variable" for a provider whose env_key is unset: the README's line
+    must work verbatim against a service without keys, and still name the variable where keys are required."""
+    out = tmp_path / "catalog.json"
+
+    def provider(settings: dict, *extra: str) -> dict:
+        cfg = tmp_path / "serve.yaml"
+        cfg.write_text(json.dumps({"applications": [{"args": settings}]}))
+        assert main(["codex-config", "--base-url", "http://h:1", "--config", str(cfg), "--catalog-out", str(out),
+                     *extra]) == 0
+        return tomllib.loads(capsys.readouterr().out)["model_providers"]["serve_app"]
+
+    open_service = SETTINGS.model_dump()
+    keyed = {**open_service, "ingress": {**open_service["ingress"], "api_keys": ["k"]}}
+    assert "env_key" not in provider(open_service)
+    assert provider(keyed)["env_key"] == "SERVE_APP_API_KEY"
+    assert provider(open_service, "--env-key", "MY_KEY")["env_key"] == "MY_KEY"
+    assert "env_key" not in provider(keyed, "--no-env-key")

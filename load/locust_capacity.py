@@ -1,0 +1,143 @@
+"""Agent-shaped load at high concurrency on the frontend-bound tiny model, with the serving path's CPU per token.
+
+Starts this app on load/tiny_model.py (dummy weights, so the serving path is what is loaded) with forced scripts
+on, runs load/locustfile.py headless with `--scripted` (Claude-Code-, Codex- and chat-shaped sessions: thinking,
+tool calls, growing histories), and reads every server process's CPU from /proc, by role, as
+load/bench_capacity.py does. The result file records the command, commit and host, Locust's summary (failures,
+TTFT, ITL, cached fraction) and CPU seconds per 1,000 streamed output tokens.
+
+    python -m load.locust_capacity --users 64 --run-time 180 --json load/results/locust_capacity.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from load.bench_capacity import ROOT, CpuMeter, free_port, git_commit, host
+
+PY = sys.executable
+
+
+def config(port: int, model_path: str) -> dict:
+    served = yaml.safe_load((ROOT / "config.yaml").read_text())
+    model = {
+        "id": "tiny",
+        "source": model_path,
+        # The ids the locustfile's sessions ask for by default.
+        "aliases": ["claude-sonnet-4-6", "gpt-5.5", "smollm2"],
+        "max_model_len": 8192,
+        "max_output_tokens": 2048,
+        "reasoning_parser": "qwen3",
+        "tool_parser": "hermes",
+        "chat_template": "serve_app/templates/smollm2_tools.jinja",
+        "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
+        "engine_kwargs": {"enforce_eager": True, "load_format": "dummy"},
+    }
+    return {
+        **{k: served[k] for k in ("controller_options", "proxy_location") if k in served},
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
+                          "args": {"models": [model], "testing": {"forced_scripts": True},
+                                   "ingress": {"api_keys": ["sk-load-test"], "strip_preamble": True}}}],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--users", type=int, default=64)
+    ap.add_argument("--run-time", type=int, default=180, help="seconds")
+    ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+
+    from load.tiny_model import ensure_tiny_model
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    port = free_port()
+    cfg = Path(tempfile.mkdtemp()) / "locust_capacity.yaml"
+    cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model())))
+    log = open(tempfile.mkstemp(prefix="locust_capacity_", suffix=".log")[1], "w")
+    server = subprocess.Popen([str(Path(PY).parent / "serve"), "run", str(cfg)], stdout=log, stderr=log, cwd=ROOT,
+                              start_new_session=True)
+    summary_path = Path(tempfile.mkdtemp()) / "summary.json"
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy_keyed(url, server)
+        meter = CpuMeter(server.pid, "ours")
+        before = meter.snapshot()
+        t0 = time.monotonic()
+        locust = subprocess.run(
+            [str(Path(PY).parent / "locust"), "-f", str(ROOT / "load" / "locustfile.py"), "--headless", "--host", url,
+             "--users", str(a.users), "--spawn-rate", str(max(1, a.users // 10)), "--run-time", f"{a.run_time}s",
+             "--stop-timeout", "120", "--scripted", "--max-turns", str(a.max_turns), "--max-tokens", "128",
+             "--system-tokens", "1500", "--summary-json", str(summary_path), "--only-summary"],
+            cwd=ROOT, capture_output=True, text=True, timeout=a.run_time + 600)
+        wall = time.monotonic() - t0
+        cpu = CpuMeter.delta(before, meter.snapshot())
+        summary = json.loads(summary_path.read_text())
+        tokens = summary["output_tokens"]["total"]
+        per_1k = {k: round(1000 * v / max(tokens, 1), 4) for k, v in sorted(cpu.items())}
+        serving = sum(v for k, v in per_1k.items() if k in ("proxy", "ingress", "router", "engine_replica"))
+        out = {
+            "command": " ".join([Path(PY).name, "-m", "load.locust_capacity", *sys.argv[1:]]),
+            "commit": git_commit(),
+            "host": host(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "model": "tiny-random-smollm2 (dummy weights) with forced agent scripts (qwen3 thinking, hermes tools)",
+            "users": a.users,
+            "run_time_s": a.run_time,
+            "wall_s": round(wall, 1),
+            "locust_exit_code": locust.returncode,
+            "summary": summary,
+            "output_tokens_per_s": round(tokens / wall, 1),
+            "cpu_s_per_1k_tokens": per_1k,
+            "serving_path_cpu_s_per_1k_tokens": round(serving, 4),
+        }
+        print(json.dumps(out, indent=2))
+        if locust.returncode not in (0, 1):
+            print(locust.stderr[-3000:], file=sys.stderr)
+        if a.json:
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGINT)
+            server.wait(timeout=60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(server.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def wait_healthy_keyed(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
+    """bench_capacity's readiness probe, with this app's API key."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early with {proc.returncode}")
+        try:
+            r = httpx.post(url + "/v1/chat/completions", timeout=30, headers={"authorization": "Bearer sk-load-test"},
+                           json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+if __name__ == "__main__":
+    main()
