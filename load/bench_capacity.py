@@ -28,7 +28,6 @@ import platform
 import random
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,7 +96,8 @@ def start_vllm(port: int, model_path: str, log) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 900, headers: dict | None = None) -> None:
+    """Until a 2-token chat request succeeds (the engine is up, not just the HTTP server)."""
     import httpx
 
     deadline = time.monotonic() + timeout
@@ -105,7 +105,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 900) -> None
         if proc.poll() is not None:
             raise RuntimeError(f"server exited early with {proc.returncode}")
         try:
-            r = httpx.post(url + "/v1/chat/completions", timeout=30,
+            r = httpx.post(url + "/v1/chat/completions", timeout=30, headers=headers or {},
                            json={"model": MODEL_ID, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
             if r.status_code == 200:
                 return
@@ -421,16 +421,21 @@ def main() -> None:
         if len(names) == 2:
             print(table(out))
     finally:
-        for p in procs.values():
-            try:
-                os.killpg(p.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-        for p in procs.values():
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        stop(list(procs.values()))
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """SIGINT each server's process group (serve run shuts Ray down), SIGKILL what is left after a minute."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGINT)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
 
 
 def table(out: dict) -> str:

@@ -18,7 +18,6 @@ import asyncio
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -192,16 +191,9 @@ def main() -> None:
                   f"| {o['ttft_p95_ms']:.0f} / {v['ttft_p95_ms']:.0f} ms = {r_['ttft_p95']:.2f}x "
                   f"| {o['tokens_per_s']:.1f} / {v['tokens_per_s']:.1f} = {r_['tokens_per_s']:.2f}x |")
     finally:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGINT)
-            except ProcessLookupError:
-                pass
-        for p in procs:
-            try:
-                p.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        from load.bench_capacity import stop
+
+        stop(procs)
 
 
 if __name__ == "__main__":

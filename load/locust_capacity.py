@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from load.bench_capacity import ROOT, CpuMeter, free_port, git_commit, host
+from load.bench_capacity import ROOT, CpuMeter, free_port, git_commit, host, stop, wait_healthy
 
 PY = sys.executable
 
@@ -72,7 +71,7 @@ def main() -> None:
     summary_path = Path(tempfile.mkdtemp()) / "summary.json"
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_healthy_keyed(url, server)
+        wait_healthy(url, server, headers={"authorization": "Bearer sk-load-test"})
         meter = CpuMeter(server.pid, "ours")
         before = meter.snapshot()
         t0 = time.monotonic()
@@ -110,33 +109,7 @@ def main() -> None:
             Path(a.json).parent.mkdir(parents=True, exist_ok=True)
             Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
     finally:
-        try:
-            os.killpg(server.pid, signal.SIGINT)
-            server.wait(timeout=60)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            try:
-                os.killpg(server.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-
-def wait_healthy_keyed(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
-    """bench_capacity's readiness probe, with this app's API key."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited early with {proc.returncode}")
-        try:
-            r = httpx.post(url + "/v1/chat/completions", timeout=30, headers={"authorization": "Bearer sk-load-test"},
-                           json={"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"{url} did not become ready")
+        stop([server])
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class _Metric:
         self.local = cls(PREFIX + name, doc, self.labels, registry=REGISTRY, **extra)
         self._ray: Any = None
         self._ray_checked = False
+        self._children: dict[tuple, tuple[Any, dict[str, str]]] = {}
 
     def _ray_metric(self):
         if self._ray_checked:
@@ -68,7 +69,14 @@ class _Metric:
         return self._ray
 
     def record(self, value: float, **labels: str) -> None:
-        child = self.local.labels(**labels) if self.labels else self.local
+        # Recorded per streamed token (inter-token gaps): the labelled child and the tag dict are looked up once
+        # per label set, not built on every call.
+        key = tuple(labels.values())
+        cached = self._children.get(key)
+        if cached is None:
+            child = self.local.labels(**labels) if self.labels else self.local
+            cached = self._children[key] = (child, {k: str(v) for k, v in labels.items()})
+        child, tags = cached
         if self.kind == "counter":
             child.inc(value)
         elif self.kind == "gauge":
@@ -78,7 +86,6 @@ class _Metric:
         ray_metric = self._ray_metric()
         if ray_metric is not None:
             try:
-                tags = {k: str(v) for k, v in labels.items()}
                 if self.kind == "counter":
                     ray_metric.inc(value, tags=tags)
                 elif self.kind == "gauge":
