@@ -1,4 +1,4 @@
-"""GenerationService: the one pipeline every API adapter drives (ARCHITECTURE steps 3-6).
+"""GenerationService: the one pipeline every API adapter drives (docs/architecture.md, steps 3-6).
 
 An adapter turns its wire request into `(Conversation, GenerationOptions)` and then:
 

@@ -15,7 +15,8 @@ from serve_app.settings import ModelConfig
 log = logging.getLogger(__name__)
 
 
-# Above vLLM's own max_num_seqs (128-256 on CPU, more on GPUs): the engine's scheduler queues and prioritises, not Serve.
+# Above vLLM's own max_num_seqs (128-256 on CPU, more on GPUs): the engine's scheduler queues and prioritises,
+# not Serve.
 @serve.deployment(name="Engine", max_ongoing_requests=256, health_check_period_s=10)
 class Engine:
     def __init__(self, model: dict, *, engine_key: str, forced_scripts: bool, kv_events: bool, model_cache_dir, router=None):

@@ -1,7 +1,7 @@
 """`/v1/tokenize` and `/v1/detokenize` (also at `/tokenize`, `/detokenize`) in vLLM's request/response shapes.
 
 The chat form goes through the same converter and prompt renderer as a chat completion, so `count` equals the
-`usage.prompt_tokens` the engine reports for that request (ARCHITECTURE: "The ingress owns the prompt").
+`usage.prompt_tokens` the engine reports for that request (docs/architecture.md: "The ingress owns the prompt").
 """
 
 from __future__ import annotations

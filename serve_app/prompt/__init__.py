@@ -1,5 +1,5 @@
-"""The prompt pipeline (ARCHITECTURE step 3): strip the per-session preamble, decide how earlier reasoning is
-replayed, render the model's chat template and tokenize — the only place a prompt is built."""
+"""The prompt pipeline (docs/architecture.md, step 3): strip the per-session preamble, decide how earlier
+reasoning is replayed, render the model's chat template and tokenize — the only place a prompt is built."""
 
 from serve_app.prompt.policy import ReplayPolicy, decide_policy, reasoning_markers
 from serve_app.prompt.preamble import strip_preamble
