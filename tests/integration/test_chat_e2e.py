@@ -13,6 +13,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2-135m-instruct"
+SLASHED = "org/smollm2-test"  # an alias of MODEL in tests/configs/test.yaml: served ids may contain `/`
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +49,8 @@ def test_usage_counts_are_exact(client, serve_url):
     messages = [{"role": "user", "content": "Count to five."}]
     r = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12, temperature=0)
     tok = httpx.post(f"{serve_url}/v1/tokenize", json={"model": MODEL, "messages": messages}, timeout=60)
-    if tok.status_code == 200:
-        assert tok.json()["count"] == r.usage.prompt_tokens
+    assert tok.status_code == 200, tok.text[:300]
+    assert tok.json()["count"] == r.usage.prompt_tokens
     assert r.usage.completion_tokens == 12 or r.choices[0].finish_reason == "stop"
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
 
@@ -107,7 +108,11 @@ def test_forced_tool_call_streams_arguments_and_dispatches(client, serve_url):
 def test_errors_in_openai_envelope(client, serve_url):
     with pytest.raises(openai.NotFoundError) as e:
         ask(client, "hi", model="no-such-model")
-    assert "no-such-model" in e.value.body["message"] if isinstance(e.value.body, dict) else True
+    assert e.value.status_code == 404
+    err = e.value.response.json()["error"]
+    assert err == {"message": "model: no-such-model", "type": "not_found_error", "param": "model",
+                   "code": "model_not_found"}
+    assert e.value.body == err  # what the SDK hands the caller is that envelope's `error`
     r = httpx.post(f"{serve_url}/v1/chat/completions", content=b"{oops", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     r = httpx.post(f"{serve_url}/v1/chat/completions", json={"model": MODEL, "messages": "hi"})
@@ -117,6 +122,7 @@ def test_errors_in_openai_envelope(client, serve_url):
     assert r.status_code == 400 and "max_tokens" in r.json()["error"]["message"]
     r = httpx.get(f"{serve_url}/v1/models/nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+    assert r.json()["error"]["message"] == "model: nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"
 
 
 def test_prompt_too_long_says_both_numbers(client):
@@ -136,6 +142,20 @@ def test_models_endpoints(client, serve_url):
     assert {"smollm2-135m-instruct", "smollm2", "claude-sonnet-4-6"} <= ids
     m = httpx.get(f"{serve_url}/v1/models/claude-sonnet-4-6").json()
     assert m["id"] == "claude-sonnet-4-6" and m["context_window"] == 32768 and m["max_output_tokens"] == 4096
+
+
+def test_a_model_id_containing_a_slash_is_served(client, serve_url):
+    r = httpx.get(f"{serve_url}/v1/models/{SLASHED}", timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    m = r.json()
+    assert m["id"] == SLASHED and m["object"] == "model" and m["parent"] == MODEL
+    assert client.models.retrieve(SLASHED).id == SLASHED  # the SDK sends the slash as %2F
+    a = httpx.get(f"{serve_url}/v1/models/{SLASHED}", headers={"anthropic-version": "2023-06-01"}, timeout=60)
+    assert a.status_code == 200 and a.json()["id"] == SLASHED and a.json()["type"] == "model"
+    assert SLASHED in {m.id for m in client.models.list().data}
+    r = ask(client, "anything", model=SLASHED, max_tokens=20, extra_body={"nvext": {"forced_script": "slash ok"}})
+    assert r.model == SLASHED
+    assert r.choices[0].message.content == "slash ok" and r.choices[0].finish_reason == "stop"
 
 
 def _running(engine_handles) -> int:
