@@ -39,16 +39,44 @@ POSTS = {
 }
 
 
+# The error `type` each API gives for a status (Anthropic's documented table; OpenAI's shape, with 529 for
+# overload as serve_app answers it). Any other 4xx (415, ...) is an invalid request.
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                   529: "overloaded_error"}
+OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error",
+                529: "server_overloaded"}
+
+
+def anthropic_error(status: int, body: dict, what: str = "") -> None:
+    """`{"type": "error", "error": {"type", "message"}, "request_id"}` with the type the status calls for."""
+    assert set(body) == {"type", "error", "request_id"} and body["type"] == "error", f"{what}: {body}"
+    assert body["request_id"].startswith("req_"), f"{what}: {body}"
+    err = body["error"]
+    assert set(err) == {"type", "message"}, f"{what}: {body}"
+    assert err["type"] == ANTHROPIC_TYPES.get(status, "invalid_request_error"), f"{what}: {status} {body}"
+    assert isinstance(err["message"], str) and err["message"], f"{what}: {body}"
+
+
+def openai_error(status: int, body: dict, what: str = "") -> None:
+    """`{"error": {"message", "type", "param", "code"}}` with the type the status calls for."""
+    assert set(body) == {"error"}, f"{what}: {body}"
+    err = body["error"]
+    assert set(err) == {"message", "type", "param", "code"}, f"{what}: {body}"
+    assert err["type"] == OPENAI_TYPES.get(status, "invalid_request_error"), f"{what}: {status} {body}"
+    assert isinstance(err["message"], str) and err["message"], f"{what}: {body}"
+
+
 def assert_envelope(path: str, resp: httpx.Response, what: str = "") -> None:
-    """A 4xx in the API's own error envelope."""
+    """A 4xx in the API's own error envelope, with the error type its status calls for."""
     assert 400 <= resp.status_code < 500, f"{what}: {path} -> {resp.status_code} {resp.text[:300]}"
     body = resp.json()
-    if POSTS.get(path, "") == "anthropic" or path.startswith("/v1/messages"):
-        assert body.get("type") == "error", f"{what}: {body}"
-        assert body["error"]["type"] and isinstance(body["error"]["message"], str), f"{what}: {body}"
+    if path.startswith("/v1/messages"):
+        anthropic_error(resp.status_code, body, what)
+        assert resp.headers["request-id"] == body["request_id"], what
     else:
-        assert isinstance(body.get("error"), dict), f"{what}: {body}"
-        assert body["error"].get("message") and body["error"].get("type"), f"{what}: {body}"
+        openai_error(resp.status_code, body, what)
 
 
 @pytest.fixture(scope="module")
@@ -278,6 +306,29 @@ async def _consume(client: httpx.AsyncClient, url: str, api: str, script: str, m
         return 200, head, None, None, lines, time.monotonic() - t0
 
 
+def _sse_data(lines: list[str]) -> list:
+    """The JSON payloads of an SSE stream's `data:` lines, in order ("[DONE]" kept as the string)."""
+    out = []
+    for line in lines:
+        if line.startswith("data:"):
+            raw = line[5:].strip()
+            out.append(raw if raw == "[DONE]" else json.loads(raw))
+    return out
+
+
+def _sse_events(lines: list[str]) -> list[tuple[str | None, object]]:
+    """(event name or None, payload) for each SSE event."""
+    out, name = [], None
+    for line in lines:
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            raw = line[5:].strip()
+            out.append((name, raw if raw == "[DONE]" else json.loads(raw)))
+            name = None
+    return out
+
+
 def _refused_in_stream(lines: list[str]) -> bool:
     """The Responses API reports overload in-stream (response.failed, code server_is_overloaded), which Codex
     retries; the other two answer with an HTTP status before the stream starts."""
@@ -292,22 +343,30 @@ def test_overload_burst_is_answered_fast_with_retry_after(small_app):
             return await asyncio.wait_for(asyncio.gather(
                 *(_consume(c, small_app, apis[i % 3], "tok " * 24, 30) for i in range(40))), timeout=300)
 
-    results = asyncio.run(burst())  # wait_for: no request may hang
-    refused = [r for r in results if r[0] != 200]
-    refused_in_stream = [r for r in results if r[0] == 200 and _refused_in_stream(r[4])]
-    served = [r for r in results if r[0] == 200 and not _refused_in_stream(r[4])]
-    assert served and refused, [(r[0], r[4][-1:] if r[4] else "") for r in results]
-    for status, head, retry_after, body, _, _ in refused:
-        assert status in (429, 529), (status, body)
-        assert retry_after and float(retry_after) > 0, (status, body)
-        err = body["error"]
-        assert err.get("type") in ("overloaded_error", "rate_limit_error") or err.get("code") in (
-            "server_is_overloaded", "rate_limit_exceeded") or "overload" in json.dumps(err), body
+    results = list(zip((apis[i % 3] for i in range(40)), asyncio.run(burst())))  # wait_for: no request may hang
+    refused = [(api, r) for api, r in results if r[0] != 200]
+    refused_in_stream = [(api, r) for api, r in results if r[0] == 200 and _refused_in_stream(r[4])]
+    served = [(api, r) for api, r in results if r[0] == 200 and not _refused_in_stream(r[4])]
+    assert served and refused, [(api, r[0], r[4][-1:] if r[4] else "") for api, r in results]
+    for api, (status, head, retry_after, body, _, _) in refused:
+        assert status in (429, 529), (api, status, body)
+        assert retry_after and float(retry_after) > 0, (api, status, body)
+        if api == "anthropic":
+            anthropic_error(status, body, api)
+        else:
+            openai_error(status, body, api)
+            assert body["error"]["code"] == ("server_is_overloaded" if status == 529 else "rate_limit_exceeded"), body
         assert head < 5.0, f"a refusal took {head:.1f}s: it queued instead of failing fast"
-    for *_, lines, took in refused_in_stream:
-        assert any('"response.failed"' in line for line in lines), lines[-3:]
+    for api, (*_, lines, took) in refused_in_stream:
+        assert api == "responses", (api, lines[-3:])
+        data = _sse_data(lines)
+        failed = [e for e in data if e.get("type") == "response.failed"]
+        assert len(failed) == 1 and data[-1] is failed[0], lines[-3:]  # the terminal event
+        response = failed[0]["response"]
+        assert response["status"] == "failed" and response["error"]["code"] == "server_is_overloaded", response
+        assert response["error"]["message"], response
         assert took < 5.0, f"an in-stream refusal took {took:.1f}s: it queued instead of failing fast"
-    for *_, lines, _ in served:
+    for _, (*_, lines, _) in served:
         assert any(_is_delta(line) for line in lines), lines[-3:]  # whole answers, not error-only streams
     with httpx.Client(base_url=small_app, timeout=120) as c:
         _healthy(c)
@@ -364,13 +423,27 @@ def test_engine_replica_killed_mid_stream(small_app):
             await asyncio.wait_for(asyncio.gather(*tasks), 120)  # in-flight streams end, they don't hang
 
     asyncio.run(stream_and_kill())
+    assert sorted(api for api, _ in results) == ["anthropic", "chat"]
     for api, lines in results:
-        text = "\n".join(lines)
+        events = _sse_events(lines)
         if api == "anthropic":
-            assert "event: error" in text and '"type": "error"' in text.replace('"type":"error"', '"type": "error"')
-            assert "message_stop" not in text.split("event: error")[-1]
+            # Anthropic's in-stream error event, last, after the 200 and message_start; no message_stop.
+            name, data = events[-1]
+            assert name == "error", events[-3:]
+            assert set(data) == {"type", "error"} and data["type"] == "error", data
+            assert data["error"]["type"] == "api_error" and data["error"]["message"], data
+            assert not any(n == "message_stop" for n, _ in events), events[-3:]
+            assert events[0][0] == "message_start", events[:2]
         else:
-            assert '"error"' in text, text[-500:]
+            # Chat: an `{"error": {...}}` frame in OpenAI's envelope, then [DONE]; no chunk ever finished.
+            assert events[-1] == (None, "[DONE]"), events[-3:]
+            name, data = events[-2]
+            assert name is None and set(data) == {"error"}, events[-3:]
+            assert set(data["error"]) == {"message", "type", "param", "code"}, data
+            assert data["error"]["type"] == "server_error" and data["error"]["message"], data
+            chunks = [d for n, d in events[:-2] if n is None]
+            assert chunks and all(d["object"] == "chat.completion.chunk" for d in chunks), events[:3]
+            assert not any(c["finish_reason"] for d in chunks for c in d["choices"]), events[-4:]
     assert not _still_running(engine_procs, within_s=60), "engine processes outlived their killed replica"
     # Serve replaces the replica; new requests succeed once it is up.
     deadline = time.monotonic() + 600
@@ -424,7 +497,10 @@ def test_graceful_shutdown_lets_running_streams_finish(small_app):
     text = "".join(json.loads(line[5:])["delta"].get("text", "") for line in results["anthropic"]
                    if line.startswith("data:") and '"content_block_delta"' in line)
     assert text.split() == script.split()
-    chat = results["chat"]
-    assert chat[-1] == "data: [DONE]" or "data: [DONE]" in chat
-    assert not any('"error"' in line for line in chat)
+    chat = _sse_events(results["chat"])
+    assert chat[-1] == (None, "[DONE]"), chat[-3:]
+    chunks = [d for n, d in chat[:-1] if n is None]
+    assert all("error" not in d for d in chunks), chunks[-2:]
+    assert "".join(c["delta"].get("content") or "" for d in chunks for c in d["choices"]).split() == script.split()
+    assert [c["finish_reason"] for d in chunks for c in d["choices"] if c["finish_reason"]] == ["stop"]
     assert SMALL_APP not in serve.status().applications
