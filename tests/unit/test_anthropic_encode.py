@@ -184,6 +184,12 @@ def test_ping_before_first_usage_starts_the_message_first():
     assert enc.ping() == [("ping", {"type": "ping"})]
 
 
+def test_message_start_is_followed_by_a_ping_at_once():
+    enc = MessageEncoder("m", "msg_1", thinking=False, secret=SECRET, prompt_tokens=77)
+    assert [n for n, _ in enc.event(u0())] == ["message_start", "ping"]
+    assert [n for n, _ in enc.event(TextDelta("hi"))] == ["content_block_start", "content_block_delta"]
+
+
 def test_every_frame_has_an_event_line():
     s = run([u0(), ReasoningDelta("r"), TextDelta("t"), *tail()])
     raw = to_frames(s).decode()

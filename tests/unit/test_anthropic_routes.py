@@ -254,9 +254,11 @@ async def test_stream_wire_format():
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     frames = [f for f in r.text.split("\n\n") if f]
     names = [f.split("\n")[0] for f in frames]
-    assert names == ["event: message_start", "event: content_block_start", "event: content_block_delta",
-                     "event: content_block_stop", "event: message_delta", "event: message_stop"]
-    assert '"stop_reason":"stop_sequence","stop_sequence":"THREE"' in frames[4]
+    # The API's own order: a ping right behind message_start, before the first block.
+    assert names == ["event: message_start", "event: ping", "event: content_block_start",
+                     "event: content_block_delta", "event: content_block_stop", "event: message_delta",
+                     "event: message_stop"]
+    assert '"stop_reason":"stop_sequence","stop_sequence":"THREE"' in frames[5]
 
 
 async def test_stop_sequence_and_max_tokens_via_sdk():

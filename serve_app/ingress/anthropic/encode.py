@@ -91,7 +91,9 @@ class MessageEncoder:
             "stop_sequence": None,
             "usage": u,
         }
-        return [("message_start", {"type": "message_start", "message": message})]
+        # A ping right behind message_start, as the API sends one: clients that time out on silence see the
+        # stream alive before a long prefill, without waiting for the first keep-alive interval.
+        return [("message_start", {"type": "message_start", "message": message}), PING]
 
     def _ensure_started(self, out: list[StreamEvent]) -> None:
         if not self.started:
@@ -121,10 +123,9 @@ class MessageEncoder:
     # -- events --------------------------------------------------------------------------------------------
 
     def ping(self) -> list[StreamEvent]:
-        out: list[StreamEvent] = []
-        self._ensure_started(out)
-        out.append(PING)
-        return out
+        if not self.started:
+            return self._start(None)  # message_start, then its ping
+        return [PING]
 
     def event(self, ev: Event) -> list[StreamEvent]:
         out: list[StreamEvent] = []
