@@ -80,6 +80,10 @@ class EngineClient(Protocol):
 
     async def block_size(self, engine_key: str) -> int: ...
 
+    async def probe(self, engine_key: str) -> None:
+        """Return once a replica of this engine answers (the caller bounds the wait); raise if it fails."""
+        ...
+
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None: ...
 
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None: ...
@@ -190,6 +194,22 @@ class GenerationService:
             strip_preamble=self.settings.ingress.strip_preamble,
             render_timeout_s=self.settings.ingress.render_timeout_s,
         )
+
+    async def readiness(self, timeout_s: float = 5.0) -> dict[str, str | None]:
+        """Each engine deployment this app serves -> None when one of its replicas answered, else why not.
+        Asked in parallel, so a hung engine costs one timeout, not one per model."""
+        keys = sorted({engine_key(m) for m in self.settings.models})
+
+        async def one(key: str) -> str | None:
+            try:
+                await asyncio.wait_for(self.engines.probe(key), timeout_s)
+                return None
+            except asyncio.TimeoutError:
+                return f"no answer within {timeout_s:g} s"
+            except Exception as e:  # noqa: BLE001 - reported, not raised: readiness is a report
+                return f"{type(e).__name__}: {e}"[:300]
+
+        return dict(zip(keys, await asyncio.gather(*(one(k) for k in keys))))
 
     # -- prompt ---------------------------------------------------------------------------------------------
 

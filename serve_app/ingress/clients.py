@@ -36,6 +36,9 @@ class ServeEngineClient:
             size = self._block_sizes[engine_key] = int(info["block_size"])
         return size
 
+    async def probe(self, engine_key: str) -> None:
+        await self._engines[engine_key].info.remote()
+
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
         if self._router is None:
             return None

@@ -55,7 +55,20 @@ def _anthropic_module():
 
 @router.get("/health")
 async def health(ctx: IngressContext = Depends(get_ctx)):
+    """Liveness: this ingress replica answers."""
     return {"status": "ok", "models": [m.id for m in ctx.settings.models]}
+
+
+@router.get("/health/ready")
+async def ready(ctx: IngressContext = Depends(get_ctx)):
+    """Readiness: 200 only when every engine deployment has a replica that answers; 503 naming the ones that
+    don't. For load balancers and Kubernetes probes in front of the service (Serve's own `/-/healthz` says only
+    that the proxy is up)."""
+    engines = await ctx.service.readiness()
+    ok = all(v is None for v in engines.values())
+    body = {"status": "ready" if ok else "not_ready",
+            "engines": {key: "ok" if err is None else err for key, err in engines.items()}}
+    return JSONResponse(body, status_code=200 if ok else 503)
 
 
 @router.get("/v1/models")

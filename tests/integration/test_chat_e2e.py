@@ -144,6 +144,18 @@ def test_models_endpoints(client, serve_url):
     assert m["id"] == "claude-sonnet-4-6" and m["context_window"] == 32768 and m["max_output_tokens"] == 4096
 
 
+def test_ready_only_with_every_engine_answering(serve_url, serve_config):
+    """/health/ready asks each engine deployment (the 8K and the 32K engine here) for an answer."""
+    from serve_app.service import engine_key
+    from serve_app.settings import AppSettings
+
+    settings = AppSettings.model_validate(serve_config["applications"][0]["args"])
+    keys = {engine_key(m) for m in settings.models}
+    r = httpx.get(f"{serve_url}/health/ready", timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json() == {"status": "ready", "engines": {k: "ok" for k in sorted(keys)}} and len(keys) == 2
+
+
 def test_a_model_id_containing_a_slash_is_served(client, serve_url):
     r = httpx.get(f"{serve_url}/v1/models/{SLASHED}", timeout=60)
     assert r.status_code == 200, r.text[:300]

@@ -358,3 +358,61 @@ def test_no_speculative_prefill_without_the_hint_or_after_a_failed_turn():
     c, opts = _speculative(speculative_prefill=True)
     events = run(collect_and_settle(svc, run(svc.prepare(c, opts, "m"))))
     assert events[-1].reason == "error" and len(failing.requests) == 1
+
+
+class ProbedEngines(ReplayEngines):
+    """Engines whose probe answers, fails or hangs, by engine key."""
+
+    def __init__(self, behaviour: dict[str, str]):
+        super().__init__()
+        self.behaviour = behaviour
+
+    async def probe(self, key):
+        how = self.behaviour[key]
+        if how == "fail":
+            raise RuntimeError("replica died")
+        if how == "hang":
+            await asyncio.sleep(3600)
+
+
+def test_readiness_names_each_engine_that_does_not_answer():
+    from serve_app.service import engine_key
+
+    cfg = {"models": [{"id": "a"}, {"id": "a2", "source": "a"},
+                      {"id": "b", "max_model_len": 16384}, {"id": "c", "max_model_len": 32768}]}
+    settings = AppSettings.model_validate(cfg)
+    ka, kb, kc = (engine_key(settings.find_model(m)) for m in ("a", "b", "c"))
+    assert engine_key(settings.find_model("a2")) == ka  # same weights and settings: one engine, probed once
+    svc = GenerationService(settings, ProbedEngines({ka: "ok", kb: "fail", kc: "hang"}))
+    report = run(svc.readiness(timeout_s=0.05))
+    assert report[ka] is None and len(report) == 3
+    assert "RuntimeError: replica died" in report[kb] and "no answer within 0.05 s" in report[kc]
+    svc_ok = GenerationService(settings, ProbedEngines({ka: "ok", kb: "ok", kc: "ok"}))
+    assert run(svc_ok.readiness(timeout_s=0.05)) == {ka: None, kb: None, kc: None}
+
+
+def test_ready_route_is_200_only_when_every_engine_answers():
+    import httpx
+    from fastapi import FastAPI
+
+    from serve_app.ingress import models_routes
+    from serve_app.ingress.context import IngressContext
+    from serve_app.service import engine_key
+
+    settings = AppSettings.model_validate({"models": [{"id": "a"}, {"id": "b", "max_model_len": 16384}]})
+    ka, kb = engine_key(settings.models[0]), engine_key(settings.models[1])
+
+    async def get(behaviour):
+        app = FastAPI()
+        app.state.ctx = IngressContext(settings=settings, service=GenerationService(settings, ProbedEngines(behaviour)),
+                                       secret=b"s")
+        app.include_router(models_routes.router)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
+            return await c.get("/health/ready"), await c.get("/health")
+
+    ready, live = run(get({ka: "ok", kb: "ok"}))
+    assert ready.status_code == 200 and ready.json() == {"status": "ready", "engines": {ka: "ok", kb: "ok"}}
+    not_ready, live = run(get({ka: "ok", kb: "fail"}))
+    assert not_ready.status_code == 503 and not_ready.json()["status"] == "not_ready"
+    assert not_ready.json()["engines"][ka] == "ok" and "replica died" in not_ready.json()["engines"][kb]
+    assert live.status_code == 200  # liveness does not depend on the engines
