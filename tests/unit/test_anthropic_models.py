@@ -16,8 +16,18 @@ SERVED = [("small", M), ("claude-small", M), ("big", N)]
 def test_model_object_fields():
     assert model_object("claude-small", M) == {
         "type": "model", "id": "claude-small", "display_name": "Small", "created_at": M.created_at,
-        "max_input_tokens": 32768, "max_tokens": 4096,
+        "max_input_tokens": 32768, "max_tokens": 4096, "lifecycle": "active", "deprecated_at": None,
+        "retires_at": None,
     }
+
+
+def test_model_objects_validate_against_the_installed_sdk_types():
+    """The SDK's ModelInfo requires fields (e.g. `lifecycle`) that older objects lacked: validate, not just parse."""
+    from anthropic.types import ModelInfo
+
+    for mid, m in SERVED:
+        info = ModelInfo.model_validate(model_object(mid, m))
+        assert (info.id, info.lifecycle, info.max_tokens) == (mid, "active", m.max_output_tokens)
     assert model_object("big", N)["display_name"] == "big"
 
 

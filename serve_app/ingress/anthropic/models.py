@@ -17,6 +17,10 @@ def model_object(model_id: str, m: ModelConfig) -> dict[str, Any]:
         "created_at": m.created_at,
         "max_input_tokens": m.max_model_len,
         "max_tokens": m.max_output_tokens,
+        # Required by the current SDK's ModelInfo: a served model is active and has no retirement scheduled.
+        "lifecycle": "active",
+        "deprecated_at": None,
+        "retires_at": None,
     }
 
 
