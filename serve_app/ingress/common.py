@@ -19,6 +19,8 @@ def describe_validation_error(err: ValidationError) -> tuple[str, str]:
     msg = first.get("msg", "invalid value")
     if first.get("type") == "missing":
         msg = "field required"
+    elif first.get("type") == "value_error":
+        msg = msg.removeprefix("Value error, ")  # our own validators' words, without pydantic's label
     return loc, f"{loc}: {msg}" if loc else msg
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Open(BaseModel):
@@ -36,6 +36,13 @@ class ChatMessage(_Open):
     tool_call_id: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        # The API requires content on every message but an assistant's (which may carry only tool calls).
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"content: field required for a {self.role} message")
+        return self
 
 
 class FunctionDef(_Open):

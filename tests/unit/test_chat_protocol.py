@@ -191,3 +191,19 @@ def test_stream_chunks_are_the_json_of_the_whole_chunk_byte_for_byte():
             if include_usage:
                 body["usage"] = None
             assert enc._chunk(delta, finish) == sse.frame(body)
+
+
+def test_a_message_without_content_is_a_400_except_an_assistants_with_tool_calls():
+    from serve_app.errors import ServiceError
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    for role in ("user", "system", "developer", "tool"):
+        msgs = [{"role": "user", "content": "hi"}, {"role": role, "tool_call_id": "c"}]
+        with pytest.raises(ServiceError) as e:
+            chat_request_to_conversation({"model": "m", "messages": msgs})
+        assert (e.value.status, e.value.kind, e.value.param) == (400, "invalid_request", "messages.1")
+        assert e.value.message == f"messages.1: content: field required for a {role} message"
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    chat_request_to_conversation({"model": "m", "messages": [{"role": "user", "content": "x"},
+                                                              {"role": "assistant", "tool_calls": [call]},
+                                                              {"role": "tool", "tool_call_id": "c1", "content": "ok"}]})
