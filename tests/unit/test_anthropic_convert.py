@@ -223,3 +223,23 @@ def test_tool_ids_round_trip_and_are_anthropic_safe(call_id):
 def test_model_generated_ids_survive_the_round_trip():
     for cid in ["call_0123abcd", "functions.Bash:0", "tool-1"]:
         assert ir_tool_id(wire_tool_id(cid)) == cid
+
+
+def test_a_tool_result_must_answer_a_tool_use_of_the_message_just_before():
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]}
+
+    def result(tid):
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tid, "content": "ok"}]}
+
+    paired, _ = conv_of({"messages": [{"role": "user", "content": "go"}, use, result("toolu_1")]})
+    assert [m.role for m in paired.messages] == ["user", "assistant", "tool"]
+    for messages in ([{"role": "user", "content": "go"}, use, result("toolu_2")],  # answers nothing
+                     [result("toolu_1")],  # nothing asked before
+                     [{"role": "user", "content": "go"}, use, {"role": "user", "content": "and"},
+                      {"role": "assistant", "content": "sure"}, result("toolu_1")]):  # asked two turns back
+        with pytest.raises(ServiceError) as e:
+            conv_of({"messages": messages})
+        where = f"messages.{len(messages) - 1}.content.0"
+        assert e.value.status == 400 and e.value.param == where
+        assert e.value.message.startswith(f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: toolu_")
+        assert "must have a corresponding `tool_use` block in the previous message" in e.value.message

@@ -142,8 +142,10 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
             parts: list[Part] = [TextPart(b.text) for b in req.system if b.text]
             if parts:
                 out.append(Message("system", parts))
+    answerable: set[str] = set()  # tool_use ids of the message just before: what a tool_result may answer
     for i, msg in enumerate(req.messages):
         where = f"messages.{i}"
+        asked, answerable = answerable, set()
         if isinstance(msg.content, str):
             out.append(Message(msg.role, [TextPart(msg.content)] if msg.content else []))
             continue
@@ -166,6 +168,7 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
             elif isinstance(block, wire.ToolUseBlock):
                 if msg.role != "assistant":
                     raise InvalidRequest(f"{bw}: tool_use blocks belong in assistant messages", param=bw)
+                answerable.add(block.id)
                 pending.append(
                     ToolCallPart(
                         id=ir_tool_id(block.id),
@@ -176,6 +179,12 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
             elif isinstance(block, wire.ToolResultBlock):
                 if msg.role != "user":
                     raise InvalidRequest(f"{bw}: tool_result blocks belong in user messages", param=bw)
+                if block.tool_use_id not in asked:  # the API's own check and wording
+                    raise InvalidRequest(
+                        f"{bw}: unexpected `tool_use_id` found in `tool_result` blocks: {block.tool_use_id}. Each "
+                        "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
+                        param=bw,
+                    )
                 # Each result is its own `tool` message (the Chat Completions shape every template knows),
                 # kept in order with the user text around it.
                 flush()
