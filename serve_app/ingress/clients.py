@@ -14,18 +14,13 @@ from serve_app.streams import Pump
 log = logging.getLogger(__name__)
 
 
-def _by_value(handle):
-    options = getattr(handle, "options", None)
-    return options(_by_reference=False) if options is not None else handle
-
-
 class ServeEngineClient:
     def __init__(self, engines: dict, router, router_timeout_s: float = 0.5):
         # Calls go over Serve's gRPC transport (`_by_reference=False`) rather than as Ray actor calls and object
         # refs: a streamed token costs a fraction of the CPU (docs/serving-path.md), and the replicas' results
         # are never passed on by reference anyway.
-        self._engines = {key: _by_value(h) for key, h in engines.items()}  # engine key -> DeploymentHandle
-        self._router = _by_value(router) if router is not None else None
+        self._engines = {key: h.options(_by_reference=False) for key, h in engines.items()}  # key -> handle
+        self._router = router.options(_by_reference=False) if router is not None else None
         self._router_timeout_s = router_timeout_s
         self._block_sizes: dict[str, int] = {}
 

@@ -71,6 +71,14 @@ def prompt_tokens(req: RouteRequest, block_size: int) -> int:
     return req.num_prompt_tokens or len(req.block_hashes) * block_size
 
 
+def prefill_left(state: RouterState, req: RouteRequest, candidates: Sequence[str]) -> tuple[int, dict, dict]:
+    """(prompt tokens, cached blocks per candidate, prompt tokens each candidate would still have to prefill)."""
+    bs = state.block_size
+    n = prompt_tokens(req, bs)
+    overlaps = state.index.overlaps(req.block_hashes, candidates, state.now())
+    return n, overlaps, {rid: n - min(overlaps[rid] * bs, n) for rid in candidates}
+
+
 def load_cost(state: RouterState, rid: str) -> float:
     load = state.loads[rid]
     return load.active_prefill_tokens + state.decode_weight * load.active_decode_tokens
@@ -105,12 +113,8 @@ class KvPolicy(Policy):
 
     def choose(self, state, req, candidates):
         bs = state.block_size
-        n = prompt_tokens(req, bs)
-        overlaps = state.index.overlaps(req.block_hashes, candidates, state.now())
-        costs = {}
-        for rid in candidates:
-            new_prefill = n - min(overlaps[rid] * bs, n)
-            costs[rid] = state.overlap_weight * new_prefill + load_cost(state, rid)
+        n, overlaps, uncached = prefill_left(state, req, candidates)
+        costs = {rid: state.overlap_weight * uncached[rid] + load_cost(state, rid) for rid in candidates}
         if max(overlaps.values()) * bs < NEW_PROMPT_OVERLAP * n:
             rid = self._place_new(state, req, candidates, n)
             return rid, overlaps[rid]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from serve_app.routing.policies import Policy, _tie_break, prompt_tokens
+from serve_app.routing.policies import Policy, _tie_break, prefill_left
 
 DEFAULT_STEP_TOKENS = 8192  # vLLM's max_num_batched_tokens for online serving: prefill tokens per engine step
 
@@ -43,8 +43,7 @@ class TtftPolicy(Policy):
 
     def choose(self, state, req, candidates):
         bs = state.block_size
-        n = prompt_tokens(req, bs)
-        overlaps = state.index.overlaps(req.block_hashes, candidates, state.now())
+        _, overlaps, uncached_by = prefill_left(state, req, candidates)
         step_tokens = getattr(state, "step_tokens", DEFAULT_STEP_TOKENS)
         now = state.now()
         # A session's first request also decides where its later turns go (their history will be cached there).
@@ -54,7 +53,7 @@ class TtftPolicy(Policy):
             later_turns = state.follow_on.turns_per_session()
         predicted = {}
         for rid in candidates:
-            uncached = n - min(overlaps[rid] * bs, n)
+            uncached = uncached_by[rid]
             wait = predict_ttft(state, rid, uncached, step_tokens)
             rates = state.rates[rid]
             others = delay_factor(rates.prefill_utilization(now)) * rates.variability()
