@@ -5,9 +5,9 @@ read the source itself; one that falls behind gets everything produced since its
 pays its per-read costs (parse, frame, send across a process boundary) once per batch instead of once per item.
 There is no timer: batching happens only when the consumer lags, so latency at low load is unchanged.
 
-Used by the engine client (engine deltas merged before parsing) and by SSE keep-alive (events framed into one
-write). Closing the pump cancels the read in flight and closes the source, so a client disconnect still aborts
-the engine request.
+Used by SSE keep-alive (events framed into one write); engine deltas get the same treatment from their inbox
+(serve_app/engine/delta_channel.py). Closing the pump cancels the read in flight and closes the source, so a
+client disconnect still aborts the engine request.
 """
 
 from __future__ import annotations

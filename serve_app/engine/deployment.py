@@ -8,6 +8,7 @@ from typing import AsyncIterator
 
 from ray import serve
 
+from serve_app.engine.delta_channel import DeltaSender
 from serve_app.engine.provision import ensure_model
 from serve_app.engine.vllm_engine import EngineChunk, EngineRequest, VLLMEngine
 from serve_app.settings import ModelConfig
@@ -25,6 +26,7 @@ class Engine:
         self.engine = VLLMEngine(cfg, path, forced_scripts=forced_scripts, kv_events=kv_events)
         self.engine.start()
         self.engine_key = engine_key
+        self._deltas = DeltaSender()
         ctx = serve.get_replica_context()
         self.replica_id = ctx.replica_id.unique_id
         self._router = router
@@ -53,8 +55,18 @@ class Engine:
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         self.engine.validate(req)
         yield EngineChunk(text="", token_ids=[])  # acceptance: this replica took the request (see clients.open)
-        async for chunk in self.engine.generate(req):
-            yield chunk
+        if req.reply_to is None:
+            async for chunk in self.engine.generate(req):
+                yield chunk
+            return
+        # The call is the request's lease; its deltas go over the delta channel, batched per engine step.
+        address, key = req.reply_to
+        self._deltas.acquire(address)
+        try:
+            async for chunk in self.engine.generate(req):
+                self._deltas.send(address, key, chunk)
+        finally:
+            self._deltas.release(address)
 
     async def info(self) -> dict:
         return {"replica_id": self.replica_id, "block_size": self.engine.block_size, "max_model_len": self.engine.max_model_len}
@@ -67,6 +79,7 @@ class Engine:
 
     def __del__(self):
         try:
+            self._deltas.close()
             self.engine.shutdown()
         except Exception:
             pass

@@ -43,6 +43,8 @@ class EngineRequest:
     min_tokens: int = 0
     # vLLM StructuredOutputsParams fields, e.g. {"json": schema} or {"json_object": True}; None = free text
     structured: dict[str, Any] | None = None
+    # (ingress address, key): stream the deltas over the delta channel (engine/delta_channel.py), not the call
+    reply_to: tuple[str, int] | None = None
 
 
 @dataclass(slots=True)

@@ -7,9 +7,9 @@ import logging
 from typing import AsyncIterator
 
 from serve_app import metrics
+from serve_app.engine.delta_channel import DeltaReceiver, Inbox
 from serve_app.engine.vllm_engine import EngineChunk, EngineRequest, merge_chunks
 from serve_app.routing.core import Decision, RouteRequest
-from serve_app.streams import Pump
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,8 @@ class ServeEngineClient:
         self._router = router.options(_by_reference=False) if router is not None else None
         self._router_timeout_s = router_timeout_s
         self._block_sizes: dict[str, int] = {}
+        self._receiver: DeltaReceiver | None = None
+        self._leases: set[asyncio.Task] = set()
 
     async def block_size(self, engine_key: str) -> int:
         size = self._block_sizes.get(engine_key)
@@ -64,39 +66,66 @@ class ServeEngineClient:
             except Exception:  # noqa: BLE001
                 pass
 
+    def _deltas(self) -> DeltaReceiver:
+        if self._receiver is None:
+            import ray
+
+            self._receiver = DeltaReceiver(ray.util.get_node_ip_address())
+        return self._receiver
+
     async def open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         """Start the call and return its chunks once a replica has taken it. The Engine deployment's first
         chunk is an empty acceptance, so a full engine queue (Serve's BackPressureError) is raised here, before
-        the ingress has committed a response head, and becomes a plain 429/529."""
+        the ingress has committed a response head, and becomes a plain 429/529.
+
+        The call then stays open as the request's lease while its deltas arrive over the delta channel
+        (engine/delta_channel.py): one frame per engine step for all of this process's requests on a replica."""
+        receiver = self._deltas()
+        key, inbox = receiver.register()
+        req.reply_to = (receiver.address, key)
         gen = self._engines[engine_key].options(stream=True).generate.remote(req)
         try:
             await gen.__anext__()  # the acceptance chunk
         except BaseException:
+            receiver.unregister(key)
             gen.cancel()
             raise
-        return self._rest(gen)
+        lease = asyncio.get_running_loop().create_task(_watch_lease(gen, inbox))
+        self._leases.add(lease)
+        lease.add_done_callback(self._leases.discard)
+        return self._rest(gen, lease, receiver, key, inbox)
 
     @staticmethod
-    async def _rest(gen) -> AsyncIterator[EngineChunk]:
-        """The chunks after the acceptance. Read ahead (serve_app/streams.py): when the consumer (parse, encode,
-        send) falls behind, the chunks that arrived meanwhile are merged into one, so its per-chunk work is
-        paid once per batch; when it keeps up nothing waits."""
-        pump = Pump(gen)
+    async def _rest(gen, lease: asyncio.Task, receiver: DeltaReceiver, key: int, inbox: Inbox
+                    ) -> AsyncIterator[EngineChunk]:
+        """The chunks after the acceptance. Whatever arrived while the consumer (parse, encode, send) was busy
+        comes merged into one chunk, so its per-chunk work is paid once per batch; when it keeps up nothing waits."""
         finished = False
         try:
             while True:
-                try:
-                    batch = await pump.next_batch()
-                except StopAsyncIteration:
-                    return
-                chunk = merge_chunks(batch)
+                chunk = merge_chunks(await inbox.next())
                 yield chunk
                 if chunk.finish_reason is not None:
                     finished = True
                     return
         finally:
-            await pump.aclose()
+            receiver.unregister(key)
             if not finished:
-                # The client went away (or we stopped early): cancelling the Serve call cancels the replica's
+                # The client went away (or the stream broke): cancelling the Serve call cancels the replica's
                 # generator, and AsyncLLM aborts the request and frees its KV blocks.
                 gen.cancel()
+                lease.cancel()
+
+
+async def _watch_lease(gen, inbox: Inbox) -> None:
+    """Follow the request's Serve call: its failure (replica died, engine error) fails the inbox; its normal end
+    starts the wait for a last delta still on its way."""
+    try:
+        async for _ in gen:
+            pass
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:  # noqa: BLE001 - handed to the consumer after the deltas before it
+        inbox.fail(e)
+    else:
+        inbox.lease_ended()
