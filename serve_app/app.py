@@ -18,7 +18,7 @@ from serve_app.engine.deployment import Engine
 from serve_app.engine.provision import EMBEDDED, ensure_model
 from serve_app.ingress.deployment import Ingress
 from serve_app.routing.deployment import Router
-from serve_app.serve_tuning import with_replica_env
+from serve_app.serve_tuning import DIRECT_INGRESS, with_replica_env
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
 
@@ -35,10 +35,10 @@ def _engine_options(model: ModelConfig, key: str) -> dict[str, Any]:
     return opts
 
 
-def _small_options(opts: dict[str, Any], default_cpus: float = 0.0) -> dict[str, Any]:
+def _small_options(opts: dict[str, Any], default_cpus: float = 0.0, env: dict[str, str] | None = None) -> dict[str, Any]:
     actor = dict(opts.pop("ray_actor_options", {}) or {})
     actor.setdefault("num_cpus", default_cpus)
-    opts["ray_actor_options"] = with_replica_env(actor)
+    opts["ray_actor_options"] = with_replica_env(actor, env)
     return opts
 
 
@@ -69,7 +69,8 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     # One secret for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of them.
     secret = (settings.ingress.server_secret or secrets.token_hex(32)).encode()
     extras = _extras(settings)
-    return Ingress.options(**_small_options(settings.ingress.serve_options())).bind(
+    ingress_env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
+    return Ingress.options(**_small_options(settings.ingress.serve_options(), env=ingress_env)).bind(
         settings.model_dump(), secret, engines, router, extras
     )
 

@@ -1,8 +1,9 @@
 """Ray Serve's per-process settings for this app's replicas, chosen for streaming many small deltas.
 
 Serve reads these from the environment of each replica process when it starts, so the app sets them on its own
-deployments (`runtime_env.env_vars`) instead of asking operators to export flags: nothing here changes the
-topology (no direct ingress, no proxy change), only how each replica runs its own code. Measured with
+deployments (`runtime_env.env_vars`) instead of asking operators to export flags. The one topology choice,
+direct ingress, is the Serve config's (`DIRECT_INGRESS` below); the rest only changes how each replica runs its
+own code. Measured with
 load/bench_capacity.py (docs/serving-path.md): every token crosses engine replica -> ingress as one item, and
 the per-item cost of Serve's defaults is what bounded the path.
 
@@ -22,6 +23,19 @@ SERVE_REPLICA_ENV = {
     "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0",
     "RAY_SERVE_REQUEST_PATH_LOG_BUFFER_SIZE": "1000",
 }
+
+
+# Direct ingress: HAProxy in front of the ingress replicas, each serving HTTP itself, instead of Serve's Python
+# proxy relaying every SSE write over one more process hop. This is topology, so it is chosen in the Serve config
+# (`ingress.direct_ingress` and these flags in `controller_options.runtime_env.env_vars`, which the controller
+# reads), never by an operator's environment; tests/unit/test_deployments.py keeps the two in agreement.
+DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
+
+
+def direct_ingress_in(serve_config: dict[str, Any]) -> bool:
+    """Whether a Serve config's controller runs direct ingress (both flags set)."""
+    env = (((serve_config.get("controller_options") or {}).get("runtime_env") or {}).get("env_vars") or {})
+    return all(env.get(k) == v for k, v in DIRECT_INGRESS.items())
 
 
 def with_replica_env(actor_options: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -113,6 +113,9 @@ class IngressConfig(_Strict):
     server_secret: str | None = None  # signs thinking blocks / encrypts reasoning; random per deploy if unset
     response_store_max_items: int = 10_000
     response_store_ttl_s: float = 3600.0
+    # Ingress replicas serve HTTP themselves behind Serve's HAProxy, with no Python proxy hop per token
+    # (docs/serving-path.md). The Serve config's controller_options must say the same (serve_tuning.DIRECT_INGRESS).
+    direct_ingress: bool = False
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
     # Serve's own cap on an ingress replica (its default is 5) must sit above max_inflight_requests: otherwise the

@@ -16,6 +16,26 @@ DEPLOYMENTS = sorted((ROOT / "deployments").glob("*.yaml"))
 B200 = ROOT / "deployments" / "b200-tp4.yaml"
 
 
+SERVE_CONFIGS = [*DEPLOYMENTS, ROOT / "config.yaml", ROOT / "tests" / "configs" / "test.yaml"]
+
+
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
+def test_direct_ingress_is_chosen_once_for_controller_and_ingress(path: Path):
+    """The controller (HAProxy, no Python proxy) and the ingress replicas (their own HTTP servers) must agree: a
+    controller in direct-ingress mode with proxy-mode ingress replicas, or the reverse, serves nothing."""
+    from serve_app.app import _small_options
+    from serve_app.serve_tuning import DIRECT_INGRESS, direct_ingress_in
+
+    cfg = yaml.safe_load(path.read_text())
+    for app in cfg["applications"]:
+        settings = AppSettings.model_validate(app["args"])
+        assert settings.ingress.direct_ingress == direct_ingress_in(cfg), app["name"]
+        env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
+        replica_env = _small_options(settings.ingress.serve_options(), env=env)["ray_actor_options"]["runtime_env"]
+        for key, value in DIRECT_INGRESS.items():
+            assert (replica_env["env_vars"].get(key) == value) == settings.ingress.direct_ingress, key
+
+
 @pytest.fixture(scope="module")
 def b200() -> dict:
     return yaml.safe_load(B200.read_text())
