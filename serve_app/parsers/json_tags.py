@@ -131,6 +131,9 @@ class JsonTagsEngine(SectionEngine):
         the section goes on; otherwise the markup degrades to text."""
         if self.fmt.call_start and self.fmt.call_end and self.mark_idx >= 0 and self.raw[self.mark_idx] == \
                 self.fmt.call_start:
+            # the end marker is looked for from the call marker on, not from where the error showed: that point
+            # depends on how the deltas were split
+            rest = "".join(self.raw[self.mark_idx + 1:]) + rest
             self.raw, self.mark_idx = [], -1
             self._reset_call()
             self.state = SKIP
