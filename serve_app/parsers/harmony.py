@@ -5,9 +5,10 @@
 
 analysis → reasoning, final (and commentary without a recipient: preambles) → text, a `to=functions.NAME`
 recipient → a tool call whose arguments stream raw under a JsonScanner (same rules as the JSON-in-tags engine).
-The recipient may sit in the header before or after the channel. Text messages are concatenated as streamed. A call with an empty body is a call without arguments (`{}`); one whose body is not a JSON object is
-abandoned (a ToolCallStart without End) and skipped to its message end — its markup never becomes text. A message
-to any other recipient (`to=assistant`, a built-in tool) is not content and is skipped.
+The recipient may sit in the header before or after the channel. Text messages are concatenated as streamed. A
+call with an empty body is a call without arguments (`{}`); one whose body is not a JSON object is abandoned (a
+ToolCallStart without End) and skipped to its message end — its markup never becomes text. A message to any other
+recipient (`to=assistant`, a built-in tool) is not content and is skipped.
 """
 
 from __future__ import annotations

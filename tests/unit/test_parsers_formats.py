@@ -221,9 +221,10 @@ _KC = "<|tool_call_begin|>{} <|tool_call_argument_begin|>{}<|tool_call_end|>"
 _HC = "<|start|>assistant<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>"
 _DS = '<｜DSML｜{0}><｜DSML｜invoke name="get_weather">{1}</｜DSML｜invoke></｜DSML｜{0}>'
 _DP = '<｜DSML｜parameter name="{}" string="{}">{}</｜DSML｜parameter>'
-_NULLABLE = [{"type": "function", "function": {"name": "update_profile", "parameters": {"type": "object", "properties": {
-    "nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}]
-_MM = '<minimax:tool_call><invoke name="update_profile"><parameter name="nickname">{}</parameter></invoke></minimax:tool_call>'
+_NULLABLE = [{"type": "function", "function": {"name": "update_profile", "parameters": {
+    "type": "object", "properties": {"nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}]
+_MM = ('<minimax:tool_call><invoke name="update_profile"><parameter name="nickname">{}</parameter></invoke>'
+       "</minimax:tool_call>")
 
 REPORTED = {  # id -> (text, parser kwargs, expected fold)
     # kimi_k2: a malformed call inside a section is skipped; the valid call after it stands, no markup leaks
@@ -232,8 +233,9 @@ REPORTED = {  # id -> (text, parser kwargs, expected fold)
                              + _KC.format("functions.good:1", '{"city": "Shanghai"}')),
         {"tools": "kimi_k2"}, [("text", "Help. "), ("call", "good", {"city": "Shanghai"})]),
     # where a malformed call's skip ends does not depend on where the deltas split (the marker inside its string)
-    "section_skip_is_split_invariant": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>r<｜tool▁sep｜>{"<｜tool▁call▁end｜>"<',
-                                        {"tools": "deepseek_v31"}, [("text", '"<')]),
+    "section_skip_is_split_invariant": (
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>r<｜tool▁sep｜>{"<｜tool▁call▁end｜>"<', {"tools": "deepseek_v31"},
+        [("text", '"<')]),
     "kimi_head_without_index_is_not_a_call": (
         _K.format(_KC.format("functions.invalid.0", '{"a": 1}') + _KC.format("functions.valid:1", '{"a": 2}')),
         {"tools": "kimi_k2"}, [("call", "valid", {"a": 2})]),
