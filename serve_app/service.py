@@ -32,7 +32,7 @@ class PreparedRequest:
     options: GenerationOptions
     prompt_token_ids: list[int]
     max_tokens: int  # clamped to what fits in the context
-    starts_in_reasoning: bool | None = None  # None: the reasoning format's default; False: thinking is off
+    starts_in_reasoning: bool | None = None  # the rendered prompt ends inside an open think block
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style function schemas for the parser
     created: float = 0.0  # time.monotonic() at admission, for TTFT
     _release: Any = None  # frees this request's admission slot (idempotent)
@@ -268,7 +268,8 @@ class GenerationService:
             options=opts,
             prompt_token_ids=rendered.token_ids,
             max_tokens=max_tokens,
-            starts_in_reasoning=True if rendered.starts_in_reasoning else (False if opts.thinking is False else None),
+            # the rendered prompt decides (it ends inside an open think block or not), not the parser's default
+            starts_in_reasoning=rendered.starts_in_reasoning,
             tool_schemas=tool_schemas(conv.tools),
             created=started,
         )

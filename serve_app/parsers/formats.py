@@ -21,6 +21,9 @@ class ReasoningFormat:
     end: str
     starts_in_reasoning: bool = False  # the model's template opens the think block in the prompt
     tool_ends_reasoning: bool = False  # a tool-call section closes the think block (no end marker follows)
+    # Without a tool parser: the family's tool-call markers still end reasoning and stay as text (vLLM's reasoning
+    # parsers do this; with a tool parser the format's own markers make it a call)
+    ends_at: tuple[str, ...] = ()
     special_tokens: bool = False
     harmony: bool = False
 
@@ -37,14 +40,15 @@ _THINK = ("<think>", "</think>")
 REASONING_PARSERS: dict[str, ReasoningFormat] = {
     r.name: r
     for r in (
-        ReasoningFormat("qwen3", *_THINK),
+        ReasoningFormat("qwen3", *_THINK, ends_at=("<tool_call>",)),
         ReasoningFormat("deepseek_r1", *_THINK, starts_in_reasoning=True),
         ReasoningFormat("deepseek_v3", *_THINK),
         ReasoningFormat("nemotron_deci", *_THINK),
         ReasoningFormat("nemotron_v3", *_THINK, starts_in_reasoning=True),
         ReasoningFormat("glm45", *_THINK, special_tokens=True),
         ReasoningFormat("glm47", *_THINK, special_tokens=True),
-        ReasoningFormat("kimi_k2", *_THINK, special_tokens=True),
+        ReasoningFormat("kimi_k2", *_THINK, tool_ends_reasoning=True, special_tokens=True,
+                        ends_at=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")),
         ReasoningFormat("kimi_k25", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
                         special_tokens=True),
         ReasoningFormat("minimax_m2", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
@@ -61,7 +65,7 @@ REASONING_PARSERS["openai_gptoss"] = REASONING_PARSERS["gpt_oss"]
 # -- tool formats ---------------------------------------------------------------------------------------------------
 
 _DS_SEP = "<｜tool▁sep｜>"
-_KIMI_ID = re.compile(r"^\s*((?:functions\.)?([\w.\-]+):\d+)\s*$")
+_KIMI_ID = re.compile(r"^\s*((?:functions\.)?([\w.\-]+):\d+)\s*$")  # functions.NAME:IDX, the only form K2 writes
 
 
 def _deepseek_v3_name(head: str) -> tuple[str, None] | None:
@@ -72,10 +76,7 @@ def _deepseek_v3_name(head: str) -> tuple[str, None] | None:
 
 def _kimi_name(head: str) -> tuple[str, str | None] | None:
     m = _KIMI_ID.match(head)
-    if m:
-        return m.group(2), m.group(1)
-    name = head.strip().removeprefix("functions.")
-    return (name, None) if name and " " not in name else None
+    return (m.group(2), m.group(1)) if m else None  # a head without its :IDX is not a call (vLLM skips it too)
 
 
 _NAME = re.compile(r"[\w.\-]+")
@@ -84,6 +85,15 @@ _NAME = re.compile(r"[\w.\-]+")
 def _plain_name(head: str) -> tuple[str, None] | None:
     name = head.strip()
     return (name, None) if _NAME.fullmatch(name) else None
+
+
+_MISTRAL_HEAD = re.compile(r"\s*([\w.\-]+)\s*(?:\[CALL_ID\]\s*([\w\-]+)\s*)?")
+
+
+def _mistral_name(head: str) -> tuple[str, str | None] | None:
+    # NAME  |  NAME[CALL_ID]ID  (v11+; the id is kept: the template renders it back)
+    m = _MISTRAL_HEAD.fullmatch(head)
+    return (m.group(1), m.group(2)) if m else None
 
 
 _HERMES = JsonTagsFormat("hermes", starts=("<tool_call>",), call_end="</tool_call>")
@@ -95,11 +105,11 @@ def _dsml(name: str, outer: str) -> XmlFormat:
         name, starts=(f"<{_DSML}{outer}>",), section_end=f"</{_DSML}{outer}>",
         func_open=f"<{_DSML}invoke name=", func_head_end=">", func_close=f"</{_DSML}invoke>",
         param_open=f"<{_DSML}parameter", param_head_end=">", value_close=f"</{_DSML}parameter>",
-        param_of=dsml_param)
+        param_of=dsml_param, unwrap_params=("arguments", "input"))
 
 
-_QWEN3_XML = XmlFormat(
-    "qwen3_coder", starts=("<tool_call>",), section_end="</tool_call>",
+_QWEN3_XML = XmlFormat(  # a bare <function=...> without <tool_call> is a call too (the models do write it)
+    "qwen3_coder", starts=("<tool_call>", "<function="), section_end="</tool_call>",
     func_open="<function=", func_head_end=">", func_close="</function>",
     param_open="<parameter=", param_head_end=">", value_close="</parameter>",
     implicit_closes=("<parameter=", "</function>"))
@@ -116,10 +126,14 @@ TOOL_PARSERS: dict[str, object] = {
     "qwen3_coder": _QWEN3_XML,
     "qwen3_xml": _QWEN3_XML,
     "nemotron_nano": _QWEN3_XML,
-    "llama3_json": JsonTagsFormat("llama3_json", starts=("<|python_tag|>",), list_sep=";", bare_start="{",
-                                  special_tokens=True),
-    "mistral": JsonTagsFormat("mistral", starts=("[TOOL_CALLS]",), head_end="[ARGS]", name_of=_plain_name,
-                              head_grammar=r"\s*[\w.\-]+\s*", mistral_list=True, special_tokens=True),
+    # a call opens the text with `{`, follows <|python_tag|>, or follows prose as `{"name"` (vLLM finds it there)
+    "llama3_json": JsonTagsFormat("llama3_json", starts=("<|python_tag|>", '{"name"'), inline_starts=('{"name"',),
+                                  list_sep=";", bare_start="{", name_only_call=False, special_tokens=True),
+    # [TOOL_CALLS] then a JSON list of wrappers (pre-v11), NAME[ARGS]{..} or NAME{..} (v11, [ARGS] may be decoded
+    # away), or NAME[CALL_ID]ID[ARGS]{..} (Devstral-class)
+    "mistral": JsonTagsFormat("mistral", starts=("[TOOL_CALLS]",), head_end="[ARGS]", name_of=_mistral_name,
+                              head_grammar=r"\s*[\w.\-]+\s*(?:\[CALL_ID\]\s*[\w\-]+\s*)?", args_end_head=True,
+                              mistral_list=True, special_tokens=True),
     "deepseek_v3": JsonTagsFormat(
         "deepseek_v3", starts=("<｜tool▁calls▁begin｜>",), section_end="<｜tool▁calls▁end｜>",
         call_start="<｜tool▁call▁begin｜>", call_end="<｜tool▁call▁end｜>", head_end="```json",
@@ -134,7 +148,7 @@ TOOL_PARSERS: dict[str, object] = {
         "kimi_k2", starts=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"),
         section_end="<|tool_calls_section_end|>", call_start="<|tool_call_begin|>", call_end="<|tool_call_end|>",
         head_end="<|tool_call_argument_begin|>", name_of=_kimi_name,
-        head_grammar=r"\s*(?:functions\.)?[\w.\-]+(?::\d+)?\s*", special_tokens=True),
+        head_grammar=r"\s*(?:functions\.)?[\w.\-]+:\d+\s*", special_tokens=True),
     "glm45": _GLM,
     "glm47": _GLM,
     "minimax_m2": XmlFormat(

@@ -5,7 +5,10 @@
 
 analysis → reasoning, final (and commentary without a recipient: preambles) → text, a `to=functions.NAME`
 recipient → a tool call whose arguments stream raw under a JsonScanner (same rules as the JSON-in-tags engine).
-The recipient may sit in the header before or after the channel.
+The recipient may sit in the header before or after the channel. Text messages are concatenated as streamed. A
+call with an empty body is a call without arguments (`{}`); one whose body is not a JSON object is abandoned (a
+ToolCallStart without End) and skipped to its message end — its markup never becomes text. A message to any other
+recipient (`to=assistant`, a built-in tool) is not content and is skipped.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ _CHANNEL = re.compile(r"<\|channel\|>\s*([\w.-]+)")
 _RECIPIENT = re.compile(r"to=([^\s<]+)")
 _WS = re.compile(r"\s*")
 HEADER_CAP = 512
+_BUILTINS = frozenset({"browser", "python", "container"})  # gpt-oss built-in tools: not function calls
 
 BODY, HEADER, ARGS_WAIT, ARGS, DROP = range(5)
 
@@ -40,7 +44,6 @@ class HarmonyParser:
         self.kind = "text"
         self.hold = ""
         self.head = ""
-        self.raw: list[str] = []
         self.name = ""
         self.idx = -1
         self.scan: JsonScanner | None = None
@@ -54,9 +57,12 @@ class HarmonyParser:
         channel = ch.group(1) if ch else ""
         rcp = _RECIPIENT.search(header)
         recipient = rcp.group(1) if rcp else ""
-        if recipient and recipient != "assistant" and self.want_tools:
+        if recipient and self.want_tools:
+            if recipient == "assistant" or (not recipient.startswith("functions.") and "." in recipient
+                                            and recipient.split(".", 1)[0] in _BUILTINS):
+                self.state = DROP  # addressed to someone else: not content, not a function call
+                return
             self.name = recipient.removeprefix("functions.")
-            self.raw = [header, MESSAGE]
             self.state = ARGS_WAIT
             return
         self.state = BODY
@@ -108,27 +114,33 @@ class HarmonyParser:
                 j = _WS.match(t, i).end()
                 if j >= len(t):
                     break
-                if t[j] != "{":
-                    self._plain("".join(self.raw), "text")  # not a JSON call: show it as text
-                    self.state, self.kind = BODY, "text"
+                if t[j] == "{":
+                    self.idx = self.sink.start(self.name)
+                    self.scan = JsonScanner()
+                    self.state = ARGS
                     i = j
                     continue
-                self.idx = self.sink.start(self.name)
-                self.scan = JsonScanner()
-                self.state = ARGS
-                i = j
+                p, mk = self.body_m.search(t, j)
+                if p == j:  # the message ends with an empty body: a call without arguments
+                    idx = self.sink.start(self.name)
+                    self.sink.args(idx, "{}")
+                    self.sink.end(idx)
+                    self.state, i = DROP, j
+                    continue
+                if p < 0 and self.body_m.hold_start(t, j) == j:  # maybe the start of the message end marker
+                    self.hold = t[j:]
+                    break
+                self.sink.start(self.name)  # not a JSON object: abandoned (no End), its body skipped
+                self.state, i = DROP, j
             elif st == ARGS:
                 p, mk = self.body_m.search(t, i)  # special tokens cannot occur inside the JSON text
                 stop = p if p >= 0 else self.body_m.hold_start(t, i)
                 r = self.scan.feed(t[:stop], i)
-                if r == ERROR:  # abandoned (no ToolCallEnd): its raw text so far, then this delta rescanned as text
-                    self._plain("".join(self.raw), "text")
-                    self.raw = []
-                    self.state, self.kind = BODY, "text"
+                if r == ERROR:  # abandoned (no ToolCallEnd): the rest of its message is skipped
+                    self.state = DROP
                     continue
                 seg = t[i:stop] if r == NEED_MORE else t[i:r]
                 self.sink.args(self.idx, seg)
-                self.raw.append(seg)
                 if r == NEED_MORE:
                     if p < 0:
                         self.hold = t[stop:]
@@ -138,7 +150,6 @@ class HarmonyParser:
                     i = stop
                     continue
                 self.sink.end(self.idx)
-                self.raw = []
                 self.state = DROP  # whatever follows up to <|call|> is not content
                 i = r
             else:

@@ -8,7 +8,10 @@ re-parsing, and every forwarded prefix is a valid JSON prefix. Degradation:
   markers included, is released as text and parsing resumes after it;
 - malformed inside the streamed arguments: the call is abandoned (no ToolCallEnd — consumers drop it, like a
   call cut off by the end of the stream) and its raw text is released as text;
-- cut off by the end of the stream: abandoned, nothing is guessed.
+- inside a section of several calls (Kimi, DeepSeek): a call whose head or arguments are malformed is abandoned and
+  skipped up to its end marker, and the section goes on — the calls after it still count and no markup leaks;
+- cut off by the end of the stream: abandoned, nothing is guessed; its raw text is released as text (nothing the
+  model wrote is lost from the non-streaming answer).
 """
 
 from __future__ import annotations
@@ -49,11 +52,16 @@ class JsonTagsFormat:
     mistral_list: bool = False  # [TOOL_CALLS] followed by either a JSON list of wrappers or NAME[ARGS]{..}
     bare_start: str | None = None  # a call may also open the text with this character, without a marker
     head_grammar: str | None = None  # regex the whole name head must match; checked as a prefix while it grows
+    args_end_head: bool = False  # the `{` opening the arguments also ends the head (Mistral v11: NAME{...})
+    inline_starts: tuple[str, ...] = ()  # start markers that are the call's own first text (llama3: `{"name"`)
+    name_only_call: bool = True  # `{"name": "F"}` without arguments is a call (llama3_json: it is not)
     special_tokens: bool = False
 
 
 (SEC, WRAP_HEAD, NAME_HEAD, ARG_WAIT, ARGS, ARGS_BUF, WRAP_TAIL, WRAP_TAIL_NAME, CALL_TAIL, AFTER_CALL,
- LIST_OPEN) = range(11)
+ LIST_OPEN, SKIP) = range(12)
+# states in which a call has begun but not completed: at the end of the stream its raw text is released
+_OPEN_CALL = frozenset({WRAP_HEAD, NAME_HEAD, ARG_WAIT, ARGS, ARGS_BUF, WRAP_TAIL, WRAP_TAIL_NAME, LIST_OPEN})
 OVER = -1  # the section is finished
 
 
@@ -72,8 +80,9 @@ class JsonTagsEngine(SectionEngine):
         self.fmt = fmt
         self.sec_m = Matcher([m for m in (fmt.call_start, fmt.section_end) if m])
         self.end_m = Matcher([m for m in (fmt.call_end, fmt.section_end) if m])
-        self.head_m = Matcher([fmt.head_end] if fmt.head_end else [])
+        self.head_m = Matcher(([fmt.head_end] if fmt.head_end else []) + (["{"] if fmt.args_end_head else []))
         self.head_re = regex.compile(fmt.head_grammar) if fmt.head_grammar else None
+        self.section_end = fmt.section_end
         self.state = SEC
         self.degraded = False
 
@@ -86,6 +95,8 @@ class JsonTagsEngine(SectionEngine):
         self.hold = ""
         self.in_list = False
         self._reset_call()
+        # an inline start marker is the beginning of the wrapper itself: the head is matched as marker + text
+        self.head_prefix = marker if marker in f.inline_starts else ""
         if f.mistral_list:
             self.state = LIST_OPEN
         elif f.call_start:
@@ -94,7 +105,12 @@ class JsonTagsEngine(SectionEngine):
             self._begin_head()
 
     def eof(self, sink: Sink) -> None:
-        """End of stream: an open call is abandoned, never guessed (its streamed prefix has no ToolCallEnd)."""
+        """End of stream: an open call is abandoned, never guessed (its streamed prefix has no ToolCallEnd); the text
+        it consumed is released as text so the non-streaming answer loses nothing."""
+        rest = "".join(self.raw) + self.head + self.hold
+        if self.state in _OPEN_CALL or (self.state == SEC and rest.strip()):
+            sink.plain(rest)
+        self.raw, self.head, self.hold = [], "", ""
 
     # -- helpers ----------------------------------------------------------------------------------------------
     def _reset_call(self) -> None:
@@ -109,6 +125,20 @@ class JsonTagsEngine(SectionEngine):
     def _begin_head(self) -> None:
         self.wrapped = self.fmt.head_end is None or self.in_list
         self.state = WRAP_HEAD if self.wrapped else NAME_HEAD
+
+    def _fail(self, sink: Sink, rest: str) -> str | None:
+        """A malformed call. Inside a section of several calls it is skipped (abandoned) up to its end marker and
+        the section goes on; otherwise the markup degrades to text."""
+        if self.fmt.call_start and self.fmt.call_end and self.mark_idx >= 0 and self.raw[self.mark_idx] == \
+                self.fmt.call_start:
+            # the end marker is looked for from the call marker on, not from where the error showed: that point
+            # depends on how the deltas were split
+            rest = "".join(self.raw[self.mark_idx + 1:]) + rest
+            self.raw, self.mark_idx = [], -1
+            self._reset_call()
+            self.state = SKIP
+            return self.feed(rest, sink)
+        return self.degrade(sink, rest)
 
     def _finished_call(self) -> int:
         """State after a complete call."""
@@ -156,19 +186,21 @@ class JsonTagsEngine(SectionEngine):
                 self.head += t[i:] if i else t
                 t, i = "", 0
                 if st == WRAP_HEAD:
-                    m = _WRAP_HEAD.match(self.head, partial=True)
+                    hp = self.head_prefix
+                    m = _WRAP_HEAD.match(hp + self.head, partial=True)
                     if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
-                        return self.degrade(sink, self.head)
+                        return self._fail(sink, self.head)
                     if m.partial:
                         return None
-                    end = m.end()
+                    end = m.end() - len(hp)
+                    self.head_prefix = ""
                     if m.group("argsfirst") is not None:
                         self.name = ""
                     else:
                         try:
                             self.name = json.loads('"' + m.group(1) + '"')
                         except ValueError:
-                            return self.degrade(sink, self.head)
+                            return self._fail(sink, self.head)
                 else:
                     p, mk = self.head_m.search(self.head, max(0, old - len(f.head_end) + 1))
                     if p > HEAD_CAP:
@@ -176,17 +208,19 @@ class JsonTagsEngine(SectionEngine):
                     if p < 0:
                         if len(self.head) > HEAD_CAP or (self.head_re and not self.head_re.fullmatch(
                                 self.head, 0, self.head_m.hold_start(self.head), partial=True)):
-                            return self.degrade(sink, self.head)
+                            return self._fail(sink, self.head)
                         return None
-                    end = p + len(mk)
+                    end = p if mk == "{" else p + len(mk)  # a `{` ending the head opens the arguments
                     ok = self.head_re is None or self.head_re.fullmatch(self.head, 0, p)
                     parsed = ok and (f.name_of(self.head[:p]) if f.name_of else (self.head[:p].strip(), None))
                     if not parsed or not parsed[0]:
-                        return self.degrade(sink, self.head)
+                        return self._fail(sink, self.head)
                     self.name, self.model_id = parsed
                 self.raw.append(self.head[:end])
                 t, i = self.head[end:], 0
                 if st == WRAP_HEAD and m.group(2):  # {"name": "F"}: a call without arguments
+                    if not f.name_only_call:
+                        return self.degrade(sink, t[i:])
                     idx = sink.start(self.name)
                     sink.args(idx, "{}")
                     sink.end(idx)
@@ -210,11 +244,11 @@ class JsonTagsEngine(SectionEngine):
                     self.argbuf = []
                     self.state = ARGS_BUF
                 else:
-                    return self.degrade(sink, t[i:])
+                    return self._fail(sink, t[i:])
             elif st == ARGS:
                 r = self.scan.feed(t, i)
                 if r == ERROR:  # the streamed prefix stays without an End: the call is abandoned
-                    return self.degrade(sink, t[i:])
+                    return self._fail(sink, t[i:])
                 seg = t[i:] if r == NEED_MORE else t[i:r]
                 sink.args(self.idx, seg)
                 self.raw.append(seg)
@@ -222,7 +256,7 @@ class JsonTagsEngine(SectionEngine):
                     return None
                 i = r
                 if self.wrapped:
-                    self.scan = _tail_scanner()
+                    self.scan, self.tail = _tail_scanner(), ""
                     self.state = WRAP_TAIL
                 else:
                     sink.end(self.idx)
@@ -230,7 +264,7 @@ class JsonTagsEngine(SectionEngine):
             elif st == ARGS_BUF:
                 r = self.scan.feed(t, i)
                 if r == ERROR:
-                    return self.degrade(sink, t[i:])
+                    return self._fail(sink, t[i:])
                 seg = t[i:] if r == NEED_MORE else t[i:r]
                 self.argbuf.append(seg)
                 self.raw.append(seg)
@@ -245,12 +279,12 @@ class JsonTagsEngine(SectionEngine):
                     except (ValueError, TypeError):
                         ok = False
                     if not ok:
-                        return self.degrade(sink, t[i:])
+                        return self._fail(sink, t[i:])
                     self.argbuf = [inner]
                 if self.name:
                     self.idx = sink.start(self.name, self.model_id)
                     sink.args(self.idx, "".join(self.argbuf))
-                    self.scan = _tail_scanner()
+                    self.scan, self.tail = _tail_scanner(), ""
                     self.state = WRAP_TAIL
                 else:
                     self.head = ""
@@ -259,9 +293,12 @@ class JsonTagsEngine(SectionEngine):
                 r = self.scan.feed(t, i)
                 if r == NEED_MORE:
                     self.raw.append(t[i:])
+                    self.tail += t[i:]  # whitespace so far: given back if the wrapper turns out not to close
                     return None
                 if r != ERROR:
                     i = r
+                else:
+                    t, i = self.tail + t[i:], 0
                 # complete, valid arguments: the call stands even if junk follows inside the wrapper
                 sink.end(self.idx)
                 self.state = self._finished_call()
@@ -272,18 +309,25 @@ class JsonTagsEngine(SectionEngine):
                 t, i = "", 0
                 m = _WRAP_TAIL_NAME.match(self.head, partial=True)
                 if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
-                    return self.degrade(sink, self.head)
+                    return self._fail(sink, self.head)
                 if m.partial:
                     return None
                 try:
                     self.name = json.loads('"' + m.group(1) + '"')
                 except ValueError:
-                    return self.degrade(sink, self.head)
+                    return self._fail(sink, self.head)
                 t, i = self.head[m.end():], 0
                 idx = sink.start(self.name)
                 sink.args(idx, "".join(self.argbuf))
                 sink.end(idx)
                 self.state = self._finished_call()
+            elif st == SKIP:  # a malformed call inside a section: everything up to its end marker is dropped
+                p, mk = self.end_m.search(t, i)
+                if p < 0:
+                    self.hold = t[self.end_m.hold_start(t, i):]
+                    return None
+                i = p + len(mk)
+                self.state = OVER if mk == f.section_end else SEC
             elif st == CALL_TAIL:
                 p, mk = self.end_m.search(t, i)
                 if p < 0:
@@ -319,7 +363,8 @@ class JsonTagsEngine(SectionEngine):
                     self.in_list = True
                     self.raw.append(t[i:j + 1])
                     i = j + 1
-                else:
+                else:  # the whitespace is part of the call's text: given back with it if the call degrades
+                    self.raw.append(t[i:j])
                     i = j
                 self._begin_head()
             else:

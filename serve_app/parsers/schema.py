@@ -1,12 +1,14 @@
 """Typing of XML-style parameter values from the tool's JSON schema.
 
 XML formats carry every value as text; the schema says which ones are numbers, booleans, objects or arrays.
-Values whose schema allows a string (or that the schema does not describe) are streamed as JSON strings as they
-arrive; only values that must be typed are buffered until they close and converted here.
+Values whose schema allows a string are streamed as JSON strings as they arrive; values that must be typed, and
+values the schema does not describe (an unknown tool or parameter: decoded as JSON when they parse, vLLM's rule),
+are buffered until they close and converted here.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 from typing import Any
 
@@ -54,9 +56,16 @@ class ToolSchemas:
             self._params[fn["name"]] = {k: _types_of(v) for k, v in (props or {}).items()}
 
     def streams_as_string(self, tool: str, param: str) -> bool:
-        """True when the value may be streamed as a JSON string: the schema allows a string, or says nothing."""
-        types = self._params.get(tool, {}).get(param)
-        return not types or bool(types & _STRINGY)
+        """True when the value may be streamed as a JSON string: the schema allows a string."""
+        return bool(self.types(tool, param) & _STRINGY)
+
+    def nullable_string(self, tool: str, param: str) -> bool:
+        """A string that may also be null (`anyOf [string, null]`): the text `null` means null."""
+        types = self.types(tool, param)
+        return bool(types & _STRINGY) and "null" in types
+
+    def declares(self, tool: str, param: str) -> bool:
+        return param in self._params.get(tool, {})
 
     def types(self, tool: str, param: str) -> frozenset[str]:
         return self._params.get(tool, {}).get(param, frozenset())
@@ -86,6 +95,13 @@ def coerce(raw: str, types: frozenset[str]) -> str:
             return json.dumps(json.loads(s), ensure_ascii=False)
         except ValueError:
             pass
+        if s[:1] in "{[" and s:  # a Python literal ({'k': 'v'}): what models trained on Python often write
+            try:
+                v = ast.literal_eval(s)
+                if isinstance(v, (dict, list)):
+                    return json.dumps(v, ensure_ascii=False)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                pass
     return json.dumps(raw, ensure_ascii=False)
 
 

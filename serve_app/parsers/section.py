@@ -7,6 +7,7 @@ from serve_app.parsers.markers import Matcher
 from serve_app.parsers.sink import Sink
 
 HELD = object()  # `seek_marker`: the text ends inside what may be a marker; wait for more
+NOISE_CAP = 256  # text inside a section before the next call marker: skipped when a call marker follows within this
 
 
 class SectionEngine:
@@ -15,16 +16,24 @@ class SectionEngine:
     must become text sits), `hold` (a possible partial marker), `state`, `degraded`, and an OVER state."""
 
     sec_m: Matcher
+    section_end: str | None
     OVER: int
 
     def seek_marker(self, t: str, i: int, sink: Sink) -> tuple[str, int] | str | object:
-        """Between calls only whitespace may stand before the next marker. Returns (marker, index after it);
-        HELD when the text ends inside a possible marker (kept in `hold`); or, when something else stands
-        there, the text to rescan as plain text (the engine has degraded)."""
+        """Between calls only whitespace is expected before the next marker. Returns (marker, index after it);
+        HELD when the text ends inside a possible marker (kept in `hold`); or, when something else stands there
+        and no call marker follows it closely, the text to rescan as plain text (the engine has degraded).
+        A little noise before a call marker (vLLM drops it too) is skipped, so the calls after it still count."""
         p, mk = self.sec_m.search(t, i)
         stop = p if p >= 0 else self.sec_m.hold_start(t, i)
-        if t[i:stop].strip():  # not a call where one must be: the markup was text, rescanned as such
-            return self.degrade(sink, t[i:])
+        if t[i:stop].strip():
+            if p >= 0 and mk != self.section_end and p - i <= NOISE_CAP:
+                self.raw.append(t[i:p])  # noise: not shown, unless the call after it degrades
+                return mk, p + len(mk)
+            if p < 0 and stop - i <= NOISE_CAP:  # a call marker may still follow: wait (bounded)
+                self.hold = t[i:]
+                return HELD
+            return self.degrade(sink, t[i:])  # not a call where one must be: the markup was text, rescanned
         self.raw.append(t[i:stop])
         if p < 0:
             self.hold = t[stop:]

@@ -49,8 +49,9 @@ class StreamParser:
             starts_in_reasoning = bool(reasoning and reasoning.starts_in_reasoning)
         self.in_reasoning = bool(reasoning) and starts_in_reasoning
         think = (reasoning.start, reasoning.end) if reasoning else ()
+        self.ends_at = reasoning.ends_at if reasoning is not None and tools is None else ()
         # a stray end marker in text and a repeated start marker in reasoning are markup: matched and dropped
-        self.m = Matcher((*think, *starts))
+        self.m = Matcher((*think, *starts, *self.ends_at))
         self.active = False
         # whitespace-only text right after a tool call is the model's separator between calls: it is kept back
         # and dropped unless real text follows (then it is released verbatim)
@@ -59,10 +60,19 @@ class StreamParser:
         self.entered_in_reasoning = False
         self.text_started = False
         self.hold = ""
+        # whitespace that opens the output is held until we know what follows: dropped before a tool call or a
+        # repeated think start marker (vLLM reports no content there), given back before anything else
+        self.at_start = True
+        self.pending_start = ""
 
     def _emit(self, text: str) -> None:
         if not text:
             return
+        if self.at_start:
+            if text.isspace():
+                self.pending_start += text
+                return
+            text, self.pending_start, self.at_start = self.pending_start + text, "", False
         if self.after_call:
             if self.in_reasoning:
                 self.after_call, self.pending_ws = False, ""
@@ -117,14 +127,28 @@ class StreamParser:
             self._emit(t[i:p])
             i = p + len(mk)
             if r is not None and mk == r.start:
+                self.pending_start, self.at_start = "", False
                 self.in_reasoning = True
             elif r is not None and mk == r.end:
+                self._flush_start()
                 self.in_reasoning = False
+            elif mk in self.ends_at:  # a tool call with no tool parser: reasoning is over, the markup is text
+                self._flush_start()
+                self.in_reasoning = False
+                self._emit(mk)
             else:
                 self._open(mk)
         return out
 
+    def _flush_start(self) -> None:
+        if self.at_start:
+            pending, self.pending_start, self.at_start = self.pending_start, "", False
+            if pending:
+                self.sink.reasoning = self.in_reasoning
+                self.sink.plain(pending)
+
     def _open(self, marker: str) -> None:
+        self.pending_start, self.at_start = "", False
         self.engine.open(marker)
         self.sink.reasoning = self.in_reasoning
         self.entered_in_reasoning = self.in_reasoning
@@ -137,6 +161,7 @@ class StreamParser:
             self.engine.eof(self.sink)
         elif self.hold:
             self._emit(self.hold)
+        self._flush_start()
         self.hold = ""
         self.active = False
         return out

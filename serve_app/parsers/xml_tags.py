@@ -5,6 +5,9 @@ Arguments stream as they are generated: at a string-typed parameter we emit `{"k
 chunk JSON-escaped, then `"` at the close tag. Only values the tool's schema types as non-strings (numbers,
 booleans, objects, arrays) are buffered — that one value — and converted when it closes. No step looks at
 anything but the current delta plus a marker-sized hold-back.
+
+A call cut off by the end of the stream is abandoned (no ToolCallEnd, no value guessed) and the text it consumed
+is released as text, so the non-streaming answer loses nothing the model wrote.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ class XmlFormat:
     implicit_closes: tuple[str, ...] = ()  # markers that end a value without its close tag (vLLM's qwen3 rule)
     name_of: Callable[[str], str] = strip_name
     param_of: Callable[[str], tuple[str, str | None]] = plain_param
+    # a lone parameter of one of these names (not in the tool's schema) holding a JSON object is the whole
+    # arguments object, wrapped (DeepSeek V3.2/V4 write <parameter name="arguments">{...}</parameter>)
+    unwrap_params: tuple[str, ...] = ()
     special_tokens: bool = False
 
 
@@ -82,6 +88,7 @@ class XmlEngine(SectionEngine):
         self.phead_m = Matcher([f.param_head_end])
         self.vopen_m = Matcher([f.value_open] if f.value_open else [])
         self.val_m = Matcher([f.value_close, f.section_end, *f.implicit_closes])
+        self.section_end = f.section_end
         self.state = OVER
         self.degraded = False
 
@@ -90,8 +97,10 @@ class XmlEngine(SectionEngine):
         self.hold = ""
         self.raw = [marker]  # text before the call is committed (its start), released if malformed
         self.mark_idx = 0  # index in `raw` of the section marker while no call of this section has completed
+        self.call_raw = [marker]  # all text since the last completed call: released as text if the stream ends
         self._reset_call()
-        self.state = SEC if self.fmt.func_open else FHEAD
+        # a section marker leads to the calls; a bare function marker (Qwen3-Coder without <tool_call>) is one
+        self.state = SEC if self.fmt.func_open and marker != self.fmt.func_open else FHEAD
 
     def _reset_call(self) -> None:
         self.head = ""
@@ -103,23 +112,40 @@ class XmlEngine(SectionEngine):
         self.vbuf: list[str] = []
         self.vseen = False
         self.pending_nl = ""
+        self.wrap_mode = ""
+        self.deferred: tuple[str, str] | None = None  # a lone wrapper parameter: (as a parameter, unwrapped)
 
     def eof(self, sink: Sink) -> None:
-        """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed."""
+        """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed. Its text
+        (from the section or call marker on) is released as text; a separator after a finished call is not."""
+        rest = "".join(self.call_raw)
+        if self.state != OVER and rest.strip():
+            sink.plain(rest)
+        self.call_raw = []
 
     # -- call pieces --------------------------------------------------------------------------------------------
     def _start_value(self, sink: Sink, head: str) -> None:
         key, mode = self.fmt.param_of(head)
         if mode is None:
-            mode = "string" if self.schemas.streams_as_string(self.fname, key) else "typed"
+            if self.schemas.nullable_string(self.fname, key):
+                mode = "nstring"  # held while it may still be `null`, then streamed
+            else:
+                mode = "string" if self.schemas.streams_as_string(self.fname, key) else "typed"
+        if self.deferred:  # the wrapper was not alone: it is an ordinary parameter after all
+            sink.args(self.idx, "{" + self.deferred[0])
+            self.deferred = None
+        if self.nparams == 0 and key in self.fmt.unwrap_params and not self.schemas.declares(self.fname, key):
+            self.wrap_mode, mode = mode, "wrap"
         self.vmode, self.vkey = mode, key
         self.vbuf = []
         self.vseen = False
         self.pending_nl = ""
         if mode == "string":
-            sep = "{" if self.nparams == 0 else ", "
-            sink.args(self.idx, sep + json.dumps(key, ensure_ascii=False) + ': "')
+            sink.args(self.idx, self._sep() + json.dumps(key, ensure_ascii=False) + ': "')
         self.nparams += 1
+
+    def _sep(self) -> str:
+        return "{" if self.nparams == 0 else ", "
 
     def _value_chunk(self, sink: Sink, c: str) -> None:
         # The templates put the value on its own lines (<parameter=k>\nV\n</parameter>): drop one newline at
@@ -138,21 +164,54 @@ class XmlEngine(SectionEngine):
             return
         if self.vmode == "string":
             sink.args(self.idx, json_string_chunk(c))
-        else:
-            self.vbuf.append(c)
+            return
+        self.vbuf.append(c)
+        if self.vmode == "nstring":
+            held = "".join(self.vbuf)
+            if not "null".startswith(held):  # not null: stream it as the string it is
+                self.nparams -= 1
+                sink.args(self.idx, self._sep() + json.dumps(self.vkey, ensure_ascii=False) + ': "'
+                          + json_string_chunk(held))
+                self.nparams += 1
+                self.vmode, self.vbuf = "string", []
 
     def _end_value(self, sink: Sink) -> None:
         if self.vmode == "string":
             sink.args(self.idx, '"')
             return
         raw = "".join(self.vbuf)
-        val = decode_or_string(raw) if self.vmode == "json" else coerce(raw, self.schemas.types(self.fname, self.vkey))
+        if self.vmode == "nstring":
+            val = "null" if raw == "null" else json.dumps(raw, ensure_ascii=False)
+        elif self.vmode == "wrap":
+            val = json.dumps(raw, ensure_ascii=False) if self.wrap_mode in ("string", "nstring") else (
+                decode_or_string(raw) if self.wrap_mode == "json" else
+                coerce(raw, self.schemas.types(self.fname, self.vkey)))
+            inner = json.loads(val)
+            if isinstance(inner, str):
+                try:
+                    inner = json.loads(inner)
+                except ValueError:
+                    pass
+            if isinstance(inner, dict):  # maybe the whole arguments: decided when the call closes
+                self.deferred = (json.dumps(self.vkey, ensure_ascii=False) + ": " + val,
+                                 json.dumps(inner, ensure_ascii=False))
+                return
+        elif self.vmode == "json":
+            val = decode_or_string(raw)
+        else:
+            val = coerce(raw, self.schemas.types(self.fname, self.vkey))
         sep = "{" if self.nparams == 1 else ", "
         sink.args(self.idx, sep + json.dumps(self.vkey, ensure_ascii=False) + ": " + val)
 
-    def _end_call(self, sink: Sink) -> None:
-        sink.args(self.idx, "}" if self.nparams else "{}")
+    def _end_call(self, sink: Sink, unconsumed: int) -> None:
+        """Close the call; `unconsumed` characters of the text fed so far follow its end."""
+        if self.deferred:  # a lone wrapper parameter: its object is the arguments
+            sink.args(self.idx, self.deferred[1])
+        else:
+            sink.args(self.idx, "}" if self.nparams else "{}")
         sink.end(self.idx)
+        fed = "".join(self.call_raw)
+        self.call_raw = [fed[len(fed) - unconsumed:]] if unconsumed else []
         self.raw = []
         self.mark_idx = -1
         self._reset_call()
@@ -160,6 +219,7 @@ class XmlEngine(SectionEngine):
     # -- main loop ------------------------------------------------------------------------------------------------
     def feed(self, text: str, sink: Sink) -> str | None:
         f = self.fmt
+        self.call_raw.append(text)
         t = self.hold + text if self.hold else text
         self.hold = ""
         i = 0
@@ -211,7 +271,7 @@ class XmlEngine(SectionEngine):
                     if f.func_open:
                         self.state = FBODY
                     elif mk == f.section_end:  # glm47 call without arguments
-                        self._end_call(sink)
+                        self._end_call(sink, len(t))
                         self.state = OVER
                     else:  # glm47: the name ended at the first <arg_key>
                         self.state = PHEAD
@@ -227,7 +287,7 @@ class XmlEngine(SectionEngine):
                 if mk == f.param_open:
                     self.state = PHEAD
                 else:
-                    self._end_call(sink)
+                    self._end_call(sink, len(t) - i)
                     self.state = OVER if mk == f.section_end else (SEC if f.func_open else FBODY)
             elif st == VOPEN:
                 p, mk = self.vopen_m.search(t, i)
@@ -250,7 +310,7 @@ class XmlEngine(SectionEngine):
                     self.state = FBODY
                 elif mk == f.section_end:
                     i = p + len(mk)
-                    self._end_call(sink)
+                    self._end_call(sink, len(t) - i)
                     self.state = OVER
                 else:  # implicit close: the marker belongs to what follows
                     i = p

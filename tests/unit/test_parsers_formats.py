@@ -111,7 +111,7 @@ def test_big_argument_streams_incrementally():
 
 # -- malformed, truncated, missing end markers --------------------------------------------------------------------
 
-MALFORMED = {  # format -> (wire, expected fold): degrade to text before the call commits
+MALFORMED = {  # format -> (wire, expected fold): degrade to text before the call commits (Harmony: skipped)
     "hermes": ("Sure. <tool_call>this is not json</tool_call>", [("text", "Sure. <tool_call>this is not json</tool_call>")]),
     "qwen3_coder": ("Sure. <tool_call>\nnot xml\n</tool_call>", [("text", "Sure. <tool_call>\nnot xml\n</tool_call>")]),
     "llama3_json": ("<|python_tag|>not json", [("text", "<|python_tag|>not json")]),
@@ -122,8 +122,9 @@ MALFORMED = {  # format -> (wire, expected fold): degrade to text before the cal
     "glm47": ("<tool_call>not a name</tool_call>", [("text", "<tool_call>not a name</tool_call>")]),
     "minimax_m2": ("<minimax:tool_call>junk</minimax:tool_call>", [("text", "<minimax:tool_call>junk</minimax:tool_call>")]),
     "pythonic": ("[not a call] ok", [("text", "[not a call] ok")]),
-    "openai": ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>oops<|call|>",
-               [("text", "<|channel|>commentary to=functions.f <|constrain|>json<|message|>oops")]),
+    # a call body that is not JSON: abandoned and skipped, its markup never shown (then the final answer)
+    "openai": ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>oops<|call|>"
+               "<|start|>assistant<|channel|>final<|message|>ok<|return|>", [("text", "ok")]),
 }
 
 
@@ -161,21 +162,25 @@ def test_malformed_arguments_never_complete_a_call(tools):
 
 
 TRUNCATED_FORMATS = [f for f in FORMATS]
+# Harmony's markup is special tokens and pythonic calls are one expression: a cut-off call there is only dropped.
+# The tag formats give the cut-off call's raw text back as text, so the non-streaming answer loses nothing.
+DROPS_CUT_OFF_TEXT = {"openai", "pythonic"}
 
 
 @pytest.mark.parametrize("fmt", TRUNCATED_FORMATS, ids=[f.tools for f in TRUNCATED_FORMATS])
-def test_call_cut_off_by_end_of_stream_is_dropped(fmt):
+def test_call_cut_off_by_end_of_stream_is_abandoned_and_its_text_kept(fmt):
     segs = [("calls", [("write_file", {"path": "a.py", "content": "print('hello world, this is long')"})])]
     wire = fmt.render(segs[0][1])
     cut = wire.index("hello world") + 5
     prefix = "Before. " if fmt.text_before_calls else ""
     text = prefix + wire[:cut]
     kw = kwargs(fmt, segs)
+    want = [("text", prefix)] if fmt.tools in DROPS_CUT_OFF_TEXT else [("text", text)]
     for cuts in ([], list(range(1, len(text)))):
         events = stream(text, cuts, **kw)
-        check_events(events, markers=fmt.markers)
+        check_events(events, markers=fmt.markers if fmt.tools in DROPS_CUT_OFF_TEXT else ())
         assert not any(isinstance(e, ToolCallEnd) for e in events)
-        assert simple(fold_complete(events)) == ([("text", prefix)] if prefix else [])
+        assert simple(fold_complete(events)) == ([w for w in want if w[1]])
 
 
 MISSING_END = {  # format -> (suffix removed, call still complete?)
@@ -186,7 +191,7 @@ MISSING_END = {  # format -> (suffix removed, call still complete?)
     "deepseek_v31": ("<｜tool▁calls▁end｜>", True),
     "deepseek_v32": ("</｜DSML｜function_calls>", True),
     "minimax_m2": ("</minimax:tool_call>", True),
-    "glm47": ("</tool_call>", False),  # no function close tag: another argument could still follow
+    "glm47": ("</tool_call>", False),  # no function close tag: another argument could still follow (kept as text)
     "openai": ("<|call|>", True),
     "pythonic": ("]", True),
 }
@@ -201,9 +206,119 @@ def test_missing_end_marker(tools):
     assert wire.endswith(suffix)
     wire = wire[: -len(suffix)]
     kw = kwargs(fmt, segs)
-    want = [("call", *WEATHER_CALL)] if complete else []
+    want = [("call", *WEATHER_CALL)] if complete else [("text", wire)]
     assert simple(fold_complete(parse_complete(wire, **kw))) == want
     assert simple(fold_complete(stream(wire, list(range(1, len(wire))), **kw))) == want
 
 
 WEATHER_CALL = ("get_weather", {"city": "Paris", "days": 3})
+
+
+# -- cases found by vLLM's parser tables (tests/data/vllm_parser_tables, docs/parser-conformance.md) ------------------
+
+_K = "<|tool_calls_section_begin|>{}<|tool_calls_section_end|>"
+_KC = "<|tool_call_begin|>{} <|tool_call_argument_begin|>{}<|tool_call_end|>"
+_HC = "<|start|>assistant<|channel|>commentary to=functions.{} <|constrain|>json<|message|>{}<|call|>"
+_DS = '<｜DSML｜{0}><｜DSML｜invoke name="get_weather">{1}</｜DSML｜invoke></｜DSML｜{0}>'
+_DP = '<｜DSML｜parameter name="{}" string="{}">{}</｜DSML｜parameter>'
+_NULLABLE = [{"type": "function", "function": {"name": "update_profile", "parameters": {
+    "type": "object", "properties": {"nickname": {"anyOf": [{"type": "string"}, {"type": "null"}]}}}}}]
+_MM = ('<minimax:tool_call><invoke name="update_profile"><parameter name="nickname">{}</parameter></invoke>'
+       "</minimax:tool_call>")
+
+REPORTED = {  # id -> (text, parser kwargs, expected fold)
+    # kimi_k2: a malformed call inside a section is skipped; the valid call after it stands, no markup leaks
+    "kimi_bad_json_then_good": (
+        "Help. " + _K.format(_KC.format("functions.bad:0", '{"city": "Beijing"')
+                             + _KC.format("functions.good:1", '{"city": "Shanghai"}')),
+        {"tools": "kimi_k2"}, [("text", "Help. "), ("call", "good", {"city": "Shanghai"})]),
+    # where a malformed call's skip ends does not depend on where the deltas split (the marker inside its string)
+    "section_skip_is_split_invariant": (
+        '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>r<｜tool▁sep｜>{"<｜tool▁call▁end｜>"<', {"tools": "deepseek_v31"},
+        [("text", '"<')]),
+    "kimi_head_without_index_is_not_a_call": (
+        _K.format(_KC.format("functions.invalid.0", '{"a": 1}') + _KC.format("functions.valid:1", '{"a": 2}')),
+        {"tools": "kimi_k2"}, [("call", "valid", {"a": 2})]),
+    # Harmony: a body that is not JSON is an abandoned call (no markup in the text); an empty body has no arguments
+    "harmony_non_json_body": (
+        "<|channel|>analysis<|message|>plan<|end|>" + _HC.format("a", "foo") + _HC.format("b", '{"x": 1}'),
+        {"reasoning": "gpt_oss", "tools": "openai"}, [("reasoning", "plan"), ("call", "b", {"x": 1})]),
+    "harmony_empty_body": (_HC.format("no_args", ""), {"reasoning": "gpt_oss", "tools": "openai"},
+                           [("call", "no_args", {})]),
+    "harmony_to_assistant_is_not_content": (
+        "<|channel|>commentary to=assistant<|message|>Some tool response<|call|>"
+        "<|start|>assistant<|channel|>final<|message|>Here is the answer<|end|>",
+        {"reasoning": "gpt_oss", "tools": "openai"}, [("text", "Here is the answer")]),
+    # mistral v11: NAME{..} ([ARGS] decoded away) and NAME[CALL_ID]ID[ARGS]{..}
+    "mistral_v11_without_args_marker": ('bla[TOOL_CALLS]add{"a": 3.5, "b": 4}[TOOL_CALLS]mul{"a": 3}', {
+        "tools": "mistral"}, [("text", "bla"), ("call", "add", {"a": 3.5, "b": 4}), ("call", "mul", {"a": 3})]),
+    "mistral_call_id": ('[TOOL_CALLS]add[CALL_ID]a1B2c3D4e[ARGS]{"a": 1}', {"tools": "mistral"},
+                        [("call", "add", {"a": 1})]),
+    # the whitespace after a call whose wrapper does not close is text, however the deltas are split
+    "whitespace_after_unclosed_wrapper": ('[TOOL_CALLS][{"name": "f", "arguments": {}}  oops', {"tools": "mistral"},
+                                          [("call", "f", {}), ("text", "  oops")]),
+    "mistral_whitespace_after_abandoned_call": ("Sure.[TOOL_CALLS]  hello world", {"tools": "mistral"},
+                                                [("text", "Sure.[TOOL_CALLS]  hello world")]),
+    "llama3_whitespace_after_unclosed_wrapper": ('{"name":"f","arguments":{} >', {"tools": "llama3_json"},
+                                                 [("call", "f", {}), ("text", " >")]),
+    # minimax_m2: null for an anyOf [string, null] parameter is null; other text stays a string
+    "minimax_nullable_null": (_MM.format("null"), {"tools": "minimax_m2", "tool_schemas": _NULLABLE},
+                              [("call", "update_profile", {"nickname": None})]),
+    "minimax_nullable_prefix_of_null": (_MM.format("nul"), {"tools": "minimax_m2", "tool_schemas": _NULLABLE},
+                                        [("call", "update_profile", {"nickname": "nul"})]),
+    "minimax_nullable_string": (_MM.format("Alice"), {"tools": "minimax_m2", "tool_schemas": _NULLABLE},
+                                [("call", "update_profile", {"nickname": "Alice"})]),
+    # glm45: a call cut off before </tool_call> keeps its text in the non-streaming answer
+    "glm45_cut_off": ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>",
+                      {"tools": "glm45"},
+                      [("text", "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>")]),
+    # llama3_json: a call after prose; a name without arguments is not a call
+    "llama3_after_prose": ('Here: {"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}',
+                           {"tools": "llama3_json"}, [("text", "Here: "), ("call", "f", {"a": 1}), ("call", "g", {})]),
+    "llama3_name_only": ('{"name": "toolWithoutParams"}', {"tools": "llama3_json"},
+                         [("text", '{"name": "toolWithoutParams"}')]),
+    # deepseek_v32/v4: a lone `arguments` (or `input`) wrapper parameter is the arguments object
+    "dsml_v32_arguments_wrapper": (_DS.format("function_calls", _DP.format("arguments", "false", '{"city": "Paris"}')),
+                                   {"tools": "deepseek_v32"}, [("call", "get_weather", {"city": "Paris"})]),
+    "dsml_v4_input_wrapper": (_DS.format("tool_calls", _DP.format("input", "true", '{"city": "Paris"}')),
+                              {"tools": "deepseek_v4"}, [("call", "get_weather", {"city": "Paris"})]),
+    "dsml_wrapper_with_a_second_parameter_stays": (
+        _DS.format("tool_calls", _DP.format("arguments", "false", '{"c": 1}') + _DP.format("n", "false", "2")),
+        {"tools": "deepseek_v4"}, [("call", "get_weather", {"arguments": {"c": 1}, "n": 2})]),
+    "dsml_declared_arguments_parameter_stays": (
+        _DS.format("tool_calls", _DP.format("arguments", "false", '{"c": 1}')),
+        {"tools": "deepseek_v4", "tool_schemas": [{"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"arguments": {"type": "object"}}}}]},
+        [("call", "get_weather", {"arguments": {"c": 1}})]),
+    # qwen3 without a tool parser: the tool-call marker ends reasoning and stays text (vLLM's reasoning parser)
+    "qwen3_reasoning_only_tool_call_ends_reasoning": (
+        "I need to read.\n\n<tool_call>\n<function=bash>", {"reasoning": "qwen3", "starts_in_reasoning": True},
+        [("reasoning", "I need to read.\n\n"), ("text", "<tool_call>\n<function=bash>")]),
+    "kimi_reasoning_only_section_ends_reasoning": (
+        "some reasoning<|tool_calls_section_begin|>data", {"reasoning": "kimi_k2", "starts_in_reasoning": True},
+        [("reasoning", "some reasoning"), ("text", "<|tool_calls_section_begin|>data")]),
+    # qwen3_coder: a <function=...> without <tool_call>; a Python-literal object for an object parameter
+    "qwen3_coder_bare_function": ("<function=get_weather>\n<parameter=city>\nDallas\n</parameter>\n</function>",
+                                  {"tools": "qwen3_coder"}, [("call", "get_weather", {"city": "Dallas"})]),
+    "qwen3_coder_python_literal_object": (
+        "<tool_call>\n<function=f>\n<parameter=obj>\n{'key': 'value'}\n</parameter>\n</function>\n</tool_call>",
+        {"tools": "qwen3_coder", "tool_schemas": [{"name": "f", "parameters": {
+            "type": "object", "properties": {"obj": {"type": "object"}}}}]}, [("call", "f", {"obj": {"key": "value"}})]),
+    # whitespace that only opens the output before a call, or before a repeated think marker, is not content
+    "glm47_leading_whitespace_before_call": ("  \n  <tool_call>get_current_date</tool_call>", {"tools": "glm47"},
+                                             [("call", "get_current_date", {})]),
+    "r1_newline_before_repeated_think": ("\n<think>r</think>x", {"reasoning": "deepseek_r1",
+                                                                 "starts_in_reasoning": True},
+                                         [("reasoning", "r"), ("text", "x")]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REPORTED))
+def test_reported_case(case):
+    text, kw, want = REPORTED[case]
+    assert simple(fold_complete(parse_complete(text, **kw))) == want
+    rng = random.Random(case)
+    for _ in range(30):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(12, len(text) - 1))))
+        assert simple(fold_complete(stream(text, cuts, **kw))) == want, cuts
+    assert simple(fold_complete(stream(text, list(range(1, len(text))), **kw))) == want

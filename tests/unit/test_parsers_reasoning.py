@@ -205,8 +205,10 @@ def test_schemas_accepted_in_every_shape():
                     [{"name": "f", "input_schema": props}], [ToolSpec(name="f", parameters=props)]):
         assert simple(fold_complete(parse_complete(text, tools="qwen3_coder", tool_schemas=schemas))) == [
             ("call", "f", {"n": 7})]
-    # without a schema the value stays a string: nothing is guessed
-    assert simple(fold_complete(parse_complete(text, tools="qwen3_coder"))) == [("call", "f", {"n": "7"})]
+    # a value no schema describes is decoded as JSON when it parses (vLLM's rule), else kept as the string it is
+    assert simple(fold_complete(parse_complete(text, tools="qwen3_coder"))) == [("call", "f", {"n": 7})]
+    loose = text.replace("\n7\n", "\nseven\n")
+    assert simple(fold_complete(parse_complete(loose, tools="qwen3_coder"))) == [("call", "f", {"n": "seven"})]
 
 
 def test_whitespace_between_calls_is_not_text_but_real_text_keeps_its_spacing():

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pytest
 
 from serve_app.conversation import (
-    Conversation, Finish, GenerationOptions, Message, TextDelta, TextPart, ToolCallStart, ToolResultPart, Usage,
+    Conversation, Finish, GenerationOptions, Message, ReasoningDelta, TextDelta, TextPart, ToolCallStart, ToolResultPart,
+    Usage,
 )
 from serve_app.engine.vllm_engine import EngineChunk
 from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong
@@ -416,3 +417,32 @@ def test_ready_route_is_200_only_when_every_engine_answers():
     assert not_ready.status_code == 503 and not_ready.json()["status"] == "not_ready"
     assert not_ready.json()["engines"][ka] == "ok" and "replica died" in not_ready.json()["engines"][kb]
     assert live.status_code == 200  # liveness does not depend on the engines
+
+
+class PromptStateRenderer(StubRenderer):
+    """A renderer whose prompt leaves the think block open or not."""
+
+    def __init__(self, n_tokens, opens_think):
+        super().__init__(n_tokens)
+        self.opens_think = opens_think
+
+    async def render(self, conv, opts):
+        return Rendered("x" * self.n, list(range(self.n)), starts_in_reasoning=self.opens_think)
+
+
+@pytest.mark.parametrize("reasoning,opens_think", [("deepseek_r1", False), ("qwen3", True), ("kimi_k2", True),
+                                                   ("glm47", True), ("deepseek_v4", True)])
+def test_the_rendered_prompt_decides_where_the_output_starts(reasoning, opens_think):
+    """Where the output starts (inside reasoning or not) is what the rendered prompt says, whatever the reasoning
+    format would assume: an R1-style format after a prompt that closed the block starts in text, a qwen3/kimi/
+    glm47/deepseek_v4 template that opened it starts in reasoning."""
+    engines = ReplayEngines([EngineChunk("plan", [1]), EngineChunk("", [2], finish_reason="stop")])
+    cfg = AppSettings.model_validate({"models": [{"id": "m", "max_model_len": 1000, "max_output_tokens": 300,
+                                                  "reasoning_parser": reasoning}]})
+    svc = GenerationService(cfg, engines)
+    svc._renderers["m"] = PromptStateRenderer(10, opens_think)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    assert p.starts_in_reasoning is opens_think
+    events = run(collect(svc, p))
+    kinds = {type(e).__name__ for e in events if isinstance(e, (TextDelta, ReasoningDelta))}
+    assert kinds == ({"ReasoningDelta"} if opens_think else {"TextDelta"})

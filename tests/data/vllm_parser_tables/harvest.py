@@ -1,0 +1,623 @@
+"""Regenerate tables.json from a vLLM source checkout: the declarative test vectors of vLLM's parser tests for the
+formats this service ships (see NOTICE.md for what is taken and from which revision).
+
+    python tests/data/vllm_parser_tables/harvest.py /path/to/vllm-checkout [--commit SHA]
+
+Each test module is executed with its vLLM/transformers imports stubbed (no vLLM, tokenizer or network needed;
+openai_harmony is the real one, to render the gpt-oss conversations). Three sources: module-level reasoning dicts
+(`{"output", "reasoning", "content"}`), `ToolParserTestConfig` fixtures, and every test function that parses a
+whole text, run against a probe parser that records the text and the assertions made on the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import builtins
+import importlib.abc
+import importlib.machinery
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DEBUG = False
+
+# vLLM reasoning test file -> (our reasoning parser, prompt opens the think block). The second field is the prompt
+# state vLLM's parser assumes: its qwen3/deepseek_r1/minimax_m2/nemotron_v3/kimi parsers treat output without a start
+# marker as reasoning because those templates open <think> in the prompt (None: the format's default). A test that
+# builds its parser with enable_thinking/thinking False gets False instead.
+REASONING_FILES = {
+    "tests/reasoning/test_qwen3_reasoning_parser.py": ("qwen3", True),
+    "tests/reasoning/test_deepseekr1_reasoning_parser.py": ("deepseek_r1", True),
+    "tests/reasoning/test_glm4_moe_reasoning_parser.py": ("glm45", None),
+    "tests/reasoning/test_minimax_m2_reasoning_parser.py": ("minimax_m2", True),
+    "tests/reasoning/test_mistral_reasoning_parser.py": ("mistral", None),
+    "tests/reasoning/test_nemotron_v3_reasoning_parser.py": ("nemotron_v3", True),
+}
+TOOL_FILES = {
+    "tests/tool_parsers/test_deepseekv3_tool_parser.py": "deepseek_v3",
+    "tests/tool_parsers/test_qwen3xml_tool_parser.py": "qwen3_xml",
+    "tests/tool_parsers/test_kimi_k2_tool_parser.py": "kimi_k2",
+    "tests/tool_parsers/test_pythonic_tool_parser.py": "pythonic",
+    "tests/tool_parsers/test_mistral_tool_parser.py": "mistral",
+    "tests/tool_parsers/test_qwen3coder_tool_parser.py": "qwen3_coder",
+    "tests/tool_parsers/test_glm4_moe_tool_parser.py": "glm45",
+    "tests/tool_parsers/test_glm47_moe_tool_parser.py": "glm47",
+    "tests/tool_parsers/test_hermes_tool_parser.py": "hermes",
+    "tests/tool_parsers/test_llama3_json_tool_parser.py": "llama3_json",
+    "tests/tool_parsers/test_deepseekv31_tool_parser.py": "deepseek_v31",
+    "tests/tool_parsers/test_deepseekv32_tool_parser.py": "deepseek_v32",
+    "tests/tool_parsers/test_deepseekv4_tool_parser.py": "deepseek_v4",
+    "tests/tool_parsers/test_minimax_m2_tool_parser.py": "minimax_m2",
+}
+
+# Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt
+# opens the think block, Harmony).
+INLINE_FILES = {
+    **{rel: (None, parser, None, False) for rel, parser in TOOL_FILES.items()},
+    "tests/tool_parsers/test_openai_tool_parser.py": ("gpt_oss", "openai", None, True),
+    "tests/entrypoints/openai/parser/test_harmony_utils.py": ("gpt_oss", "openai", None, True),
+    "tests/reasoning/test_kimi_k2_reasoning_parser.py": ("kimi_k2", None, True, False),
+    **{rel: (parser, None, opens, False) for rel, (parser, opens) in REASONING_FILES.items()},
+}
+
+
+# -- stubs: just enough of pytest / vllm / transformers for a test module to import and define its values ---------
+
+class StubMeta(type):
+    def __getattr__(cls, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return Stub()
+
+
+class Stub(metaclass=StubMeta):
+    def __init__(self, *a, **k): pass
+    def __call__(self, *a, **k): return Stub()
+    def __getattr__(self, name): return Stub()
+    def __iter__(self): return iter(())
+    def __getitem__(self, k): return Stub()
+    def __or__(self, other): return Stub()
+    __ror__ = __or__
+
+
+class Recorded:
+    """ToolCall / FunctionCall / ToolParserTestConfig: keeps its keyword arguments."""
+
+    def __init__(self, *a, **k):
+        self.args, self.kwargs = a, k
+
+    def __getattr__(self, name):
+        if name in ("args", "kwargs"):
+            raise AttributeError(name)
+        return self.kwargs.get(name)
+
+
+_CLASSES: dict[str, type] = {}  # one class per name, so isinstance() in the tests works
+
+
+class StubModule(types.ModuleType):
+    extra: dict = {}
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        if name in StubModule.extra:
+            return StubModule.extra[name]
+        if name.endswith(("ToolParser", "ReasoningParser")) and "_probe_parser" in StubModule.extra:
+            return StubModule.extra["_probe_parser"]
+        if name in _CLASSES:
+            return _CLASSES[name]
+        if name in ("ToolCall", "FunctionCall", "ToolParserTestConfig", "DeltaToolCall", "DeltaFunctionCall",
+                    "ChatCompletionRequest", "ChatCompletionToolsParam", "FunctionDefinition", "FunctionTool"):
+            return _CLASSES.setdefault(name, type(name, (Recorded,), {}))
+        return _CLASSES.setdefault(name, type(name, (Stub,), {}))
+
+
+class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    ROOTS = ("vllm", "transformers", "tests", "mistral_common", "torch")
+
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in self.ROOTS:
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return StubModule(spec.name)
+
+    def exec_module(self, module):
+        module.__path__ = []
+
+
+class Param:
+    def __init__(self, *values, id=None, marks=None):
+        self.values, self.id, self.marks = values, id, marks
+
+
+TABLES: list[dict] = []
+
+
+def _pytest_module() -> types.ModuleType:
+    pt = types.ModuleType("pytest")
+
+    def fixture(*a, **k):
+        if a and callable(a[0]) and not k:
+            return a[0]
+
+        def deco(f):
+            if k.get("params") is not None:  # a parametrized fixture: the harvest uses its first value
+                f._vllm_param = list(k["params"])[0]
+            return f
+        return deco
+
+    class Mark:
+        def parametrize(self, names=None, values=None, ids=None, argnames=None, argvalues=None, **k):
+            names = names if names is not None else argnames
+            values = values if values is not None else argvalues
+
+            def deco(f):
+                TABLES.append({"func": f.__qualname__, "names": [n.strip() for n in
+                                                                  (names.split(",") if isinstance(names, str)
+                                                                   else names)],
+                               "values": list(values), "ids": ids})
+                return f
+            return deco
+
+        def __getattr__(self, name):
+            return lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
+
+    pt.fixture = fixture
+    pt.mark = Mark()
+    pt.param = Param
+    pt.FixtureRequest = Stub
+    pt.raises = Stub()
+    pt.skip = pt.xfail = pt.importorskip = Stub()
+    return pt
+
+
+def load(path: Path) -> dict:
+    TABLES.clear()
+    ns: dict = {"__name__": "harvested", "__file__": str(path), "__builtins__": builtins}
+    exec(compile(path.read_text(), str(path), "exec"), ns)
+    return ns
+
+
+# -- normalising into vectors ---------------------------------------------------------------------------------------
+
+def _call(tc) -> dict:
+    fn = tc.kwargs.get("function", tc) if isinstance(tc, Recorded) else tc
+    name = fn.kwargs.get("name")
+    args = fn.kwargs.get("arguments")
+    try:
+        return {"name": name, "arguments": json.loads(args) if isinstance(args, str) and args else {}}
+    except ValueError:  # a truncated-call expectation: vLLM streams the arguments text it has
+        return {"name": name, "arguments_text": args}
+
+
+def _reasoning_vectors(rel: str, ns: dict, parser: str, opens: bool | None) -> list[dict]:
+    out = []
+    for var, v in ns.items():
+        if not (isinstance(v, dict) and isinstance(v.get("output"), str) and "content" in v
+                and ("reasoning" in v or "reasoning_content" in v)):
+            continue
+        out.append({"id": f"{parser}/{var}", "source": f"{rel}::{var}", "reasoning_parser": parser,
+                    "tool_parser": None, "prompt_opens_think": opens, "model_output": v["output"],
+                    "expect": {"reasoning": v.get("reasoning", v.get("reasoning_content")),
+                               "content": v["content"]}})
+    return out
+
+
+def _config_vectors(rel: str, ns: dict, parser: str) -> list[dict]:
+    out = []
+    for cname, cls in list(ns.items()):
+        fixture = getattr(cls, "test_config", None) if isinstance(cls, type) else None
+        if fixture is None:
+            continue
+        cfg = fixture(None)
+        if not isinstance(cfg, Recorded):
+            continue
+        k = cfg.kwargs
+        src = f"{rel}::{cname}.test_config"
+        xfail = set(k.get("xfail_nonstreaming") or {}) | set(k.get("xfail_streaming") or {})
+
+        def vec(test, output, expect):
+            if test in xfail:  # vLLM itself does not meet these
+                return
+            out.append({"id": f"{parser}/config.{test}", "source": src, "reasoning_parser": None,
+                        "tool_parser": parser, "prompt_opens_think": None, "model_output": output,
+                        "expect": expect})
+
+        vec("test_no_tool_calls", k["no_tool_calls_output"],
+            {"content": k["no_tool_calls_output"], "calls": []})
+        single = {"call_names": [k.get("single_tool_call_expected_name", "get_weather")],
+                  "args_subset": [k.get("single_tool_call_expected_args", {"city": "Tokyo"})]}
+        if k.get("single_tool_call_expected_content") is not None:
+            single["content"] = k["single_tool_call_expected_content"]
+        vec("test_single_tool_call_simple_args", k["single_tool_call_output"], single)
+        par = {"call_names": k.get("parallel_tool_calls_names", ["get_weather", "get_time"])}
+        if k.get("parallel_tool_calls_expected_content") is not None:
+            par["content"] = k["parallel_tool_calls_expected_content"]
+        vec("test_parallel_tool_calls", k["parallel_tool_calls_output"], par)
+        vec("test_various_data_types", k["various_data_types_output"], {"call_count": 1})
+        vec("test_empty_arguments", k["empty_arguments_output"], {"call_count": 1, "args_subset": [{}]})
+        vec("test_surrounding_text", k["surrounding_text_output"], {"call_count": 1})
+        vec("test_escaped_strings", k["escaped_strings_output"], {"call_count": 1})
+        for j, bad in enumerate(k.get("malformed_input_outputs") or []):
+            vec(f"test_malformed_input[{j}]", bad, {"no_raise": True})
+    return out
+
+
+# -- inline tests: run them against a recording parser -----------------------------------------------------------
+#
+# Most of vLLM's parser tests are functions that call `parser.extract_tool_calls(text, request)` (or the helpers in
+# tests/*/utils.py) and assert on the result. We run each such function with a probe parser: the probe records the
+# text it was given, and the result it returns records every assertion made on it (`assert` is rewritten so that a
+# failed comparison does not stop the function, and `x is None` becomes `x == None` so it can be recorded). The
+# recorded (path, op, value) checks are the vector's expectation. Streaming-only tests on token deltas are skipped.
+
+import ast
+import inspect
+import itertools
+
+
+class Vec:
+    def __init__(self, text: str, tools, thinking_off: bool = False):
+        self.text, self.tools, self.checks, self.thinking_off = text, tools, [], thinking_off
+
+
+class P:
+    """A recorded value: comparing it records the expectation and answers True."""
+
+    def __init__(self, vec: Vec, path: tuple):
+        object.__setattr__(self, "_v", vec)
+        object.__setattr__(self, "_p", path)
+
+    def _rec(self, op, val):
+        self._v.checks.append([list(self._p), op, _plain(val)])
+        return True
+
+    def __eq__(self, o): return self._rec("==", o)
+    def __ne__(self, o): return self._rec("!=", o)
+    def __hash__(self): return id(self)
+    def __getattr__(self, n):
+        if n.startswith("__"):
+            raise AttributeError(n)
+        return P(self._v, self._p + (("attr", n),))
+    def __getitem__(self, k): return P(self._v, self._p + (("item", k),))
+    # a loop over a list: its length is unknown here, so the elements are "iter" steps, checked only if present
+    def __iter__(self): return (P(self._v, self._p + (("iter", i),)) for i in range(16))
+    def __call__(self, *a, **k):
+        if self._p and self._p[-1] == ("attr", "get") and a:
+            return P(self._v, self._p[:-1] + (("item", a[0]),))
+        raise Abort("called a recorded value")
+
+
+class Abort(Exception):
+    pass
+
+
+def _plain(v):
+    if isinstance(v, Recorded):
+        return {"_type": type(v).__name__, **{k: _plain(x) for k, x in v.kwargs.items()}}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    raise Abort(f"unrecordable value {type(v).__name__}")
+
+
+def _tool_dict(t):
+    if isinstance(t, dict):
+        return t
+    if isinstance(t, Recorded):
+        fn = t.kwargs.get("function", t)
+        if isinstance(fn, Recorded):
+            fn = fn.kwargs
+        if isinstance(fn, dict) and fn.get("name"):
+            return {"type": "function", "function": {"name": fn["name"], "parameters": _plain(fn.get("parameters"))}}
+    return None
+
+
+def _field(obj, name):
+    """A keyword a recorded object was built with, or an attribute (a Mock request)."""
+    kw = getattr(obj, "kwargs", None)
+    return kw.get(name) if isinstance(kw, dict) else getattr(obj, name, None)
+
+
+def _tools_of(obj):
+    tools = _field(obj, "tools")
+    if isinstance(tools, list):
+        out = [_tool_dict(t) for t in tools]
+        return [t for t in out if t]
+    return None
+
+
+def _kwargs_of(request):
+    kw = _field(request, "chat_template_kwargs")
+    return kw if isinstance(kw, dict) else None
+
+
+class Recording:
+    """One harvested file's probe parser and helpers."""
+
+    def __init__(self, harmony=None):
+        self.vectors: list[Vec] = []
+        self.harmony = harmony
+        rec = self
+
+        class ProbeParser:
+            def __init__(self, *a, tools=None, chat_template_kwargs=None, **k):
+                self.tools = _tools_of(types.SimpleNamespace(tools=tools)) if tools else None
+                self.kwargs = chat_template_kwargs or {}
+
+            def _vec(self, text, request):
+                kw = {**self.kwargs, **(_kwargs_of(request) or {})}
+                # the template was told not to think: the prompt does not open the think block
+                off = kw.get("enable_thinking") is False or kw.get("thinking") is False
+                v = Vec(text, _tools_of(request) or self.tools, off)
+                rec.vectors.append(v)
+                return v
+
+            def extract_tool_calls(self, model_output, request=None, token_ids=None):
+                if token_ids is not None and not model_output:
+                    model_output = rec.harmony_text(token_ids)
+                return P(self._vec(model_output, request), ())
+
+            def extract_reasoning(self, model_output, request=None):
+                v = self._vec(model_output, request)
+                return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),))
+
+            def __getattr__(self, n):
+                raise Abort(f"parser.{n}")
+
+        self.ProbeParser = ProbeParser
+
+    def harmony_text(self, token_ids) -> str:
+        """The model's part of a rendered Harmony conversation: from the first assistant message on, without the
+        trailing generation prompt."""
+        text = self.harmony.decode(token_ids)
+        at = text.find("<|start|>assistant")
+        if at < 0:
+            raise Abort("no assistant message")
+        text = text[at + len("<|start|>assistant"):]
+        return text.removesuffix("<|start|>assistant")
+
+    # tests/tool_parsers/utils.py and tests/reasoning/utils.py, recorded
+    def run_tool_extraction(self, parser, model_output, request=None, streaming=False, **k):
+        if not isinstance(model_output, str):
+            model_output = "".join(model_output)
+        r = parser.extract_tool_calls(model_output, request)
+        return r.content, r.tool_calls
+
+    def run_tool_extraction_nonstreaming(self, parser, model_output, request=None):
+        return parser.extract_tool_calls(model_output, request)
+
+    def run_tool_extraction_streaming(self, parser, deltas, request=None, **k):
+        r = parser.extract_tool_calls(deltas if isinstance(deltas, str) else "".join(deltas), request)
+        return types.SimpleNamespace(tool_calls=r.tool_calls, other_content=r.content)
+
+    def run_reasoning_extraction(self, parser, model_output, request=None, streaming=False):
+        return parser.extract_reasoning("".join(model_output), request)
+
+    def run_reasoning_extraction_streaming(self, parser, deltas, request=None):
+        reasoning, content = parser.extract_reasoning("".join(deltas), request)
+        return types.SimpleNamespace(reasoning=reasoning, other_content=content)
+
+
+class _Asserts(ast.NodeTransformer):
+    """`assert E` -> `_vllm_check(lambda: E, True)`, `assert not E` -> `_vllm_check(lambda: E, False)`; `is (not) None` ->
+    `== / !=` so the probe sees the comparison."""
+
+    def visit_Compare(self, node):
+        self.generic_visit(node)
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
+            fn = "_vllm_in" if isinstance(node.ops[0], ast.In) else "_vllm_not_in"
+            return ast.copy_location(ast.Call(ast.Name(fn, ast.Load()), [node.left, node.comparators[0]], []), node)
+        node.ops = [ast.Eq() if isinstance(o, ast.Is) else ast.NotEq() if isinstance(o, ast.IsNot) else o
+                    for o in node.ops]
+        return node
+
+    def visit_Assert(self, node):
+        self.generic_visit(node)
+        test, want = node.test, True
+        if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+            test, want = test.operand, False
+        call = ast.Call(func=ast.Name("_vllm_check", ast.Load()),
+                        args=[ast.Lambda(ast.arguments([], [], None, [], [], None, []), test),
+                              ast.Constant(want)], keywords=[])
+        return ast.copy_location(ast.Expr(call), node)
+
+
+def _check(f, want):
+    try:
+        v = f()
+    except Abort:
+        raise
+    except Exception:
+        return
+    if isinstance(v, P):
+        v._rec("truthy", want)
+
+
+def _in(a, b):
+    return b._rec("contains", a) if isinstance(b, P) else a in b
+
+
+def _not_in(a, b):
+    return b._rec("not contains", a) if isinstance(b, P) else a not in b
+
+
+def _json_shim():
+    m = types.SimpleNamespace(**{k: getattr(json, k) for k in ("dumps", "JSONDecodeError", "decoder")})
+
+    def loads(s, *a, **k):
+        if isinstance(s, P):
+            return P(s._v, s._p + (("json",),))
+        return json.loads(s, *a, **k)
+
+    m.loads = loads
+    return m
+
+
+def _len(x):
+    if isinstance(x, P):
+        return P(x._v, x._p + (("len",),))
+    return builtins.len(x)
+
+
+def _resolve(name, owner, ns, rec, row, depth=0):
+    if name in row:
+        return row[name]
+    fix = getattr(owner, name, None) if owner is not None else None
+    if fix is None:
+        fix = ns.get(name)
+    if name == "request":  # pytest's FixtureRequest: fixtures looked up by name
+        return types.SimpleNamespace(param=None, node=Stub(), getfixturevalue=lambda n: _resolve(
+            n, owner, ns, rec, row, depth + 1))
+    if "parser" in name:
+        val = _call_fixture(fix, owner, ns, rec, depth) if callable(fix) else None
+        return val if isinstance(val, rec.ProbeParser) else rec.ProbeParser()
+    if name == "harmony_encoding" and rec.harmony is not None:
+        return rec.harmony
+    if name in ("streaming",):
+        return False
+    if callable(fix) and depth < 4:
+        try:
+            return _call_fixture(fix, owner, ns, rec, depth)
+        except Abort:
+            raise
+        except Exception:
+            return Stub()
+    return Stub()
+
+
+def _call_fixture(fn, owner, ns, rec, depth):
+    params = [p for p in inspect.signature(fn).parameters if p != "self"]
+    args = [_resolve(p, owner, ns, rec, {}, depth + 1) for p in params]
+    if "request" in params and hasattr(fn, "_vllm_param"):
+        args[params.index("request")].param = fn._vllm_param
+    return fn(*args)
+
+
+def _rows(fn_tables):
+    """The cartesian product of a function's parametrize tables, as dicts."""
+    per = []
+    for t in fn_tables:
+        rows = []
+        for row in t["values"]:
+            vals = row.values if isinstance(row, Param) else (row if isinstance(row, tuple) and len(t["names"]) > 1
+                                                              else (row,))
+            rows.append(dict(zip(t["names"], vals)))
+        per.append(rows)
+    for combo in itertools.product(*per):
+        out = {}
+        for d in combo:
+            out.update(d)
+        yield out
+
+
+def record_inline(path: Path, harmony=None) -> list[Vec]:
+    rec = Recording(harmony)
+    TABLES.clear()
+    tree = _Asserts().visit(ast.parse(path.read_text()))
+    ast.fix_missing_locations(tree)
+    ns: dict = {"__name__": "harvested", "__file__": str(path), "__builtins__": builtins}
+    # the helpers and parser classes the module imports resolve to the recording ones
+    helpers = {n: getattr(rec, n) for n in ("run_tool_extraction", "run_tool_extraction_nonstreaming",
+                                            "run_tool_extraction_streaming", "run_reasoning_extraction",
+                                            "run_reasoning_extraction_streaming")}
+    manager = types.SimpleNamespace(get_tool_parser=lambda *a: rec.ProbeParser,
+                                    get_reasoning_parser=lambda *a: rec.ProbeParser)
+    StubModule.extra = {**helpers, "_probe_parser": rec.ProbeParser, "ToolParserManager": manager,
+                        "ReasoningParserManager": manager}
+    if harmony is not None:
+        def parse_chat_output(token_ids):
+            v = Vec(harmony.decode(token_ids), None)
+            rec.vectors.append(v)
+            return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),)), Stub()
+        StubModule.extra.update(get_encoding=lambda *a: harmony, parse_chat_output=parse_chat_output)
+    exec(compile(tree, str(path), "exec"), ns)
+    ns.update({"_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in, "json": _json_shim(), "len": _len})
+    tables: dict[str, list] = {}
+    for t in TABLES:
+        tables.setdefault(t["func"], []).append(t)
+    funcs = [(None, n, f) for n, f in ns.items() if n.startswith("test") and inspect.isfunction(f)]
+    for cn, cls in ns.items():
+        if isinstance(cls, type) and cn.startswith("Test"):
+            inst = cls.__new__(cls)
+            funcs += [(inst, n, getattr(inst, n)) for n in dir(cls) if n.startswith("test")
+                      and inspect.isfunction(getattr(cls, n))]
+    for owner, name, fn in funcs:
+        params = [p for p in inspect.signature(fn).parameters if p != "self"]
+        for row in _rows(tables.get(fn.__qualname__, [])):
+            try:
+                fn(*[_resolve(p, owner, ns, rec, row) for p in params])
+            except Abort:
+                pass
+            except Exception as e:  # a test that needs more than the recording offers: its vectors so far count
+                if DEBUG:
+                    print("  ", fn.__qualname__, type(e).__name__, e, file=sys.stderr)
+            for v in rec.vectors:
+                if not hasattr(v, "func"):
+                    v.func = fn.__qualname__
+    return [v for v in rec.vectors if v.checks and isinstance(v.text, str)]
+
+
+def harvest(root: Path) -> list[dict]:
+    sys.meta_path.insert(0, StubFinder())
+    sys.modules["pytest"] = _pytest_module()
+    for m in [m for m in sys.modules if m.split(".")[0] in StubFinder.ROOTS]:
+        del sys.modules[m]
+    vectors: list[dict] = []
+    for rel, (parser, opens) in REASONING_FILES.items():
+        vectors += _reasoning_vectors(rel, load(root / rel), parser, opens)
+    for rel, parser in TOOL_FILES.items():
+        ns = load(root / rel)
+        vectors += _config_vectors(rel, ns, parser)
+    known = {(v["reasoning_parser"], v["tool_parser"], v["model_output"]) for v in vectors}
+    harmony = None
+    for rel, (rparser, tparser, opens, uses_harmony) in INLINE_FILES.items():
+        if uses_harmony and harmony is None:
+            from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+            harmony = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+        counts: dict[str, int] = {}
+        for v in record_inline(root / rel, harmony if uses_harmony else None):
+            if not v.text or (rparser, tparser, v.text) in known:  # no text (a tokenizer-built input) or known
+                continue
+            n = counts[v.func] = counts.get(v.func, 0) + 1
+            vec = {"id": f"{tparser or rparser}/{v.func}#{n}", "source": f"{rel}::{v.func}",
+                   "reasoning_parser": rparser, "tool_parser": tparser,
+                   "prompt_opens_think": False if v.thinking_off else opens,
+                   "model_output": v.text, "expect": {"checks": v.checks}}
+            if v.tools:
+                vec["tools"] = v.tools
+            vectors.append(vec)
+    seen, unique = set(), []
+    for v in vectors:  # the same vector listed twice (streaming / non-streaming variants) counts once
+        key = (v["reasoning_parser"], v["tool_parser"], v["model_output"], json.dumps(v["expect"], sort_keys=True))
+        if key not in seen:
+            seen.add(key)
+            unique.append(v)
+    return unique
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("checkout", type=Path)
+    ap.add_argument("--commit", help="the checkout's vLLM commit (default: git rev-parse HEAD)")
+    ap.add_argument("--out", type=Path, default=HERE / "tables.json")
+    a = ap.parse_args()
+    commit = a.commit or subprocess.run(["git", "-C", str(a.checkout), "rev-parse", "HEAD"], capture_output=True,
+                                        text=True).stdout.strip()
+    vectors = harvest(a.checkout)
+    a.out.write_text(json.dumps({"repository": "https://github.com/vllm-project/vllm", "commit": commit,
+                                 "license": "Apache-2.0", "vectors": vectors}, ensure_ascii=False, indent=1) + "\n")
+    print(f"{len(vectors)} vectors -> {a.out}")
+
+
+if __name__ == "__main__":
+    main()
