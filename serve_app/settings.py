@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Errors name the field's path and the problem but never echo the input: it may be an API key or the secret.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
 class DeploymentOptions(_Strict):
