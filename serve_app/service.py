@@ -457,7 +457,10 @@ class GenerationService:
             return
         try:
             start = prepared.created or None
-            route = decision.policy if decision is not None else ("not routed" if finish_reason else "no router")
+            # Why this replica: the Router's policy (with the blocks it believed cached), or Serve's own
+            # least-loaded choice when the Router did not answer in time.
+            route = decision.policy if decision is not None else ("not routed" if finish_reason else
+                                                                   "serve least-loaded (no router decision)")
             fields = request_log.record(
                 request_id=prepared.request_id,
                 tenant=prepared.tenant,
