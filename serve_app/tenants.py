@@ -75,8 +75,12 @@ def cache_salt(ingress: IngressConfig, tenant: str | None) -> str | None:
     return f"tenant-cache:{group or name}"
 
 
-def check_model(ingress: IngressConfig, tenant: str | None, model: ModelConfig) -> None:
+def allows(ingress: IngressConfig, tenant: str | None, model: ModelConfig) -> bool:
     allowed = config_of(ingress, tenant).models
-    if allowed is not None and not set(allowed) & set(model.all_ids):
+    return allowed is None or bool(set(allowed) & set(model.all_ids))
+
+
+def check_model(ingress: IngressConfig, tenant: str | None, model: ModelConfig) -> None:
+    if not allows(ingress, tenant, model):
         raise ServiceError("permission", f"model: this API key may not use {model.id!r}", param="model",
                            code="model_not_allowed")

@@ -285,3 +285,11 @@ async def test_one_json_log_line_per_request_without_text_or_key(capsys):
     assert line["finish_reason"] == "stop" and line["replica"] == "r1" and line["route"] == "kv"
     assert line["ttft_s"] is not None and line["duration_s"] >= line["ttft_s"]
     assert "my secret" not in json.dumps(line) and "key-b" not in json.dumps(line)
+
+
+async def test_model_list_shows_only_the_tenants_models():
+    app = replica(settings(), LimitState(), engines())
+    assert [m.id async for m in oai(app, "key-b").models.list()] == ["m"]
+    assert len([m async for m in oai(app, "key-a").models.list()]) == 2
+    with pytest.raises(openai.NotFoundError):
+        await oai(app, "key-b").models.retrieve("other")
