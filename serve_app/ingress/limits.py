@@ -9,6 +9,7 @@ API's own error helpers (a `ServiceError("rate_limit", ...)` with `retry_after`)
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
@@ -33,15 +34,22 @@ class RateLimited(ServiceError):
 class LimitClient:
     """`acquire` (awaited at admission) and `release` (fire and forget) against the shared limit state."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, timeout_s: float = 2.0):
         self.backend = backend  # a DeploymentHandle of TenantLimits, or a LimitState
+        self.timeout_s = timeout_s
 
     async def acquire(self, tenant: str, cfg: Any, prompt_tokens: int) -> Verdict:
         limits = limits_dict(cfg)
         if isinstance(self.backend, LimitState):
             verdict = self.backend.acquire(tenant, limits, prompt_tokens, time.time())
         else:
-            verdict = Verdict(**await self.backend.acquire.remote(tenant, limits, prompt_tokens))
+            try:
+                answer = await asyncio.wait_for(self.backend.acquire.remote(tenant, limits, prompt_tokens),
+                                                self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - like the Router: an unavailable limiter must not fail requests
+                log.warning("tenant limits unavailable (%s); admitting without them", type(e).__name__)
+                return Verdict(True)
+            verdict = Verdict(**answer)
         holder = REQUEST_LIMITS.get()
         if holder is not None:
             holder["snapshot"] = verdict.snapshot

@@ -293,3 +293,15 @@ async def test_model_list_shows_only_the_tenants_models():
     assert len([m async for m in oai(app, "key-a").models.list()]) == 2
     with pytest.raises(openai.NotFoundError):
         await oai(app, "key-b").models.retrieve("other")
+
+
+async def test_an_unavailable_limiter_admits_instead_of_failing(caplog):
+    class Down:
+        class acquire:  # noqa: N801 - the shape of a DeploymentHandle method
+            @staticmethod
+            def remote(*args):
+                raise RuntimeError("actor died")
+
+    with caplog.at_level(logging.WARNING):
+        verdict = await LimitClient(Down()).acquire("alice", ingress().tenants["alice"], 10)
+    assert verdict.ok and verdict.lease is None and "admitting without them" in caplog.text
