@@ -246,13 +246,16 @@ class GenerationService:
         returns the release that frees both slots and counts the output tokens."""
         cfg = tenants.config_of(self.settings.ingress, prepared.tenant)
         if self.limiter is None or not cfg.limited:
+            metrics.observe_tenant(prepared.tenant, "admitted")
             return release
         try:
             verdict = await self.limiter.acquire(prepared.tenant, cfg, prepared.num_prompt_tokens)
         except ServiceError as e:
             if e.kind == "rate_limit":
+                metrics.observe_tenant(prepared.tenant, getattr(e, "limit", None) or "rate_limit")
                 self._log(prepared, finish_reason="rate_limited", error=e.message)
             raise
+        metrics.observe_tenant(prepared.tenant, "admitted")
         limiter, lease, done = self.limiter, verdict.lease, [False]
 
         def release_both(output_tokens: int = 0) -> None:

@@ -29,6 +29,9 @@ class RateLimited(ServiceError):
     def __init__(self, tenant: str, reason: str, retry_after: float):
         super().__init__("rate_limit", f"rate limit of tenant {tenant!r} reached: {reason}; retry after "
                          f"{retry_after:g} s", code="rate_limit_exceeded", retry_after=retry_after)
+        # The metric label: "requests_per_minute", "tokens_per_minute" or "max_concurrent_requests".
+        self.limit = {"requests": "requests_per_minute", "tokens": "tokens_per_minute",
+                      "concurrent": "max_concurrent_requests"}.get(reason.split()[0], "rate_limit")
 
 
 class LimitClient:

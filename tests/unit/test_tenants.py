@@ -204,7 +204,11 @@ async def test_requests_per_minute_hold_across_replicas_with_openai_headers():
     r = e.value.response
     assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
     assert r.headers["x-ratelimit-remaining-requests"] == "0"
-    assert e.value.body["type"] == "rate_limit_error" or e.value.code == "rate_limit_exceeded"
+    assert e.value.code == "rate_limit_exceeded"
+    from serve_app.metrics import REGISTRY
+
+    assert REGISTRY.get_sample_value("serve_app_tenant_requests_total",
+                                     {"tenant": "alice", "outcome": "requests_per_minute"}) >= 1
     # Another tenant is not affected, and gets no rate-limit headers of alice's.
     other = await oai(b, "key-b").chat.completions.with_raw_response.create(model="m", messages=msg)
     assert "x-ratelimit-remaining-requests" not in other.headers
