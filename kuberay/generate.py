@@ -46,6 +46,11 @@ COMMON_ENV = [
     {"name": "PYTHONHASHSEED", "value": "0"},
     {"name": "HF_HOME", "value": "/home/ray/.cache/huggingface"},
     {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "hf_token", "optional": True}}},
+    # The server key ring (serve_app/keyring.py): thinking signatures and sealed reasoning must verify after an
+    # upgrade brings up a new cluster. Required: a missing Secret stops the pods instead of silently breaking
+    # every session at the next upgrade.
+    {"name": "SERVE_APP_SERVER_SECRET",
+     "valueFrom": {"secretKeyRef": {"name": "serve-app-server-secret", "key": "server_secret"}}},
 ]
 
 

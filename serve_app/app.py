@@ -8,12 +8,12 @@ engine can be served under several ids with different parsers or chat templates.
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from serve_app import keyring
 from serve_app.engine.deployment import Engine
 from serve_app.engine.provision import EMBEDDED, ensure_model
 from serve_app.ingress.deployment import Ingress
@@ -66,8 +66,9 @@ def build_app(args: dict[str, Any]) -> serve.Application:
             router=router,
         )
 
-    # One secret for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of them.
-    secret = (settings.ingress.server_secret or secrets.token_hex(32)).encode()
+    # One key ring for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of
+    # them, and after a restart (serve_app/keyring.py). Test configs may run on a random key without a warning.
+    secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
     extras = _extras(settings)
     ingress_env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
     return Ingress.options(**_small_options(settings.ingress.serve_options(), env=ingress_env)).bind(
@@ -76,9 +77,16 @@ def build_app(args: dict[str, Any]) -> serve.Application:
 
 
 def _extras(settings: AppSettings) -> dict[str, Any]:
-    """Optional shared components (e.g. the Responses store) that other modules contribute."""
+    """Optional shared components (the Responses store, the tenants' limit state) that other modules contribute."""
+    from serve_app.ingress.limits_deployment import bind_limits
+
+    extras: dict[str, Any] = {}
+    limits = bind_limits(settings)
+    if limits is not None:
+        extras["tenant_limits"] = limits
     try:
         from serve_app.ingress.responses.store import bind_store  # type: ignore
     except ImportError:
-        return {}
-    return {"response_store": bind_store(settings)}
+        return extras
+    extras["response_store"] = bind_store(settings)
+    return extras

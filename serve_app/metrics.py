@@ -116,6 +116,14 @@ INFLIGHT = _Metric("gauge", "inflight_requests", "Requests in flight in this ing
 OVERLOAD_REJECTIONS = _Metric("counter", "overload_rejections_total", "Requests answered 429/529 for overload",
                               ("api",))
 
+TENANT_REQUESTS = _Metric("counter", "tenant_requests_total",
+                          "Requests admitted or refused by tenant (outcome: admitted or the limit that refused)",
+                          ("tenant", "outcome"))
+
+
+def observe_tenant(tenant: str, outcome: str) -> None:
+    TENANT_REQUESTS.record(1, tenant=tenant, outcome=outcome)
+
 
 def observe_request(api: str, status: int) -> None:
     REQUESTS.record(1, api=api, status=str(status))

@@ -35,7 +35,9 @@ class PreparedRequest:
     starts_in_reasoning: bool | None = None  # the rendered prompt ends inside an open think block
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style function schemas for the parser
     created: float = 0.0  # time.monotonic() at admission, for TTFT
-    _release: Any = None  # frees this request's admission slot (idempotent)
+    tenant: str | None = None  # serve_app/tenants.py
+    cache_salt: str | None = None  # the tenant's prefix-cache namespace (vLLM cache_salt; the router's hashes too)
+    _release: Any = None  # frees this request's admission slot and tenant lease: _release(output_tokens) (idempotent)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -52,7 +54,7 @@ import time
 import uuid
 import weakref
 
-from serve_app import metrics
+from serve_app import metrics, request_log, tenants
 from typing import AsyncIterator, Protocol
 
 from serve_app.conversation import (
@@ -130,9 +132,11 @@ def _map_finish(chunk: EngineChunk, saw_tool_call: bool) -> Finish:
 
 
 class GenerationService:
-    def __init__(self, settings: AppSettings, engines: EngineClient, tokenizer_loader=None, model_paths=None):
+    def __init__(self, settings: AppSettings, engines: EngineClient, tokenizer_loader=None, model_paths=None,
+                 limiter=None):
         self.settings = settings
         self.engines = engines
+        self.limiter = limiter  # serve_app/ingress/limits.LimitClient; None = no tenant has limits
         self._model_paths: dict[str, str] = dict(model_paths or {})
         self._tokenizer_loader = tokenizer_loader
         self._renderers: dict[str, Any] = {}  # model id -> PromptRenderer (immutable after creation)
@@ -220,17 +224,47 @@ class GenerationService:
 
     async def prepare(self, conv: Conversation, opts: GenerationOptions, model_id: str) -> PreparedRequest:
         renderer, model = await self.renderer_for(model_id)
+        tenant = tenants.CURRENT.get() or tenants.DEFAULT  # set by the route's key check
+        tenants.check_model(self.settings.ingress, tenant, model)
         # The slot is taken before the first await: a burst whose checks all ran before any render finished
         # would otherwise slip past the limit together (seen in the overload fault test).
         release = self._admit()
         try:
             prepared = await self._prepare_admitted(renderer, model, conv, opts, model_id)
+            prepared.tenant = tenant
+            prepared.cache_salt = tenants.cache_salt(self.settings.ingress, tenant)
+            release = await self._tenant_admit(prepared, release)
         except BaseException:
             release()
             raise
         prepared._release = release
         weakref.finalize(prepared, release)  # an adapter that fails before streaming still frees the slot
         return prepared
+
+    async def _tenant_admit(self, prepared: PreparedRequest, release):
+        """Take a slot under the tenant's limits (state shared by all ingress replicas), or raise a 429;
+        returns the release that frees both slots and counts the output tokens."""
+        cfg = tenants.config_of(self.settings.ingress, prepared.tenant)
+        if self.limiter is None or not cfg.limited:
+            metrics.observe_tenant(prepared.tenant, "admitted")
+            return release
+        try:
+            verdict = await self.limiter.acquire(prepared.tenant, cfg, prepared.num_prompt_tokens)
+        except ServiceError as e:
+            if e.kind == "rate_limit":
+                metrics.observe_tenant(prepared.tenant, getattr(e, "limit", None) or "rate_limit")
+                self._log(prepared, finish_reason="rate_limited", error=e.message)
+            raise
+        metrics.observe_tenant(prepared.tenant, "admitted")
+        limiter, lease, done = self.limiter, verdict.lease, [False]
+
+        def release_both(output_tokens: int = 0) -> None:
+            release()
+            if not done[0]:
+                done[0] = True
+                limiter.release(lease, output_tokens)
+
+        return release_both
 
     def _admit(self):
         """Count one request in flight, or refuse it fast with a retry-after; returns the idempotent release."""
@@ -241,7 +275,7 @@ class GenerationService:
         metrics.set_queue_depth("ingress", self._inflight)
         released = [False]
 
-        def release() -> None:
+        def release(output_tokens: int = 0) -> None:
             if not released[0]:
                 released[0] = True
                 self._inflight -= 1
@@ -306,6 +340,7 @@ class GenerationService:
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,
             structured=_engine_constraint(opts.output_format),
+            cache_salt=prepared.cache_salt,
         )
         script = self._forced_script(prepared)
         if script is not None:
@@ -327,11 +362,12 @@ class GenerationService:
         decision: Decision | None = None
         chunks: AsyncIterator[EngineChunk] | None = None
         completion = 0
+        outcome: dict[str, Any] = {}  # what the request log records of this stream
         try:
             block = await self.engines.block_size(key)
             route = RouteRequest(
                 request_id=prepared.request_id,
-                block_hashes=_block_hashes(prepared.prompt_token_ids, block),
+                block_hashes=_block_hashes(prepared.prompt_token_ids, block, prepared.cache_salt),
                 num_prompt_tokens=n_prompt,
                 expected_output_tokens=prepared.options.hints.osl or min(prepared.max_tokens, 512),
                 session_key=prepared.options.session_key,
@@ -359,8 +395,10 @@ class GenerationService:
             yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
             async for chunk in chunks:
                 last = chunk
+                if "ttft" not in outcome and (chunk.token_ids or chunk.finish_reason is not None):
+                    outcome["ttft"] = time.monotonic()
                 if chunk.num_cached_tokens is not None:
-                    cached = chunk.num_cached_tokens
+                    cached = outcome["cached"] = chunk.num_cached_tokens
                     if decision is not None:  # the Router learns this replica's prefill rate from it
                         self.engines.prefilled(key, prepared.request_id, cached)
                 completion += len(chunk.token_ids)
@@ -381,22 +419,30 @@ class GenerationService:
                 yield ev
             yield Usage(n_prompt, completion, cached_tokens=cached, reasoning_tokens=reasoning_tokens)
             if last is None or last.finish_reason is None:
+                outcome["finish"] = "error"
                 yield Finish("error", error="the engine ended the stream without finishing", error_kind="api_error")
             else:
-                yield _map_finish(last, saw_tool)
+                fin = _map_finish(last, saw_tool)
+                outcome["finish"] = fin.reason
+                yield fin
                 if warm and last.finish_reason in ("stop", "length"):
                     self._warm_next_turn(key, engine_req, generated)
         except asyncio.CancelledError:
+            outcome["finish"] = "cancelled"
             raise
         except ServiceError as e:
+            outcome.update(finish="error", error=e.message)
             yield Finish("error", error=e.message, error_kind=e.kind)
         except Exception as e:  # an engine/replica failure mid-stream: report it in-protocol, never hang
             kind, message = _classify_engine_error(e)
             log.warning("request %s failed: %s", prepared.request_id, message)
+            outcome.update(finish="error", error=message)
             yield Finish("error", error=message, error_kind=kind)
         finally:
             if prepared._release is not None:
-                prepared._release()
+                prepared._release(completion)
+            outcome.setdefault("finish", "cancelled")  # closed by the client (GeneratorExit) before the end
+            self._log(prepared, decision=decision, output_tokens=completion, **outcome)
             if chunks is not None:
                 aclose = getattr(chunks, "aclose", None)
                 if aclose is not None:
@@ -407,6 +453,39 @@ class GenerationService:
             if decision is not None:  # with the real output count: the Router learns the decode rate from it
                 self.engines.release(key, prepared.request_id, completion)
 
+    def _log(self, prepared: PreparedRequest, *, decision: Decision | None = None, output_tokens: int = 0,
+             finish: str | None = None, finish_reason: str | None = None, cached: int | None = None,
+             ttft: float | None = None, error: str | None = None) -> None:
+        ing = self.settings.ingress
+        if not ing.log_requests:
+            return
+        try:
+            start = prepared.created or None
+            # Why this replica: the Router's policy (with the blocks it believed cached), or Serve's own
+            # least-loaded choice when the Router did not answer in time.
+            route = decision.policy if decision is not None else ("not routed" if finish_reason else
+                                                                   "serve least-loaded (no router decision)")
+            fields = request_log.record(
+                request_id=prepared.request_id,
+                tenant=prepared.tenant,
+                api=metrics.CURRENT_API.get(),
+                model=prepared.model_id,
+                prompt_tokens=prepared.num_prompt_tokens,
+                cached_tokens=cached,
+                output_tokens=output_tokens,
+                ttft_s=(ttft - start) if ttft is not None and start else None,
+                duration_s=(time.monotonic() - start) if start else None,
+                finish_reason=finish_reason or finish,
+                replica=decision.replica_id if decision is not None else None,
+                route=route,
+                predicted_cached=decision.cached_blocks if decision is not None else None,
+                error=error,
+                text=_last_input_text(prepared.conversation) if ing.log_request_text else None,
+            )
+            request_log.emit(fields)
+        except Exception as e:  # noqa: BLE001 - the log never fails a request
+            log.debug("request log failed: %s", e)
+
     def _warm_next_turn(self, key: str, done: EngineRequest, generated: list[int]) -> None:
         """`agent_hints.speculative_prefill`: the next turn starts with this prompt plus this answer, so prefill
         that on the same replica now (one token, lowest priority) while the harness runs its tools."""
@@ -416,6 +495,7 @@ class GenerationService:
             max_tokens=1,
             priority=10,
             target_replica=done.target_replica,
+            cache_salt=done.cache_salt,
         )
 
         async def run() -> None:
@@ -458,12 +538,12 @@ def _classify_engine_error(e: Exception) -> tuple[str, str]:
     return "api_error", f"engine error: {name}: {e}"
 
 
-def _block_hashes(token_ids: list[int], block_size: int) -> list[int]:
+def _block_hashes(token_ids: list[int], block_size: int, salt: str | None = None) -> list[int]:
     try:
         from serve_app.routing.hashing import block_hashes
     except ImportError:  # the hashing module lands with the KV router
         return []
-    return block_hashes(token_ids, block_size)
+    return block_hashes(token_ids, block_size, salt=salt)
 
 
 def _needs_special_tokens(model: ModelConfig) -> bool:

@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Errors name the field's path and the problem but never echo the input: it may be an API key or the secret.
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
 
 class DeploymentOptions(_Strict):
@@ -100,8 +101,37 @@ class RouterConfig(_Strict):
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
 
+class ApiKey(_Strict):
+    """One key of a tenant. An entry without `key` serves requests that present no key, or one matching no
+    entry, as its tenant: open access beside keyed tenants (the test config uses it)."""
+
+    key: str | None = Field(default=None, min_length=1)
+    tenant: str
+
+
+class TenantConfig(_Strict):
+    """A tenant's limits and prefix-cache namespace (serve_app/tenants.py). Unset limits are unlimited."""
+
+    # Tenants with the same cache_group share cached prefixes (one organisation); by default each tenant has its
+    # own. The unnamed default tenant (plain keys, or no keys at all) keeps the shared, unsalted cache.
+    cache_group: str | None = None
+    max_concurrent_requests: int | None = Field(default=None, ge=1)
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)  # prompt tokens at admission + output at the end
+    models: list[str] | None = None  # served ids (or aliases) this tenant may call; None = all
+
+    @property
+    def limited(self) -> bool:
+        return any(v is not None for v in (self.max_concurrent_requests, self.requests_per_minute,
+                                            self.tokens_per_minute))
+
+
 class IngressConfig(_Strict):
-    api_keys: list[str] = Field(default_factory=list)  # empty = open
+    # Plain strings (the default tenant) or {key, tenant} entries; empty = open.
+    api_keys: list[str | ApiKey] = Field(default_factory=list)
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    log_requests: bool = True  # one JSON line per request on stdout (serve_app/request_log.py)
+    log_request_text: bool = False  # debug only: also the prompt's last input text in that line
     max_body_bytes: int = 32 * 1024 * 1024
     max_decompressed_bytes: int = 64 * 1024 * 1024
     strip_preamble: bool = True
@@ -110,18 +140,41 @@ class IngressConfig(_Strict):
     render_timeout_s: float = 30.0
     max_inflight_requests: int = 256  # per ingress replica; beyond it requests get 529 overloaded at once
     router_timeout_s: float = 0.5  # past this the ingress routes least-loaded without the Router
-    server_secret: str | None = None  # signs thinking blocks / encrypts reasoning; random per deploy if unset
+    # Signs thinking blocks / encrypts reasoning. A list is a key ring, newest first: new signatures use the
+    # first, every listed key still verifies, so a key rotates without breaking sessions. Unset: the
+    # SERVE_APP_SERVER_SECRET environment variable (comma-separated ring), else random per deploy (a warning).
+    server_secret: str | list[str] | None = None
+    response_store_backend: Literal["sqlite", "memory"] = "sqlite"
+    # SQLite file of the Responses store (on the node running the ResponseStore replica); default
+    # ~/.cache/serve_app/responses.sqlite3
+    response_store_path: str | None = None
     response_store_max_items: int = 10_000
     response_store_ttl_s: float = 3600.0
     # Ingress replicas serve HTTP themselves behind Serve's HAProxy, with no Python proxy hop per token
     # (docs/serving-path.md). The Serve config's controller_options must say the same (serve_tuning.DIRECT_INGRESS).
     direct_ingress: bool = False
+    response_store_max_bytes: int = 512 * 1024 * 1024
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
     # Serve's own cap on an ingress replica (its default is 5) must sit above max_inflight_requests: otherwise the
     # excess waits in Serve's queue, unseen by admission, instead of getting a fast 529 in the API's envelope.
     # The headroom carries the cheap calls (health, models, count_tokens) and the refusals themselves.
     OVERLOAD_HEADROOM: ClassVar[int] = 64
+
+    @model_validator(mode="after")
+    def _keys_name_tenants(self) -> "IngressConfig":
+        seen: set[str] = set()
+        for entry in self.api_keys:
+            key = entry if isinstance(entry, str) else entry.key
+            if key is not None:
+                if key in seen:
+                    raise ValueError("ingress.api_keys: a key is listed twice")  # never echo a key
+                seen.add(key)
+            if isinstance(entry, ApiKey) and entry.tenant not in self.tenants and entry.tenant != "default":
+                raise ValueError(f"ingress.api_keys: tenant {entry.tenant!r} is not in ingress.tenants")
+        if sum(1 for e in self.api_keys if isinstance(e, ApiKey) and e.key is None) > 1:
+            raise ValueError("ingress.api_keys: at most one entry without a key")
+        return self
 
     @model_validator(mode="after")
     def _serve_cap_above_admission(self) -> "IngressConfig":

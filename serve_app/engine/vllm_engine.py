@@ -45,6 +45,9 @@ class EngineRequest:
     structured: dict[str, Any] | None = None
     # (ingress address, key): stream the deltas over the delta channel (engine/delta_channel.py), not the call
     reply_to: tuple[str, int] | None = None
+    # The tenant's prefix-cache namespace (vLLM mixes it into the first block's hash): no cached tokens across
+    # tenants that do not share one. None = the shared, unsalted cache.
+    cache_salt: str | None = None
 
 
 @dataclass(slots=True)
@@ -276,9 +279,12 @@ class VLLMEngine:
 
         assert self.engine is not None, "engine not started"
         params = self.sampling_params(req)
+        prompt = TokensPrompt(prompt_token_ids=req.prompt_token_ids)
+        if req.cache_salt:
+            prompt["cache_salt"] = req.cache_salt
         first = True
         async for out in self.engine.generate(
-            TokensPrompt(prompt_token_ids=req.prompt_token_ids),
+            prompt,
             params,
             req.request_id,
             priority=req.priority,

@@ -1,32 +1,19 @@
-"""API-key check: `x-api-key` or `Authorization: Bearer`, compared in constant time."""
+"""API-key check: `x-api-key` or `Authorization: Bearer`, compared in constant time; finds the caller's tenant."""
 
 from __future__ import annotations
 
-import hmac
 from typing import Mapping
 
-from serve_app.errors import ServiceError
+from serve_app import tenants
+from serve_app.settings import ApiKey
+from serve_app.tenants import presented_key
+
+__all__ = ["check_api_key", "presented_key"]
 
 
-def presented_key(headers: Mapping[str, str]) -> str | None:
-    key = headers.get("x-api-key")
-    if key:
-        return key.strip()
-    auth = headers.get("authorization")
-    if auth and auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return None
-
-
-def check_api_key(headers: Mapping[str, str], api_keys: list[str]) -> None:
-    """Raise 401 unless keys are configured-off or one of them matches."""
-    if not api_keys:
-        return
-    key = presented_key(headers)
-    if key is None:
-        raise ServiceError("authentication", "missing API key: send x-api-key or Authorization: Bearer")
-    ok = False
-    for candidate in api_keys:  # no early exit: the time taken does not reveal which key matched
-        ok |= hmac.compare_digest(key.encode(), candidate.encode())
-    if not ok:
-        raise ServiceError("authentication", "invalid API key")
+def check_api_key(headers: Mapping[str, str], api_keys: list[str | ApiKey]) -> str:
+    """Raise 401 unless keys are configured-off or one of them matches; returns the tenant's name and makes it
+    the current request's tenant (`tenants.CURRENT`, read by `GenerationService.prepare`)."""
+    tenant = tenants.resolve(headers, api_keys)
+    tenants.CURRENT.set(tenant)
+    return tenant

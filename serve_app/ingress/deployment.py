@@ -6,6 +6,7 @@ from ray import serve
 
 from serve_app.ingress.clients import ServeEngineClient
 from serve_app.ingress.context import IngressContext
+from serve_app.ingress.limits import LimitClient
 from serve_app.ingress.server import create_app
 from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
@@ -17,7 +18,8 @@ class Ingress:
     def __init__(self, settings: dict, secret: bytes, engines: dict, router=None, extras: dict | None = None):
         cfg = AppSettings.model_validate(settings)
         client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s)
-        service = GenerationService(cfg, client)
+        limits = (extras or {}).get("tenant_limits")  # the shared TenantLimits handle, when a tenant has limits
+        service = GenerationService(cfg, client, limiter=LimitClient(limits) if limits is not None else None)
         # Tokenizers load here, one after another: building them lazily from several request threads at once
         # raced inside transformers' lazy imports.
         service.warm_renderers()

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse
 
+from serve_app import tenants
 from serve_app.errors import ModelNotFound
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.context import IngressContext, get_ctx
@@ -73,8 +74,8 @@ async def ready(ctx: IngressContext = Depends(get_ctx)):
 
 @router.get("/v1/models")
 async def list_models(request: Request, ctx: IngressContext = Depends(get_ctx)):
-    check_api_key(request.headers, ctx.settings.ingress.api_keys)
-    served = _served(ctx)
+    tenant = check_api_key(request.headers, ctx.settings.ingress.api_keys)
+    served = [(mid, m) for mid, m in _served(ctx) if tenants.allows(ctx.settings.ingress, tenant, m)]
     anth = _anthropic_module()
     if "anthropic-version" in request.headers and anth is not None:
         return JSONResponse(anth.model_list(served, dict(request.query_params)))
@@ -82,7 +83,8 @@ async def list_models(request: Request, ctx: IngressContext = Depends(get_ctx)):
     try:
         from serve_app.codex import codex_models_payload
 
-        body["models"] = codex_models_payload([m for m in ctx.settings.models])
+        body["models"] = codex_models_payload([m for m in ctx.settings.models
+                                               if tenants.allows(ctx.settings.ingress, tenant, m)])
     except ImportError:
         body["models"] = []
     return JSONResponse(body)
@@ -90,9 +92,9 @@ async def list_models(request: Request, ctx: IngressContext = Depends(get_ctx)):
 
 @router.get("/v1/models/{model_id:path}")
 async def get_model(model_id: str, request: Request, ctx: IngressContext = Depends(get_ctx)):
-    check_api_key(request.headers, ctx.settings.ingress.api_keys)
+    tenant = check_api_key(request.headers, ctx.settings.ingress.api_keys)
     m = ctx.settings.find_model(model_id)
-    if m is None:
+    if m is None or not tenants.allows(ctx.settings.ingress, tenant, m):
         raise ModelNotFound(model_id)
     anth = _anthropic_module()
     if "anthropic-version" in request.headers and anth is not None:

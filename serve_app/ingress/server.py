@@ -64,6 +64,9 @@ def create_app(ctx: IngressContext) -> FastAPI:
     from serve_app.ingress.metrics_routes import RequestMetricsMiddleware
 
     app.add_middleware(RequestMetricsMiddleware)
+    from serve_app.ingress.limits import RateLimitHeadersMiddleware
+
+    app.add_middleware(RateLimitHeadersMiddleware)
     for name in ROUTE_MODULES:
         try:
             module = importlib.import_module(name)

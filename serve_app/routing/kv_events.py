@@ -80,13 +80,19 @@ def _on_gpu(medium: str | None, group_idx: int | None) -> bool:
     return medium in (None, "GPU") and group_idx in (None, 0)
 
 
+def _is_salt_only(keys: Any) -> bool:
+    # Events publish extra keys untagged: a LoRA name (also a str) comes with `lora_name` set, which is not
+    # plain anyway; mm keys are pairs and prompt-embeds digests bytes. So a lone str is the cache salt.
+    return isinstance(keys, (list, tuple)) and len(keys) == 1 and isinstance(keys[0], str)
+
+
 class EventTranslator:
     """Applies decoded events of one replica to the core's index, in our hashes."""
 
     def __init__(self, core: RouterCore, replica_id: str):
         self.core = core
         self.replica_id = replica_id
-        self.engine_to_ours: dict[EngineHash, int | None] = {}  # None: a block we cannot index (LoRA/mm/salt)
+        self.engine_to_ours: dict[EngineHash, int | None] = {}  # None: a block we cannot index (LoRA/mm)
         self.refs: Counter[int] = Counter()
         self.orphans = 0  # stored blocks whose parent we never saw
         self.events = 0
@@ -111,7 +117,12 @@ class EventTranslator:
             return
         bs = self.core.block_size
         n = len(ev.block_hashes)
-        plain = ev.lora_name is None and ev.lora_id is None and not any(ev.extra_keys or ())
+        extra = list(ev.extra_keys or ())
+        salt = None
+        if ev.parent_block_hash is None and extra and _is_salt_only(extra[0]):
+            salt = extra[0][0]  # a tenant's cache_salt: vLLM mixes it into the prompt's first block only
+            extra[0] = None
+        plain = ev.lora_name is None and ev.lora_id is None and not any(extra)
         if ev.parent_block_hash is None:
             parent = None
         else:
@@ -125,7 +136,7 @@ class EventTranslator:
             for eh in ev.block_hashes:
                 self.engine_to_ours.setdefault(eh, None)
             return
-        ours = block_hashes(ev.token_ids, bs, parent=parent)
+        ours = block_hashes(ev.token_ids, bs, parent=parent, salt=salt)
         mapping = self.engine_to_ours
         refs = self.refs
         for eh, oh in zip(ev.block_hashes, ours):

@@ -134,3 +134,17 @@ def test_cluster_shape_cpu_head_b200_workers_autoscaler_v2(path):
     assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
     # The pod outlives Serve's graceful shutdown of its replicas.
     assert spec["terminationGracePeriodSeconds"] > model_dep["graceful_shutdown_timeout_s"]
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_every_ray_container_gets_the_server_key_ring_from_a_secret(path):
+    cluster = yaml.safe_load(path.read_text())["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    for group in groups:
+        for c in group["template"]["spec"]["containers"]:
+            (env,) = [e for e in c["env"] if e["name"] == "SERVE_APP_SERVER_SECRET"]
+            ref = env["valueFrom"]["secretKeyRef"]
+            assert ref["name"] == "serve-app-server-secret" and not ref.get("optional")
+    # ...and the Serve config leaves the key to it: no secret in the manifest itself.
+    serve_cfg = yaml.safe_load(yaml.safe_load(path.read_text())["spec"]["serveConfigV2"])
+    assert "server_secret" not in serve_cfg["applications"][0]["args"].get("ingress", {})

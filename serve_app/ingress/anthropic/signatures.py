@@ -12,6 +12,8 @@ import base64
 import hashlib
 import hmac
 
+from serve_app.keyring import keys_of
+
 PREFIX = "sa1."  # version tag: lets the format change without misreading old signatures
 _DOMAIN = b"anthropic-thinking\x00"  # keeps these MACs from ever equalling another use of the same key
 
@@ -38,6 +40,10 @@ def sign(secret: bytes, text: str) -> str:
 
 
 def verify(secret: bytes, text: str, signature: str | None) -> bool:
+    """True when any key of the ring (serve_app/keyring.py) signed `text` so: rotated keys keep verifying."""
     if not signature or not signature.startswith(PREFIX):
         return False
-    return hmac.compare_digest(sign(secret, text).encode(), signature.encode())
+    ok = False
+    for key in keys_of(secret):  # every key is tried: no early exit
+        ok |= hmac.compare_digest(sign(key, text).encode(), signature.encode())
+    return ok

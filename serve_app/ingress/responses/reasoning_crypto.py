@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from serve_app.errors import InvalidRequest
+from serve_app.keyring import keys_of
 
 _VERSION = b"r1"
 _AAD = b"serve_app/responses/reasoning/v1"
@@ -33,8 +34,11 @@ def derive_key(secret: bytes) -> bytes:
 
 
 class ReasoningSealer:
+    """Seals with the newest key of the ring (serve_app/keyring.py); opens with any of them."""
+
     def __init__(self, secret: bytes):
-        self._aead = AESGCM(derive_key(secret))
+        self._aeads = [AESGCM(derive_key(key)) for key in keys_of(secret)]
+        self._aead = self._aeads[0]
 
     def seal(self, text: str) -> str:
         nonce = os.urandom(_NONCE)
@@ -51,9 +55,13 @@ class ReasoningSealer:
             raise InvalidRequest(f"{param}: encrypted_content was not produced by this server", param=param,
                                  code="invalid_encrypted_content")
         nonce = blob[len(_VERSION):len(_VERSION) + _NONCE]
-        try:
-            plain = self._aead.decrypt(nonce, blob[len(_VERSION) + _NONCE:], _AAD)
-        except InvalidTag:
+        for aead in self._aeads:
+            try:
+                plain = aead.decrypt(nonce, blob[len(_VERSION) + _NONCE:], _AAD)
+                break
+            except InvalidTag:
+                continue
+        else:
             raise InvalidRequest(f"{param}: encrypted_content failed verification (altered, or sealed by another "
                                  f"server key)", param=param, code="invalid_encrypted_content") from None
         return plain.decode("utf-8")

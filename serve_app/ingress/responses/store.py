@@ -2,8 +2,10 @@
 
 It lives OUTSIDE the ingress processes — one small Serve deployment every ingress replica calls — so a response
 created through one replica is found through any other. Bounded two ways: entries expire after a TTL, and past the
-item or byte cap the least recently used entries are evicted. `ResponseStoreCore` is the plain logic (unit-tested
-without Ray); `ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is
+item or byte cap the least recently used entries are evicted. Two stores behind one interface (put/get/delete):
+`SqliteResponseStore` (sqlite_store.py, the default: it survives a restart of the app) and `ResponseStoreCore`
+(in memory), chosen by `ingress.response_store_backend`; both plain logic, unit-tested without Ray.
+`ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is
 passed to the ingress in `extras["response_store"]` and arrives there as a DeploymentHandle).
 
 A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
@@ -12,6 +14,7 @@ follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections import OrderedDict
@@ -74,46 +77,62 @@ class ResponseStoreCore:
         return False
 
 
+def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max_bytes: int):
+    if backend == "sqlite":
+        from serve_app.ingress.responses.sqlite_store import SqliteResponseStore
+
+        return SqliteResponseStore(path, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
+    return ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
+
+
 @serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0})
 class ResponseStore:
     """One replica on purpose: it is the single owner of the records (no cross-replica consistency to manage)."""
 
-    def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024):
-        self.core = ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
+    def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
+                 path: str | None = None):
+        self.core = make_store(backend, path, max_items, ttl_s, max_bytes)
+        # SQLite blocks on disk: off the replica's event loop. The in-memory core is cheap enough to call inline.
+        self._blocking = backend != "memory"
+
+    async def _call(self, fn, *args):
+        return await asyncio.to_thread(fn, *args) if self._blocking else fn(*args)
 
     async def put(self, key: str, record: Any) -> bool:
-        return self.core.put(key, record)
+        return await self._call(self.core.put, key, record)
 
     async def get(self, key: str) -> Any | None:
-        return self.core.get(key)
+        return await self._call(self.core.get, key)
 
     async def delete(self, key: str) -> bool:
-        return self.core.delete(key)
+        return await self._call(self.core.delete, key)
 
 
 def bind_store(settings) -> Any:
     """The bound store deployment for `build_app` (see serve_app/app.py `_extras`)."""
     ing = settings.ingress
-    return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s)
+    return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
+                              ing.response_store_backend, ing.response_store_path)
 
 
 class StoreClient:
-    """What the routes use: async put/get over a DeploymentHandle, or over a local core in unit tests."""
+    """What the routes use: async put/get over a DeploymentHandle, or over a local store in unit tests."""
 
     def __init__(self, backend: Any):
         self.backend = backend
+        self._local = getattr(backend.put, "remote", None) is None  # a store object, not a deployment handle
 
     async def put(self, key: str, record: Any) -> bool:
-        if isinstance(self.backend, ResponseStoreCore):
+        if self._local:
             return self.backend.put(key, record)
         return await self.backend.put.remote(key, record)
 
     async def get(self, key: str) -> Any | None:
-        if isinstance(self.backend, ResponseStoreCore):
+        if self._local:
             return self.backend.get(key)
         return await self.backend.get.remote(key)
 
     async def delete(self, key: str) -> bool:
-        if isinstance(self.backend, ResponseStoreCore):
+        if self._local:
             return self.backend.delete(key)
         return await self.backend.delete.remote(key)

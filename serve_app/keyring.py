@@ -1,0 +1,65 @@
+"""The server key ring: new signatures and sealed items use the newest key, every listed key still verifies.
+
+Thinking-block signatures and Responses `encrypted_content` are only as durable as the key: a key that changes on
+restart breaks every session a client holds. So the key comes from `ingress.server_secret` or the
+SERVE_APP_SERVER_SECRET environment variable (a Kubernetes Secret in kuberay/), and a list of keys (newest first)
+lets an operator rotate: add the new key in front, keep the old one until the sessions it signed are over.
+
+`KeyRing` IS the newest key as `bytes`, so code that signs (`ThinkingSigner(secret)`, `ReasoningSealer(secret)`)
+takes it unchanged; code that verifies iterates `keys_of(secret)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets as _secrets
+from typing import Iterable
+
+log = logging.getLogger(__name__)
+
+ENV = "SERVE_APP_SERVER_SECRET"
+
+
+class KeyRing(bytes):
+    """The newest key (its bytes value) with every key that still verifies in `.keys`, newest first."""
+
+    keys: tuple[bytes, ...]
+
+    def __new__(cls, keys: Iterable[bytes]):
+        ring = tuple(keys)
+        if not ring:
+            raise ValueError("a key ring needs at least one key")
+        obj = super().__new__(cls, ring[0])
+        obj.keys = ring
+        return obj
+
+    def __reduce__(self):  # crosses Ray as a ring, not as its first key
+        return (KeyRing, (self.keys,))
+
+    def __repr__(self) -> str:  # never print key material
+        return f"KeyRing(<{len(self.keys)} keys>)"
+
+
+def keys_of(secret: bytes) -> tuple[bytes, ...]:
+    return secret.keys if isinstance(secret, KeyRing) else (secret,)
+
+
+def _split(value: str) -> list[str]:
+    return [k.strip() for k in value.split(",") if k.strip()]
+
+
+def load(configured: str | list[str] | None, *, environ=os.environ, warn: bool = True) -> KeyRing:
+    """The ring from config, else the environment (comma-separated, newest first), else one random key with a
+    warning (`warn=False` for test configs)."""
+    keys = [configured] if isinstance(configured, str) else list(configured or [])
+    keys = [k for k in keys if k]
+    if not keys and environ.get(ENV):
+        keys = _split(environ[ENV])
+    if not keys:
+        if warn:
+            log.warning("ingress.server_secret is not set (nor %s): using a random key for this deploy, so "
+                        "thinking signatures and Responses encrypted_content will not verify after a restart or "
+                        "an upgrade; set it from a secret", ENV)
+        keys = [_secrets.token_hex(32)]
+    return KeyRing(k.encode() for k in keys)
