@@ -13,6 +13,10 @@ from serve_app.streams import Pump
 
 log = logging.getLogger(__name__)
 
+# Errors that say the replica's actor is gone or unreachable (its node died, it crashed), not that the request
+# was bad: a request refused with one of these before it started may go to another replica.
+REPLICA_GONE = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError"})
+
 
 class ServeEngineClient:
     def __init__(self, engines: dict, router, router_timeout_s: float = 0.5):
@@ -68,13 +72,28 @@ class ServeEngineClient:
         """Start the call and return its chunks once a replica has taken it. The Engine deployment's first
         chunk is an empty acceptance, so a full engine queue (Serve's BackPressureError) is raised here, before
         the ingress has committed a response head, and becomes a plain 429/529."""
+        try:
+            gen = await self._accepted(engine_key, req)
+        except Exception as e:
+            if req.target_replica is None or type(e).__name__ not in REPLICA_GONE:
+                raise
+            # The Router chose a replica that died before it heard (a node lost): nothing ran yet, so send the
+            # request to whichever live replica Serve picks. The call that failed has already made Serve drop
+            # the replica and report that to the Router (serve_router.py).
+            log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
+                        type(e).__name__, req.request_id)
+            req.target_replica = None
+            gen = await self._accepted(engine_key, req)
+        return self._rest(gen)
+
+    async def _accepted(self, engine_key: str, req: EngineRequest):
         gen = self._engines[engine_key].options(stream=True).generate.remote(req)
         try:
             await gen.__anext__()  # the acceptance chunk
         except BaseException:
             gen.cancel()
             raise
-        return self._rest(gen)
+        return gen
 
     @staticmethod
     async def _rest(gen) -> AsyncIterator[EngineChunk]:
