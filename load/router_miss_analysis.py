@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             for lo, hi in zip(bins, bins[1:]):
                 sel = [(p, a) for p, a in core.pairs if lo <= p < hi]
                 if sel:
-                    calib.append({"predicted_s": [lo, hi], "requests": len(sel),
+                    calib.append({"predicted_s": [lo, hi if hi != float("inf") else None], "requests": len(sel),
                                   "predicted_mean_s": round(statistics.fmean(p for p, _ in sel), 3),
                                   "simulated_mean_s": round(statistics.fmean(a for _, a in sel), 3)})
     regret = []
