@@ -85,10 +85,10 @@ def _cached_tokens(k: int, n: int) -> int:
 
 def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: int = 8192, *,
              engine: EngineParams | None = None, speedup: float = 1.0, events: bool = True, seed: int = 0,
-             **core_kwargs) -> dict:
+             core_cls: type[RouterCore] = RouterCore, **core_kwargs) -> dict:
     params = EngineParams(**{**asdict(engine or EngineParams()), "cache_blocks": cache_blocks})
     clock = [0.0]
-    core = RouterCore(policy=policy, block_size=TRACE_BLOCK, clock=lambda: clock[0], seed=seed,
+    core = core_cls(policy=policy, block_size=TRACE_BLOCK, clock=lambda: clock[0], seed=seed,
                       step_tokens=params.step_tokens, **core_kwargs)
     ids = [f"r{i}" for i in range(replicas)]
     core.sync_replicas(ids)

@@ -31,6 +31,8 @@ def _engine_options(model: ModelConfig, key: str) -> dict[str, Any]:
     opts["name"] = key
     opts["request_router_config"] = RequestRouterConfig(
         request_router_class="serve_app.routing.serve_router:TargetReplicaRouter",
+        # It reports Serve's live replicas of this engine to the Router, which drops dead ones.
+        request_router_kwargs={"engine_key": key},
     )
     return opts
 

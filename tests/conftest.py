@@ -2,6 +2,11 @@
 
 Integration and conformance tests share that one server: a Ray Serve app with two vLLM engines takes about a
 minute to start on two cores, so each module starting its own would cost more than the tests themselves.
+
+Tests marked `own_cluster` (the node-loss test) need a multi-node Ray cluster of their own, which cannot live
+beside the session's Ray in one process (the driver connects to one cluster, and `ray.init()` would attach to
+whichever wrote /tmp/ray/ray_current_cluster last). They run last in the session (`pytest_collection_modifyitems`)
+and call `stop_session_server()` first, so one `pytest tests` run serves both without two clusters at once.
 """
 
 from __future__ import annotations
@@ -30,6 +35,39 @@ def load_test_config() -> dict:
     return config
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """`own_cluster` tests last: they stop the session server, which no later test could then use."""
+    own = [item for item in items if item.get_closest_marker("own_cluster")]
+    if own:
+        items[:] = [item for item in items if not item.get_closest_marker("own_cluster")] + own
+
+
+_session_server = {"up": False}
+
+
+def stop_session_server() -> None:
+    """Shut the session's Serve app and Ray down now, if this session started them (idempotent)."""
+    if not _session_server["up"]:
+        return
+    import ray
+    from ray import serve
+
+    _session_server["up"] = False
+    try:
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def without_session_server():
+    """For `own_cluster` tests: the session's server is stopped and this process is connected to no Ray."""
+    import ray
+
+    stop_session_server()
+    assert not ray.is_initialized(), "a Ray this session did not start is connected; run this module alone"
+
+
 @pytest.fixture(scope="session")
 def serve_config() -> dict:
     return load_test_config()
@@ -47,6 +85,7 @@ def serve_url(serve_config):
     app_cfg = serve_config["applications"][0]
     # Logical CPUs: actors are mostly idle waiting on vLLM's own processes; two cores run them all.
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    _session_server["up"] = True
     try:
         serve.start(http_options={"host": http["host"], "port": http["port"]},
                     controller_options=serve_config.get("controller_options"))
@@ -64,10 +103,7 @@ def serve_url(serve_config):
             time.sleep(1)
         yield url
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        stop_session_server()
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,10 @@ from serve_app.routing.core import Decision, RouteRequest
 
 log = logging.getLogger(__name__)
 
+# Errors that say the replica's actor is gone or unreachable (its node died, it crashed), not that the request
+# was bad: a request refused with one of these before it started may go to another replica.
+REPLICA_GONE = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError"})
+
 
 class ServeEngineClient:
     def __init__(self, engines: dict, router, router_timeout_s: float = 0.5):
@@ -83,17 +87,35 @@ class ServeEngineClient:
         receiver = self._deltas()
         key, inbox = receiver.register()
         req.reply_to = (receiver.address, key)
-        gen = self._engines[engine_key].options(stream=True).generate.remote(req)
         try:
-            await gen.__anext__()  # the acceptance chunk
+            try:
+                gen = await self._accepted(engine_key, req)
+            except Exception as e:
+                if req.target_replica is None or type(e).__name__ not in REPLICA_GONE:
+                    raise
+                # The Router chose a replica that died before it heard (a node lost): nothing ran yet, so send the
+                # request to whichever live replica Serve picks. The call that failed has already made Serve drop
+                # the replica and report that to the Router (serve_router.py).
+                log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
+                            type(e).__name__, req.request_id)
+                req.target_replica = None
+                gen = await self._accepted(engine_key, req)
         except BaseException:
             receiver.unregister(key)
-            gen.cancel()
             raise
         lease = asyncio.get_running_loop().create_task(_watch_lease(gen, inbox))
         self._leases.add(lease)
         lease.add_done_callback(self._leases.discard)
         return self._rest(gen, lease, receiver, key, inbox)
+
+    async def _accepted(self, engine_key: str, req: EngineRequest):
+        gen = self._engines[engine_key].options(stream=True).generate.remote(req)
+        try:
+            await gen.__anext__()  # the acceptance chunk
+        except BaseException:
+            gen.cancel()
+            raise
+        return gen
 
     @staticmethod
     async def _rest(gen, lease: asyncio.Task, receiver: DeltaReceiver, key: int, inbox: Inbox

@@ -262,6 +262,7 @@ class RouterCore:
             self.release(req.request_id, measured=False)
         load = self.loads[rid]
         load.active_requests += 1
+        load.routed += 1
         load.active_prefill_tokens += prefill_tokens
         load.active_decode_tokens += req.expected_output_tokens
         load.add_recent(prefill_tokens, now)
@@ -334,6 +335,7 @@ class RouterCore:
                 "mode": rb.mode if rb is not None else PREDICTED,
                 "blocks": len(rb) if rb is not None else 0,
                 "active_requests": load.active_requests,
+                "routed": load.routed,
                 "active_prefill_tokens": load.active_prefill_tokens,
                 "active_decode_tokens": load.active_decode_tokens,
                 **(self.rates[rid].stats() if rid in self.rates else {}),

@@ -7,6 +7,7 @@ import logging
 from ray import serve
 
 from serve_app.routing.core import Decision, RouteRequest, RouterCore
+from serve_app.routing.membership import Registrations
 from serve_app.settings import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -17,10 +18,8 @@ class Router:
     def __init__(self, config: dict):
         self.config = RouterConfig.model_validate(config)
         self.cores: dict[str, RouterCore] = {}
-        # engine key -> replica id -> (events endpoint, replay endpoint, block size). Kept apart from the core:
-        # an engine registers during its __init__, before Serve lists it as running, so a liveness sync may
-        # briefly drop it; when it reappears it is re-registered from here with its event feed.
-        self.registrations: dict[str, dict[str, tuple]] = {}
+        # engine key -> what each replica registered (routing/membership.py: kept apart from the core's live set)
+        self.registrations: dict[str, Registrations] = {}
 
     def _core(self, engine_key: str, block_size: int | None = None) -> RouterCore:
         core = self.cores.get(engine_key)
@@ -30,7 +29,8 @@ class Router:
         return core
 
     async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint, block_size: int):
-        self.registrations.setdefault(engine_key, {})[replica_id] = (events_endpoint, replay_endpoint, block_size)
+        self.registrations.setdefault(engine_key, Registrations()).add(
+            replica_id, (events_endpoint, replay_endpoint, block_size))
         core = self._core(engine_key, block_size)
         register = getattr(core, "register_replica", None)
         if register is not None:
@@ -42,13 +42,17 @@ class Router:
         log.info("engine %s replica %s registered (block size %s)", engine_key, replica_id, block_size)
 
     async def sync_replicas(self, engine_key: str, replica_ids: list[str]) -> None:
+        """The replicas Serve routes to now (from an ingress's request router): the others are dropped with
+        their index, load and reservations; registered ones that reappear are re-registered."""
         core = self._core(engine_key)
         known = set(core.loads)
         core.sync_replicas(replica_ids)
-        regs = self.registrations.get(engine_key, {})
-        for rid in replica_ids:
-            if rid not in known and rid in regs and hasattr(core, "register_replica"):
-                core.register_replica(rid, *regs[rid])
+        regs = self.registrations.setdefault(engine_key, Registrations())
+        for rid, registration in regs.reconcile(replica_ids, known):
+            core.register_replica(rid, *registration)
+        gone = known - set(replica_ids)
+        if gone:
+            log.info("engine %s: replicas %s left the routing set", engine_key, sorted(gone))
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
         core = self._core(engine_key)
@@ -76,7 +80,11 @@ class Router:
             core.release(request_id, output_tokens)
 
     async def metrics(self) -> dict:
-        return {key: core.metrics() for key, core in self.cores.items()}
+        out = {key: core.metrics() for key, core in self.cores.items()}
+        for key, regs in self.registrations.items():
+            if key in out:
+                out[key]["registrations"] = regs.stats()
+        return out
 
 
 def _make_core(config: RouterConfig, block_size: int) -> RouterCore:

@@ -44,6 +44,7 @@ class ReplicaLoad:
     active_decode_tokens: int = 0  # expected output tokens of outstanding requests
     recent_work: float = 0.0  # uncached prefill tokens sent here, decayed with RECENT_WORK_HALF_LIFE_S
     recent_t: float = 0.0
+    routed: int = 0  # requests routed here since it joined (metrics: a joining replica gets traffic)
 
     def recent(self, now: float) -> float:
         if self.recent_work == 0.0:

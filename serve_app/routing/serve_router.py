@@ -3,7 +3,10 @@
 The routing decision itself is made by the Router deployment (shared KV index and load across all ingress
 replicas) and arrives on the request as `target_replica`. This class only honours it, and falls back to Serve's
 least-queue choice when there is no target (router unavailable) or the target has gone. It also keeps the
-Router's view of live replicas current, so a dead or removed replica leaves the index.
+Router's view of live replicas current: every change of Serve's running set, and every replica whose actor a
+call found dead (a node lost), is reported to the Router, which drops that replica's index, load and
+reservations (routing/membership.py). The engine key comes from `request_router_kwargs` (app.py), the app name
+from Serve.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def _target_of(pending: Optional[PendingRequest]) -> str | None:
 
 class TargetReplicaRouter(RequestRouter):
     def initialize_state(self, router_app: str | None = None, engine_key: str | None = None, **_):
-        self._router_app = router_app
+        self._router_app = router_app or self.app_name  # the Router deployment is in the engines' app
         self._engine_key = engine_key
         self._router_handle = None
 
@@ -44,8 +47,8 @@ class TargetReplicaRouter(RequestRouter):
         self._sync([r.replica_id.unique_id for r in replicas])
 
     def on_replica_actor_died(self, replica_id) -> None:
-        super().on_replica_actor_died(replica_id)
-        self._sync([r.replica_id.unique_id for r in self._replicas.values() if r.replica_id != replica_id])
+        super().on_replica_actor_died(replica_id)  # drops it from curr_replicas
+        self._sync([r.replica_id.unique_id for r in self.curr_replicas.values() if r.replica_id != replica_id])
 
     def _sync(self, ids: list[str]) -> None:
         if not self._router_app or not self._engine_key:
@@ -56,5 +59,5 @@ class TargetReplicaRouter(RequestRouter):
 
                 self._router_handle = serve.get_deployment_handle("Router", app_name=self._router_app)
             self._router_handle.sync_replicas.remote(self._engine_key, ids)  # fire and forget
-        except Exception as e:  # noqa: BLE001 - the Router also learns liveness from registrations
-            log.debug("could not sync replicas to the Router: %s", e)
+        except Exception as e:  # noqa: BLE001 - routing must go on; the next change of the set syncs again
+            log.warning("could not report replicas to the Router: %s", e)

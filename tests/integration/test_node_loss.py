@@ -1,0 +1,340 @@
+"""Engine replicas come and go on a multi-node Ray cluster (Ray's own `ray.cluster_utils.Cluster`, on this one
+machine): a replica that joins gets traffic without a restart, and a node lost with streams running on it fails
+only those streams, each with its API's error event, while new requests go on to the live replica and the Router
+forgets the dead one without leaking reservations or admission slots.
+
+It needs a cluster of its own, so it cannot use the session server: it is marked `own_cluster`, runs last and
+stops the session's Ray first (tests/conftest.py). Cheap on purpose: one SmolLM2 engine per node (eager, 1 GiB
+of KV cache), one ingress, one test. The engine deployment asks for two replicas, each needing one `engine_slot`,
+a custom resource every node has one of: the head's replica starts with the app, the second stays pending until
+a worker node joins (as when a cluster autoscaler adds a node), and is lost with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import httpx
+import psutil
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
+
+PORT = 8012  # not the session server's 8011
+APP = "nodeloss"
+MODEL = "smollm2-135m-instruct"
+APIS = ("anthropic", "chat", "responses")
+WORDS = "cache router block prefix token engine replica stream parser session agent tool patch test".split()
+
+ARGS = {
+    "models": [{
+        "id": MODEL,
+        "max_model_len": 4096,
+        "max_output_tokens": 2048,
+        "chat_template": "serve_app/templates/smollm2_tools.jinja",
+        # Two engines share the cores: the OS schedules their threads instead of both pinning the same ones.
+        "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+        "engine_kwargs": {"enforce_eager": True},
+        "deployment": {"num_replicas": 2, "ray_actor_options": {"num_cpus": 0.5, "resources": {"engine_slot": 1}}},
+    }],
+    # The ingress and the Router stay on the head node: only the engine replica is lost with the worker.
+    "router": {"deployment": {"ray_actor_options": {"resources": {"head": 1}}}},
+    "ingress": {"deployment": {"num_replicas": 1, "ray_actor_options": {"resources": {"head": 1}}}},
+    "testing": {"forced_scripts": True},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(without_session_server):
+    import ray
+    from ray import serve
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 8, "resources": {"head": 100, "engine_slot": 1}, "include_dashboard": False})
+    try:
+        ray.init(address=c.address, log_to_driver=False)
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": PORT},
+                    controller_options={"runtime_env": {"env_vars": {
+                        "RAY_SERVE_PROXY_USE_GRPC": "1", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}}})
+        yield c
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            c.shutdown()
+
+
+@pytest.fixture(scope="module")
+def app(cluster):
+    from ray import serve
+
+    from serve_app.app import build_app
+    from serve_app.service import engine_key
+    from serve_app.settings import AppSettings
+
+    # Not blocking: the app stays DEPLOYING while its second replica waits for a node.
+    serve._run(build_app(ARGS), _blocking=False, name=APP, route_prefix="/")
+    url = f"http://127.0.0.1:{PORT}"
+    key = engine_key(AppSettings.model_validate(ARGS).models[0])
+    router = serve.get_deployment_handle("Router", app_name=APP)
+    wait_for(lambda: _ready(url) and len(_replicas(router, key)) == 1, 900, "the head's engine replica")
+    yield url, router, key, serve.get_deployment_handle(key, app_name=APP)
+
+
+def wait_for(check, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _router_metrics(router, key: str) -> dict:
+    return router.metrics.remote().result(timeout_s=30).get(key, {})
+
+
+def _replicas(router, key: str) -> dict:
+    return _router_metrics(router, key).get("replicas", {})
+
+
+def _running(key: str) -> int:
+    from ray import serve
+
+    app = serve.status().applications.get(APP)
+    deployment = app.deployments.get(key) if app else None
+    return deployment.replica_states.get("RUNNING", 0) if deployment else 0
+
+
+def _admitted(url: str) -> float:
+    """Requests holding an admission slot in the (single) ingress replica."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith('serve_app_queue_depth{component="ingress"}'):
+            return float(line.split()[-1])
+    return 0.0  # never set: nothing was ever admitted
+
+
+def _chat(url: str, prompt: str) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": prompt}],
+        "nvext": {"forced_script": "ok"}})
+
+
+def _stream_body(api: str, prompt: str, script: str, max_tokens: int) -> tuple[str, dict]:
+    forced = {"forced_script": script}
+    if api == "anthropic":
+        return "/v1/messages", {"model": MODEL, "max_tokens": max_tokens, "stream": True, "nvext": forced,
+                                "messages": [{"role": "user", "content": prompt}]}
+    if api == "responses":
+        return "/v1/responses", {"model": MODEL, "max_output_tokens": max_tokens, "stream": True, "input": prompt,
+                                 "store": False, "nvext": forced}
+    return "/v1/chat/completions", {"model": MODEL, "max_tokens": max_tokens, "stream": True, "nvext": forced,
+                                    "messages": [{"role": "user", "content": prompt}]}
+
+
+def _is_delta(line: str) -> bool:
+    return line.startswith("data:") and any(k in line for k in ('"text_delta"', '"content"', "output_text.delta"))
+
+
+def _sse_events(lines: list[str]) -> list[tuple[str | None, object]]:
+    out, name = [], None
+    for line in lines:
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            raw = line[5:].strip()
+            out.append((name, raw if raw == "[DONE]" else json.loads(raw)))
+            name = None
+    return out
+
+
+def _assert_engine_error(api: str, lines: list[str]) -> None:
+    """The stream ended with its API's error event for a failed engine (as in test_faults.py's replica kill)."""
+    events = _sse_events(lines)
+    assert events, (api, lines)
+    if api == "anthropic":
+        name, data = events[-1]
+        assert name == "error" and data["type"] == "error", events[-3:]
+        assert data["error"]["type"] == "api_error" and data["error"]["message"], data
+        assert not any(n == "message_stop" for n, _ in events) and events[0][0] == "message_start", events[:2]
+    elif api == "chat":
+        assert events[-1] == (None, "[DONE]"), events[-3:]
+        name, data = events[-2]
+        assert name is None and set(data) == {"error"}, events[-3:]
+        assert data["error"]["type"] == "server_error" and data["error"]["message"], data
+        chunks = [d for n, d in events[:-2] if n is None]
+        assert not any(c["finish_reason"] for d in chunks for c in d["choices"]), events[-4:]
+    else:
+        data = [d for _, d in events]
+        assert data[-1]["type"] == "response.failed", data[-2:]
+        response = data[-1]["response"]
+        assert response["status"] == "failed" and response["error"]["code"] == "server_error", response
+        assert response["error"]["message"], response
+
+
+def _raylet_tree(node) -> list[psutil.Process]:
+    """The processes of a cluster node's raylet: its workers (the engine replica) and their vLLM children."""
+    import ray._private.ray_constants as rc
+
+    raylet = psutil.Process(node.all_processes[rc.PROCESS_TYPE_RAYLET][0].process.pid)
+    return raylet.children(recursive=True)
+
+
+def _still_running(procs, within_s: float) -> list:
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
+
+
+def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
+    url, router, key, engine = app
+    (first,) = _replicas(router, key)
+
+    # -- a node with an engine slot joins: the pending replica starts there and gets traffic, nothing restarts
+    worker = cluster.add_node(num_cpus=2, resources={"engine_slot": 1})
+    wait_for(lambda: _running(key) == 2, 900, "Serve to run the joining replica")
+    replicas = wait_for(lambda: (r := _replicas(router, key)) and len(r) == 2 and r, 60, "it to register")
+    (joined,) = set(replicas) - {first}
+    rng = random.Random(7)
+    for i in range(6):  # fresh prompts: nothing cached anywhere, so the idle newcomer is the cheaper place
+        r = _chat(url, f"question {i}: " + " ".join(rng.choice(WORDS) for _ in range(200)))
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text[:300]
+    replicas = _replicas(router, key)
+    assert set(replicas) == {first, joined}, replicas  # the first replica is the same one: no restart
+    assert replicas[joined]["routed"] > 0, replicas
+
+    node_procs = _raylet_tree(worker)
+    assert any("Engine" in " ".join(p.cmdline()) for p in node_procs), "the joined replica runs on the worker"
+
+    # -- streams on both replicas; learn where each went from the Router's per-replica counts
+    script = " ".join(rng.choice(WORDS) for _ in range(2000))
+    on: dict[int, str] = {}
+    lines: dict[int, list[str]] = {}
+    survivors_after_kill: dict[int, int] = {}
+    killed = asyncio.Event()
+    t_kill = 0.0
+    after_kill: list[tuple[float, float, int, str]] = []  # (sent, seconds after the kill; took; status; content)
+    ended: dict[int, float] = {}  # stream -> seconds after the kill it ended
+    dropped = [None]  # seconds after the kill the Router no longer listed the lost replica
+
+    async def stream(i: int, api: str, client: httpx.AsyncClient, started: asyncio.Event):
+        path, body = _stream_body(api, f"stream {i}: " + " ".join(rng.choice(WORDS) for _ in range(100)),
+                                  script, 1500)
+        lines[i] = []
+        async with client.stream("POST", url + path, json=body) as resp:
+            assert resp.status_code == 200, await resp.aread()
+            async for line in resp.aiter_lines():
+                lines[i].append(line)
+                if _is_delta(line):
+                    started.set()
+                    if killed.is_set():
+                        survivors_after_kill[i] = survivors_after_kill.get(i, 0) + 1
+                        if survivors_after_kill[i] >= 20 and on[i] == first:
+                            break  # still streaming well after the node went: enough, hang up
+        if killed.is_set():
+            ended[i] = time.monotonic() - t_kill
+
+    async def scenario():
+        nonlocal t_kill
+        tasks = {}
+        async with httpx.AsyncClient(timeout=300) as client:
+            async def routed_now() -> dict:
+                return {r: m["routed"] for r, m in (await router.metrics.remote()).get(key, {})["replicas"].items()}
+
+            routed = await routed_now()
+            for i in range(12):
+                api = APIS[i % 3]
+                started = asyncio.Event()
+                tasks[i] = asyncio.create_task(stream(i, api, client, started))
+                await asyncio.wait_for(started.wait(), 120)
+                now = await routed_now()
+                (on[i],) = [r for r in now if now[r] != routed.get(r)]
+                routed = now
+                victims = {APIS[j % 3] for j in on if on[j] == joined}
+                if victims == set(APIS) and first in on.values():
+                    break
+            assert {APIS[j % 3] for j in on if on[j] == joined} == set(APIS), on  # each API has a stream there
+            assert first in on.values(), on
+
+            # -- the worker node is lost (its processes killed, not drained)
+            t_kill = time.monotonic()
+            await asyncio.to_thread(cluster.remove_node, worker, False)
+            killed.set()
+
+            async def probe(n: int):  # new requests meanwhile, each on its own, every half second
+                await asyncio.sleep(n * 0.5)
+                sent = time.monotonic() - t_kill
+                r = await client.post(url + "/v1/chat/completions", json={
+                    "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"hi {n}"}],
+                    "nvext": {"forced_script": "ok"}})
+                content = r.json()["choices"][0]["message"]["content"] if r.status_code == 200 else r.text
+                after_kill.append((sent, time.monotonic() - t_kill - sent, r.status_code, content))
+
+            async def watch_router():
+                while time.monotonic() - t_kill < 30:
+                    if joined not in (await router.metrics.remote()).get(key, {}).get("replicas", {}):
+                        dropped[0] = time.monotonic() - t_kill
+                        return
+                    await asyncio.sleep(0.25)
+
+            await asyncio.wait_for(asyncio.gather(watch_router(), *(probe(n) for n in range(40)),
+                                                  *tasks.values()), 300)
+
+    asyncio.run(scenario())
+
+    victims = [i for i in on if on[i] == joined]
+    for i in victims:
+        _assert_engine_error(APIS[i % 3], lines[i])
+    for i in on:
+        if on[i] == first:  # unaffected: no error, and it kept streaming after the node was gone
+            assert survivors_after_kill.get(i, 0) >= 20 or any('"message_stop"' in x or "[DONE]" in x
+                                                              or "response.completed" in x for x in lines[i]), i
+            assert not any(x == "event: error" or x.startswith('data: {"error"') or '"response.failed"' in x
+                           for x in lines[i]), lines[i][-3:]
+
+    print(f"node loss: streams {on}; ended after {sorted((round(t, 1), i) for i, t in ended.items())}; "
+          f"Router dropped the replica after {dropped[0]} s; requests after (sent, took, status): "
+          f"{sorted((round(a, 1), round(b, 1), c) for a, b, c, _ in after_kill)}")
+    # Every request sent after the loss was served by the live replica, none held longer than Ray takes to
+    # declare a node dead (3.8 s at most here; a request the Router sent to the lost replica waits for that).
+    assert len(after_kill) == 40 and all(status == 200 and content == "ok" for *_, status, content in after_kill), \
+        after_kill
+    assert max(took for _, took, _, _ in after_kill) < 30, after_kill
+    # The Router dropped the dead replica with its blocks and load (4.5 s after the loss here); nothing it
+    # reserved is left.
+    assert dropped[0] is not None, "the Router still lists the lost replica 30 s after the loss"
+    wait_for(lambda: set(_replicas(router, key)) == {first}, 60, "the Router to drop the lost replica")
+    wait_for(lambda: _router_metrics(router, key)["inflight"] == 0, 60, "the Router's reservations to clear")
+    (left,) = _replicas(router, key).values()
+    assert left["active_requests"] == 0 and left["active_prefill_tokens"] == 0 and left["active_decode_tokens"] == 0
+    # Admission slots in the ingress and requests in the surviving engine: all given back.
+    wait_for(lambda: _admitted(url) == 0, 60, "the ingress's admission slots")
+    wait_for(lambda: engine.num_unfinished.remote().result(timeout_s=30) == 0, 60, "the live engine to idle")
+    # Nothing of the lost node outlives it, its vLLM engine processes included.
+    assert not _still_running(node_procs, within_s=60), "processes of the lost node are still running"
+    r = _chat(url, "after")
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"

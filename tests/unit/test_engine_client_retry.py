@@ -1,0 +1,73 @@
+"""The ingress's engine client: a request whose chosen replica died before it started goes to a live one."""
+
+import asyncio
+
+import pytest
+
+from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
+from serve_app.ingress.clients import ServeEngineClient
+
+
+class ActorDiedError(Exception):  # named like Ray's: the client classifies errors by name, not by import
+    pass
+
+
+class Gen:
+    def __init__(self, error, chunks):
+        self.error, self.chunks, self.cancelled = error, list(chunks), False
+
+    async def __anext__(self):
+        if self.error is not None:
+            raise self.error
+        if not self.chunks:
+            raise StopAsyncIteration
+        return self.chunks.pop(0)
+
+    def __aiter__(self):
+        return self
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class Handle:
+    """An Engine deployment handle whose replicas in `dead` fail every call with `error`."""
+
+    def __init__(self, dead=(), error=ActorDiedError):
+        self.dead, self.error, self.sent, self.gens = set(dead), error, [], []
+
+    def options(self, **_):
+        return self
+
+    @property
+    def generate(self):
+        return self
+
+    def remote(self, req):
+        self.sent.append(req.target_replica)
+        err = self.error("gone") if req.target_replica in self.dead else None
+        gen = Gen(err, [EngineChunk(text="", token_ids=[]), EngineChunk(text="ok", token_ids=[1], finish_reason="stop")])
+        self.gens.append(gen)
+        return gen
+
+
+async def _texts(client, req):
+    return [c.text async for c in await client.open("e", req)]
+
+
+def test_a_dead_target_is_retried_on_a_live_replica():
+    h = Handle(dead={"r-dead"})
+    client = ServeEngineClient({"e": h}, None)
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dead")
+    assert asyncio.run(_texts(client, req)) == ["ok"]
+    assert h.sent == ["r-dead", None] and h.gens[0].cancelled
+
+
+@pytest.mark.parametrize("target, error", [(None, ActorDiedError), ("r-dead", ValueError)])
+def test_other_failures_are_not_retried(target, error):
+    h = Handle(dead={target}, error=error)
+    client = ServeEngineClient({"e": h}, None)
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica=target)
+    with pytest.raises(error):
+        asyncio.run(_texts(client, req))
+    assert h.sent == [target]

@@ -1,0 +1,82 @@
+"""The engines' Serve request router (runs in each ingress): honours the Router's target, and reports Serve's
+live replicas to the Router, so a dead one leaves its index. Ray's own RequestRouter base, no cluster."""
+
+import asyncio
+
+from ray import serve
+from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID
+from ray.serve.request_router import PendingRequest
+
+from serve_app.app import _engine_options
+from serve_app.engine.vllm_engine import EngineRequest
+from serve_app.routing.serve_router import TargetReplicaRouter
+from serve_app.settings import ModelConfig
+
+DEP = DeploymentID(name="Engine-x", app_name="app1")
+
+
+class Replica:
+    """What the base class reads of a RunningReplica."""
+
+    def __init__(self, uid):
+        self.replica_id = ReplicaID(uid, DEP)
+        self.multiplexed_model_ids = set()
+        self.node_id = "n"
+        self.availability_zone = None
+
+    async def get_queue_len(self, deadline_s):
+        return 0
+
+
+class RouterHandle:
+    def __init__(self, calls):
+        self.calls = calls
+
+    @property
+    def sync_replicas(self):
+        return self
+
+    def remote(self, key, ids):
+        self.calls.append((key, sorted(ids)))
+
+
+def _router(monkeypatch, calls):
+    handles = []
+    monkeypatch.setattr(serve, "get_deployment_handle",
+                        lambda name, app_name: handles.append((name, app_name)) or RouterHandle(calls))
+    r = TargetReplicaRouter(DEP, DeploymentHandleSource.REPLICA)
+    r.initialize_state(**_engine_options(ModelConfig(id="m"), "Engine-x")["request_router_config"].request_router_kwargs)
+    return r, handles
+
+
+def test_live_replicas_and_dead_actors_are_reported_to_the_router(monkeypatch):
+    calls = []
+
+    async def run():
+        r, handles = _router(monkeypatch, calls)
+        a, b = Replica("a"), Replica("b")
+        r.update_replicas([a, b])
+        r.on_replica_actor_died(b.replica_id)  # a call found b's actor dead before Serve's controller did
+        r.update_replicas([a, Replica("c")])  # a replica joins
+        return handles
+
+    handles = asyncio.run(run())
+    assert handles == [("Router", "app1")]  # the Router of the engines' own app
+    assert calls == [("Engine-x", ["a", "b"]), ("Engine-x", ["a"]), ("Engine-x", ["a", "c"])]
+
+
+def test_the_target_is_honoured_and_a_gone_target_falls_back_to_all(monkeypatch):
+    async def run():
+        r, _ = _router(monkeypatch, [])
+        a, b = Replica("a"), Replica("b")
+        r.update_replicas([a, b])
+
+        def pending(target):
+            req = EngineRequest(request_id="1", prompt_token_ids=[1], max_tokens=1, target_replica=target)
+            return PendingRequest(args=[req], kwargs={}, metadata=None)
+
+        return (await r.choose_replicas([a, b], pending("b")), await r.choose_replicas([a, b], pending("gone")),
+                a, b)
+
+    to_b, fallback, a, b = asyncio.run(run())
+    assert to_b == [[b]] and fallback == [[a, b]]
