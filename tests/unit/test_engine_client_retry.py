@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 
+from serve_app.engine.delta_channel import DeltaSender
 from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
 from serve_app.ingress.clients import ServeEngineClient
 
@@ -13,15 +14,25 @@ class ActorDiedError(Exception):  # named like Ray's: the client classifies erro
 
 
 class Gen:
-    def __init__(self, error, chunks):
-        self.error, self.chunks, self.cancelled = error, list(chunks), False
+    """The Engine deployment's call: the acceptance, then (as the real replica does) the deltas over the delta
+    channel to the address the request names, while the call itself ends."""
+
+    def __init__(self, error, chunks, reply_to):
+        self.error, self.chunks, self.cancelled, self.reply_to = error, list(chunks), False, reply_to
+        self.accepted = False
 
     async def __anext__(self):
         if self.error is not None:
             raise self.error
-        if not self.chunks:
-            raise StopAsyncIteration
-        return self.chunks.pop(0)
+        if not self.accepted:
+            self.accepted = True
+            return EngineChunk(text="", token_ids=[])
+        sender = DeltaSender()
+        address, key = self.reply_to
+        for chunk in self.chunks:
+            sender.send(address, key, chunk)
+        self.chunks = []
+        raise StopAsyncIteration
 
     def __aiter__(self):
         return self
@@ -46,7 +57,7 @@ class Handle:
     def remote(self, req):
         self.sent.append(req.target_replica)
         err = self.error("gone") if req.target_replica in self.dead else None
-        gen = Gen(err, [EngineChunk(text="", token_ids=[]), EngineChunk(text="ok", token_ids=[1], finish_reason="stop")])
+        gen = Gen(err, [EngineChunk(text="ok", token_ids=[1], finish_reason="stop")], req.reply_to)
         self.gens.append(gen)
         return gen
 
