@@ -13,6 +13,9 @@ class ActorDiedError(Exception):  # named like Ray's: the client classifies erro
     pass
 
 
+SENDER = DeltaSender()  # lives as long as the replica's does: a closed socket drops what it has not sent
+
+
 class Gen:
     """The Engine deployment's call: the acceptance, then (as the real replica does) the deltas over the delta
     channel to the address the request names, while the call itself ends."""
@@ -27,10 +30,9 @@ class Gen:
         if not self.accepted:
             self.accepted = True
             return EngineChunk(text="", token_ids=[])
-        sender = DeltaSender()
         address, key = self.reply_to
         for chunk in self.chunks:
-            sender.send(address, key, chunk)
+            SENDER.send(address, key, chunk)
         self.chunks = []
         raise StopAsyncIteration
 
