@@ -1,6 +1,6 @@
 """Per-tenant limits: concurrent requests, requests and tokens per minute. Pure logic; one state for the app.
 
-`LimitState` is owned by ONE place (the `TenantLimits` deployment, serve_app/limits_deployment.py) that every
+`LimitState` is owned by ONE place (the `TenantLimits` deployment, serve_app/ingress/limits_deployment.py) that every
 ingress replica asks, so a tenant's limits hold across replicas. It lives in memory: a restart of that replica
 loses the current minute's counts and nothing else (the issue's bound).
 
