@@ -17,6 +17,7 @@ from ray.serve.config import RequestRouterConfig
 from serve_app.engine.deployment import Engine
 from serve_app.engine.provision import EMBEDDED, ensure_model
 from serve_app.ingress.deployment import Ingress
+from serve_app.ingress.responses.store import bind_store
 from serve_app.routing.deployment import Router
 from serve_app.serve_tuning import with_replica_env
 from serve_app.service import engine_key
@@ -68,16 +69,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
 
     # One secret for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of them.
     secret = (settings.ingress.server_secret or secrets.token_hex(32)).encode()
-    extras = _extras(settings)
     return Ingress.options(**_small_options(settings.ingress.serve_options())).bind(
-        settings.model_dump(), secret, engines, router, extras
+        settings.model_dump(), secret, engines, router, bind_store(settings)
     )
 
-
-def _extras(settings: AppSettings) -> dict[str, Any]:
-    """Optional shared components (e.g. the Responses store) that other modules contribute."""
-    try:
-        from serve_app.ingress.responses.store import bind_store  # type: ignore
-    except ImportError:
-        return {}
-    return {"response_store": bind_store(settings)}

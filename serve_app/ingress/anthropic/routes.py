@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.anthropic.convert import count_tokens_request, messages_request, to_conversation
 from serve_app.ingress.anthropic.encode import MessageEncoder, error_event, fold, to_frames
-from serve_app.ingress.anthropic.errors import error_response, new_request_id
+from serve_app.ingress.anthropic.errors import new_request_id
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.body import read_json
 from serve_app.ingress.context import IngressContext, get_ctx
+from serve_app.ingress.envelope import anthropic_envelope, api_router
 
-router = APIRouter()
+router = api_router(anthropic_envelope)
 
 
 @router.head("/")
@@ -24,6 +24,8 @@ async def head_root() -> Response:
 
 
 async def _read(request: Request, ctx: IngressContext) -> dict:
+    # One id names the request in its answer and in any error (anthropic_envelope reads it from here).
+    request.state.request_id = new_request_id()
     ing = ctx.settings.ingress
     check_api_key(request.headers, ing.api_keys)
     return await read_json(request, ing.max_body_bytes, ing.max_decompressed_bytes)
@@ -31,27 +33,20 @@ async def _read(request: Request, ctx: IngressContext) -> dict:
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, ctx: IngressContext = Depends(get_ctx)):
-    rid = new_request_id()
-    try:
-        body = await _read(request, ctx)
-        req = count_tokens_request(body)
-        conv, opts = to_conversation(req, ctx.secret, request.headers)
-        n = await ctx.service.count_tokens(conv, opts, req.model)
-    except ServiceError as e:
-        return error_response(e, rid)
-    return JSONResponse({"input_tokens": n}, headers={"request-id": rid})
+    body = await _read(request, ctx)
+    req = count_tokens_request(body)
+    conv, opts = to_conversation(req, ctx.secret, request.headers)
+    n = await ctx.service.count_tokens(conv, opts, req.model)
+    return JSONResponse({"input_tokens": n}, headers={"request-id": request.state.request_id})
 
 
 @router.post("/v1/messages")
 async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx)):
-    rid = new_request_id()
-    try:
-        body = await _read(request, ctx)
-        req = messages_request(body)
-        conv, opts = to_conversation(req, ctx.secret, request.headers)
-        prepared = await ctx.service.prepare(conv, opts, req.model)
-    except ServiceError as e:
-        return error_response(e, rid)
+    body = await _read(request, ctx)
+    rid = request.state.request_id
+    req = messages_request(body)
+    conv, opts = to_conversation(req, ctx.secret, request.headers)
+    prepared = await ctx.service.prepare(conv, opts, req.model)
 
     encoder = MessageEncoder(
         req.model,
@@ -63,10 +58,7 @@ async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx
 
     if not req.stream:
         events = await ctx.service.complete(prepared)
-        try:
-            message = fold([se for ev in events for se in encoder.event(ev)])
-        except ServiceError as e:
-            return error_response(e, rid)
+        message = fold([se for ev in events for se in encoder.event(ev)])
         return JSONResponse(message, headers={"request-id": rid})
 
     stream = sse.with_keepalive(ctx.service.stream(prepared), ctx.settings.ingress.ping_interval_s)
@@ -74,7 +66,7 @@ async def create_message(request: Request, ctx: IngressContext = Depends(get_ctx
     refused = sse.refusal(first)
     if refused is not None:
         await stream.aclose()
-        return error_response(refused, rid)
+        raise refused
 
     async def frames():
         try:

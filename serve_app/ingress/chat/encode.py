@@ -21,25 +21,9 @@ from serve_app.conversation import (
     Usage,
 )
 from serve_app.ingress import sse
+from serve_app.ingress.openai_errors import error_body
 
 FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop"}
-
-ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "request_too_large": "invalid_request_error",
-    "rate_limit": "rate_limit_error",
-    "overloaded": "server_overloaded",
-    "timeout": "timeout",
-    "api_error": "server_error",
-}
-
-
-def error_body(kind: str, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(kind, "server_error"), "param": param, "code": code}}
-
 
 def usage_dict(u: Usage) -> dict[str, Any]:
     return {

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from serve_app.conversation import Finish
@@ -13,8 +13,9 @@ from serve_app.ingress.body import read_json
 from serve_app.ingress.chat.convert import chat_request_to_conversation
 from serve_app.ingress.chat.encode import ChatStreamEncoder, completion_body
 from serve_app.ingress.context import IngressContext, get_ctx
+from serve_app.ingress.envelope import api_router, openai_envelope
 
-router = APIRouter()
+router = api_router(openai_envelope)
 
 
 @router.post("/v1/chat/completions")

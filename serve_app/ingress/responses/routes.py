@@ -2,56 +2,44 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
-from pydantic import TypeAdapter
+from fastapi import Depends, Request
 from starlette.responses import JSONResponse, StreamingResponse
 
 from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.body import read_json
-from serve_app.ingress.context import IngressContext, get_ctx
-from serve_app.ingress.responses.convert import custom_tool_names, echo_fields, responses_to_conversation
+from serve_app.ingress.context import IngressContext, RecordStore, get_ctx
+from serve_app.ingress.envelope import api_router, openai_envelope
+from serve_app.ingress.responses.convert import (
+    custom_tool_names,
+    echo_fields,
+    parse_responses_request,
+    responses_to_conversation,
+)
 from serve_app.ingress.responses.encode import ResponsesEncoder, error_code, fold, new_id
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
-from serve_app.ingress.responses.store import StoreClient
-from serve_app.protocols.responses import InputItem, ResponsesRequest, parse_responses_request
+from serve_app.protocols.responses import INPUT_ITEMS, ResponsesRequest
 
 log = logging.getLogger(__name__)
-router = APIRouter()
+router = api_router(openai_envelope)
 
-_ITEMS = TypeAdapter(list[InputItem])
 # Failures a streaming client should get in-protocol (`response.failed` with a code Codex acts on), not as HTTP.
 _STREAMED_FAILURES = ("context_length_exceeded", "rate_limit_exceeded", "server_is_overloaded")
 
 
 def _replica_headers(ctx: IngressContext) -> dict[str, str]:
     """`x-serve-replica`: which ingress replica answered (lets tests and operators see cross-replica use)."""
-    tag = ctx.extras.get("_replica_tag")
-    if tag is None:
-        try:
-            from ray import serve
-
-            tag = serve.get_replica_context().replica_tag
-        except Exception:  # not running inside a Serve replica (unit tests)
-            tag = ""
-        ctx.extras["_replica_tag"] = tag
-    return {"x-serve-replica": tag} if tag else {}
+    return {"x-serve-replica": ctx.replica_tag} if ctx.replica_tag else {}
 
 
-def _store(ctx: IngressContext) -> StoreClient | None:
-    backend = ctx.extras.get("response_store")
-    return None if backend is None else StoreClient(backend)
-
-
-def _sealer(ctx: IngressContext) -> ReasoningSealer:
-    sealer = ctx.extras.get("_reasoning_sealer")
-    if sealer is None:
-        sealer = ctx.extras["_reasoning_sealer"] = ReasoningSealer(ctx.secret)
-    return sealer
+@functools.lru_cache(maxsize=4)
+def _sealer(secret: bytes) -> ReasoningSealer:
+    return ReasoningSealer(secret)  # one per server secret: its key is derived once
 
 
 def _dump_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -60,7 +48,7 @@ def _dump_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     return [item.model_dump(exclude_none=True) for item in req.input]
 
 
-async def _history(store: StoreClient | None, response_id: str) -> list[dict[str, Any]]:
+async def _history(store: RecordStore | None, response_id: str) -> list[dict[str, Any]]:
     record = await store.get(response_id) if store is not None else None
     if record is None:
         raise ServiceError("not_found", f"previous_response_id: no stored response with id {response_id!r}",
@@ -68,7 +56,7 @@ async def _history(store: StoreClient | None, response_id: str) -> list[dict[str
     return record["items"]
 
 
-async def _save(store: StoreClient | None, req: ResponsesRequest, history: list[dict[str, Any]],
+async def _save(store: RecordStore | None, req: ResponsesRequest, history: list[dict[str, Any]],
                 response: dict[str, Any]) -> None:
     if store is None or req.store is False:
         return
@@ -86,13 +74,13 @@ async def create_response(request: Request, ctx: IngressContext = Depends(get_ct
     body = await read_json(request, ing.max_body_bytes, ing.max_decompressed_bytes)
     req = parse_responses_request(body)
     ctx.service.resolve_model(req.model)
-    sealer = _sealer(ctx)
-    store = _store(ctx)
+    sealer = _sealer(ctx.secret)
+    store = ctx.response_store
 
     history_raw: list[dict[str, Any]] = []
     if req.previous_response_id:
         history_raw = await _history(store, req.previous_response_id)
-    history = _ITEMS.validate_python(history_raw) if history_raw else None
+    history = INPUT_ITEMS.validate_python(history_raw) if history_raw else None
     conv, opts = responses_to_conversation(req, lambda token, param: sealer.open(token, param=param), history)
     if opts.session_key is None:  # Codex sends its conversation id as a header too
         opts.session_key = request.headers.get("session_id") or request.headers.get("x-session-id")
@@ -164,7 +152,7 @@ async def create_response(request: Request, ctx: IngressContext = Depends(get_ct
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request, ctx: IngressContext = Depends(get_ctx)):
     check_api_key(request.headers, ctx.settings.ingress.api_keys)
-    store = _store(ctx)
+    store = ctx.response_store
     record = await store.get(response_id) if store is not None else None
     if record is None:
         raise ServiceError("not_found", f"response {response_id!r} not found (unknown, expired or not stored)",
@@ -175,7 +163,7 @@ async def get_response(response_id: str, request: Request, ctx: IngressContext =
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request, ctx: IngressContext = Depends(get_ctx)):
     check_api_key(request.headers, ctx.settings.ingress.api_keys)
-    store = _store(ctx)
+    store = ctx.response_store
     if store is None or not await store.delete(response_id):
         raise ServiceError("not_found", f"response {response_id!r} not found (unknown, expired or not stored)",
                            param="response_id")

@@ -4,7 +4,7 @@ It lives OUTSIDE the ingress processes — one small Serve deployment every ingr
 created through one replica is found through any other. Bounded two ways: entries expire after a TTL, and past the
 item or byte cap the least recently used entries are evicted. `ResponseStoreCore` is the plain logic (unit-tested
 without Ray); `ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is
-passed to the ingress in `extras["response_store"]` and arrives there as a DeploymentHandle).
+passed to the Ingress deployment, arrives there as a DeploymentHandle and reaches the routes as a `StoreClient`).
 
 A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
 follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
@@ -92,7 +92,7 @@ class ResponseStore:
 
 
 def bind_store(settings) -> Any:
-    """The bound store deployment for `build_app` (see serve_app/app.py `_extras`)."""
+    """The bound store deployment for `build_app` (serve_app/app.py)."""
     ing = settings.ingress
     return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s)
 
