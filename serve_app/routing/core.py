@@ -19,10 +19,11 @@ import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
+from serve_app.routing.types import Decision, RouteRequest
 from serve_app.routing.policies import ReplicaLoad, make_policy, prompt_tokens
 from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica, share_measurements
 from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
@@ -30,22 +31,6 @@ from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
 log = logging.getLogger(__name__)
 
 __all__ = ["Decision", "ReplicaLoad", "RouteRequest", "RouterCore"]
-
-
-@dataclass(slots=True)
-class RouteRequest:
-    request_id: str
-    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the prompt's full blocks
-    num_prompt_tokens: int = 0
-    expected_output_tokens: int = 256  # agent_hints.osl when given
-    session_key: str | None = None
-
-
-@dataclass(slots=True)
-class Decision:
-    replica_id: str
-    policy: str
-    cached_blocks: int = 0  # blocks of the prompt the chosen replica is believed to hold
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ import logging
 
 from ray import serve
 
-from serve_app.routing.core import Decision, RouteRequest, RouterCore
+from serve_app.routing.core import RouterCore
+from serve_app.routing.types import Decision, RouteRequest
 from serve_app.settings import RouterConfig
 
 log = logging.getLogger(__name__)
@@ -25,20 +26,14 @@ class Router:
     def _core(self, engine_key: str, block_size: int | None = None) -> RouterCore:
         core = self.cores.get(engine_key)
         if core is None:
-            core = _make_core(self.config, block_size or 16)
+            core = RouterCore(policy=self.config.policy, block_size=block_size or 16, config=self.config)
             self.cores[engine_key] = core
         return core
 
     async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint, block_size: int):
         self.registrations.setdefault(engine_key, {})[replica_id] = (events_endpoint, replay_endpoint, block_size)
         core = self._core(engine_key, block_size)
-        register = getattr(core, "register_replica", None)
-        if register is not None:
-            result = register(replica_id, events_endpoint, replay_endpoint, block_size)
-            if hasattr(result, "__await__"):
-                await result
-        else:
-            core.sync_replicas(list({*core.loads, replica_id}))
+        core.register_replica(replica_id, events_endpoint, replay_endpoint, block_size)
         log.info("engine %s replica %s registered (block size %s)", engine_key, replica_id, block_size)
 
     async def sync_replicas(self, engine_key: str, replica_ids: list[str]) -> None:
@@ -47,7 +42,7 @@ class Router:
         core.sync_replicas(replica_ids)
         regs = self.registrations.get(engine_key, {})
         for rid in replica_ids:
-            if rid not in known and rid in regs and hasattr(core, "register_replica"):
+            if rid not in known and rid in regs:
                 core.register_replica(rid, *regs[rid])
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
@@ -61,7 +56,7 @@ class Router:
         """The request's first token exists: its prefill no longer loads the replica. `cached_tokens` (the
         engine's num_cached_tokens) lets the router measure the replica's prefill rate on what it computed."""
         core = self.cores.get(engine_key)
-        if core is not None and hasattr(core, "mark_prefilled"):
+        if core is not None:
             core.mark_prefilled(request_id, cached_tokens)
 
     async def set_policy(self, engine_key: str, policy: str) -> None:
@@ -77,10 +72,3 @@ class Router:
 
     async def metrics(self) -> dict:
         return {key: core.metrics() for key, core in self.cores.items()}
-
-
-def _make_core(config: RouterConfig, block_size: int) -> RouterCore:
-    try:
-        return RouterCore(policy=config.policy, block_size=block_size, config=config)
-    except TypeError:  # the simple core takes no config
-        return RouterCore(policy=config.policy, block_size=block_size)
