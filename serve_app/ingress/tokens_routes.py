@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 
 from serve_app.errors import InvalidRequest
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.body import read_json
+from serve_app.ingress.chat.convert import chat_request_to_conversation
 from serve_app.ingress.context import IngressContext, get_ctx
+from serve_app.ingress.envelope import api_router, openai_envelope
 
-router = APIRouter()
+router = api_router(openai_envelope)
 
 # Chat-form fields vLLM accepts that change nothing here (no multimodal inputs on the default model).
 _CHAT_ONLY = ("add_generation_prompt", "continue_final_message", "return_token_strs", "media_io_kwargs",
@@ -41,13 +43,7 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _token_strs(renderer, ids: list[int]) -> list[str]:
-    return [str(t) for t in renderer.tokenizer.convert_ids_to_tokens(ids)]
-
-
 async def _tokenize_chat(ctx: IngressContext, body: dict[str, Any]) -> tuple[Any, Any, list[int]]:
-    from serve_app.ingress.chat.convert import chat_request_to_conversation
-
     if body.get("chat_template") is not None:
         raise InvalidRequest("chat_template: a request-supplied chat template is not accepted", param="chat_template")
     add_gen = _flag(body, "add_generation_prompt", True)
@@ -62,7 +58,7 @@ async def _tokenize_chat(ctx: IngressContext, body: dict[str, Any]) -> tuple[Any
                                      continue_final_message=cont)
     ids = list(rendered.token_ids)
     if _flag(body, "add_special_tokens", False):
-        ids = renderer.tokenizer.build_inputs_with_special_tokens(ids)
+        ids = renderer.with_special_tokens(ids)
     return renderer, model, ids
 
 
@@ -91,7 +87,7 @@ async def tokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> 
         raise InvalidRequest("either `prompt` or `messages` is required", param="prompt")
     out: dict[str, Any] = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
     if _flag(body, "return_token_strs", False):
-        out["token_strs"] = _token_strs(renderer, ids)
+        out["token_strs"] = renderer.token_strings(ids)
     return out
 
 
@@ -106,9 +102,9 @@ async def detokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise InvalidRequest("tokens: must be a list of integers", param="tokens")
     renderer, _ = await ctx.service.renderer_for(body.get("model"))
-    vocab = len(renderer.tokenizer)
+    vocab = renderer.vocab_size
     bad = next((t for t in tokens if t < 0 or t >= vocab), None)
     if bad is not None:
         raise InvalidRequest(f"tokens: {bad} is not a token id of this model (0..{vocab - 1})", param="tokens")
-    text = await renderer.run(renderer.tokenizer.decode, tokens)
+    text = await renderer.run(renderer.decode, tokens)
     return {"prompt": text}
