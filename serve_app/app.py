@@ -19,6 +19,7 @@ from serve_app.engine.provision import EMBEDDED, ensure_model
 from serve_app.ingress.deployment import Ingress
 from serve_app.ingress.responses.store import bind_store
 from serve_app.routing.deployment import Router
+from serve_app.routing.registry import make_policy
 from serve_app.serve_tuning import with_replica_env
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
@@ -50,6 +51,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         if m.model_source in EMBEDDED:
             ensure_model(m.model_source, settings.model_cache_dir)
 
+    make_policy(settings.router.policy)  # an unknown policy name fails here, not in the Router replica
     router_opts = _small_options(settings.router.deployment.serve_options())
     router = Router.options(**router_opts).bind(settings.router.model_dump())
 

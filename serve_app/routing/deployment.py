@@ -1,4 +1,5 @@
-"""The Router deployment: one RouterCore per engine deployment, shared by every ingress replica."""
+"""The Router deployment: one RouterCore per engine deployment, shared by every ingress replica, and the KV event
+feeds (ZMQ subscribers) that keep each core's index."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import logging
 from ray import serve
 
 from serve_app.routing.core import RouterCore
+from serve_app.routing.kv_events import KvFeeds
 from serve_app.routing.types import Decision, RouteRequest
 from serve_app.settings import RouterConfig
 
@@ -18,6 +20,7 @@ class Router:
     def __init__(self, config: dict):
         self.config = RouterConfig.model_validate(config)
         self.cores: dict[str, RouterCore] = {}
+        self.feeds: dict[str, KvFeeds] = {}
         # engine key -> replica id -> (events endpoint, replay endpoint, block size). Kept apart from the core:
         # an engine registers during its __init__, before Serve lists it as running, so a liveness sync may
         # briefly drop it; when it reappears it is re-registered from here with its event feed.
@@ -28,22 +31,25 @@ class Router:
         if core is None:
             core = RouterCore(policy=self.config.policy, block_size=block_size or 16, config=self.config)
             self.cores[engine_key] = core
+            self.feeds[engine_key] = KvFeeds(core, enabled=self.config.kv_events)
         return core
 
     async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint, block_size: int):
         self.registrations.setdefault(engine_key, {})[replica_id] = (events_endpoint, replay_endpoint, block_size)
-        core = self._core(engine_key, block_size)
-        core.register_replica(replica_id, events_endpoint, replay_endpoint, block_size)
+        self._core(engine_key, block_size)
+        self.feeds[engine_key].register(replica_id, events_endpoint, replay_endpoint, block_size)
         log.info("engine %s replica %s registered (block size %s)", engine_key, replica_id, block_size)
 
     async def sync_replicas(self, engine_key: str, replica_ids: list[str]) -> None:
         core = self._core(engine_key)
+        feeds = self.feeds[engine_key]
         known = set(core.loads)
         core.sync_replicas(replica_ids)
+        feeds.retain()
         regs = self.registrations.get(engine_key, {})
         for rid in replica_ids:
             if rid not in known and rid in regs:
-                core.register_replica(rid, *regs[rid])
+                feeds.register(rid, *regs[rid])
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
         core = self._core(engine_key)
@@ -71,4 +77,4 @@ class Router:
             core.release(request_id, output_tokens)
 
     async def metrics(self) -> dict:
-        return {key: core.metrics() for key, core in self.cores.items()}
+        return {key: self.feeds[key].metrics() for key in self.cores}
