@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -29,6 +29,7 @@ from serve_app.ingress.body import read_json
 from serve_app.ingress.context import IngressContext
 
 UNFINISHED = "the generation ended without finishing"
+T = TypeVar("T")
 
 
 @dataclass
@@ -80,6 +81,16 @@ class ApiAdapter(Protocol):
         """Runs once the answer is complete, before its terminal frame leaves (the Responses store)."""
 
     def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]: ...
+
+
+def until_finished(encode: Callable[[Event], list[T]], batch: list[Event], finished: Callable[[], bool]) -> list[T]:
+    """`encode` over the events of a batch, stopping at the one that finishes the answer (nothing follows it)."""
+    out: list[T] = []
+    for ev in batch:
+        out += encode(ev)
+        if finished():
+            break
+    return out
 
 
 async def read_body(request: Request, ctx: IngressContext) -> Any:

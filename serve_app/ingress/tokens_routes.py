@@ -11,11 +11,10 @@ from typing import Any
 from fastapi import Depends, Request
 
 from serve_app.errors import InvalidRequest
-from serve_app.ingress.auth import check_api_key
-from serve_app.ingress.body import read_json
 from serve_app.ingress.chat.convert import chat_request_to_conversation
 from serve_app.ingress.context import IngressContext, get_ctx
 from serve_app.ingress.envelope import api_router, openai_envelope
+from serve_app.ingress.streaming import read_body
 
 router = api_router(openai_envelope)
 
@@ -24,16 +23,14 @@ _CHAT_ONLY = ("add_generation_prompt", "continue_final_message", "return_token_s
               "mm_processor_kwargs", "add_special_tokens", "chat_template")
 
 
-async def _body(request: Request, ctx: IngressContext) -> Any:
-    ing = ctx.settings.ingress
-    check_api_key(request.headers, ing.api_keys)
-    return await read_json(request, ing.max_body_bytes, ing.max_decompressed_bytes)
-
-
-def _default_model(body: dict[str, Any], ctx: IngressContext) -> None:
-    """vLLM makes `model` optional on these routes: the first configured model answers then."""
+async def _body(request: Request, ctx: IngressContext) -> dict[str, Any]:
+    body = await read_body(request, ctx)
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    # vLLM makes `model` optional on these routes: the first configured model answers then.
     if body.get("model") is None and ctx.settings.models:
         body["model"] = ctx.settings.models[0].id
+    return body
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -76,9 +73,6 @@ async def _tokenize_prompt(ctx: IngressContext, body: dict[str, Any]) -> tuple[A
 @router.post("/tokenize")
 async def tokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> dict[str, Any]:
     body = await _body(request, ctx)
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    _default_model(body, ctx)
     if "messages" in body:
         renderer, model, ids = await _tokenize_chat(ctx, body)
     elif "prompt" in body:
@@ -95,9 +89,6 @@ async def tokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> 
 @router.post("/detokenize")
 async def detokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> dict[str, Any]:
     body = await _body(request, ctx)
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    _default_model(body, ctx)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise InvalidRequest("tokens: must be a list of integers", param="tokens")

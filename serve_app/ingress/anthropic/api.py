@@ -12,7 +12,7 @@ from serve_app.ingress.anthropic.convert import messages_request, to_conversatio
 from serve_app.ingress.anthropic.encode import MessageEncoder, error_event, fold, to_frames
 from serve_app.ingress.anthropic.errors import new_request_id
 from serve_app.ingress.context import IngressContext
-from serve_app.ingress.streaming import Call
+from serve_app.ingress.streaming import Call, until_finished
 
 
 def request_id(request: Request) -> str:
@@ -35,11 +35,7 @@ class MessagesWire:
         return b""  # message_start goes out with the first event, which carries the prompt's usage
 
     def events(self, batch: list[Event]) -> bytes:
-        out = []
-        for ev in batch:
-            out += self.encoder.event(ev)
-            if self.encoder.done:
-                break
+        out = until_finished(self.encoder.event, batch, lambda: self.encoder.done)
         return to_frames(out) if out else b""
 
     def keepalive(self) -> bytes:

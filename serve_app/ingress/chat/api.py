@@ -11,7 +11,7 @@ from serve_app.errors import ServiceError
 from serve_app.ingress.chat.convert import chat_request_to_conversation
 from serve_app.ingress.chat.encode import ChatStreamEncoder, completion_body
 from serve_app.ingress.context import IngressContext
-from serve_app.ingress.streaming import Call
+from serve_app.ingress.streaming import Call, until_finished
 
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it
 
@@ -26,13 +26,11 @@ class ChatWire:
         return self.encoder.start()
 
     def events(self, batch: list[Event]) -> bytes:
-        out: list[bytes] = []
-        for ev in batch:
-            out += self.encoder.event(ev)
-            if isinstance(ev, Finish):
-                self.finished = True
-                break
-        return b"".join(out)
+        return b"".join(until_finished(self._event, batch, lambda: self.finished))
+
+    def _event(self, ev: Event) -> list[bytes]:
+        self.finished = self.finished or isinstance(ev, Finish)
+        return self.encoder.event(ev)
 
     def keepalive(self) -> bytes:
         return KEEPALIVE

@@ -20,7 +20,7 @@ from serve_app.ingress.responses.convert import (
 )
 from serve_app.ingress.responses.encode import ResponsesEncoder, error_code, fold, new_id
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
-from serve_app.ingress.streaming import Call
+from serve_app.ingress.streaming import Call, until_finished
 from serve_app.protocols.responses import INPUT_ITEMS, ResponsesRequest
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,7 @@ class ResponsesWire:
         return b"".join(self.encoder.start())
 
     def events(self, batch: list[Event]) -> bytes:
-        out: list[bytes] = []
-        for ev in batch:
-            out += self.encoder.event(ev)
-            if self.encoder.finished:
-                break
-        return b"".join(out)
+        return b"".join(until_finished(self.encoder.event, batch, lambda: self.encoder.finished))
 
     def keepalive(self) -> bytes:
         return KEEPALIVE
