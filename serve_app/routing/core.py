@@ -19,7 +19,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
 from serve_app.routing.policies import ReplicaLoad, prompt_tokens
@@ -27,6 +26,7 @@ from serve_app.routing.registry import make_policy
 from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica, share_measurements
 from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
 from serve_app.routing.types import Decision, RouteRequest
+from serve_app.settings import RouterConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class RouterCore:
         self,
         policy: str = "ttft",
         block_size: int = 16,
-        config: Any = None,
+        config: RouterConfig | None = None,
         *,
         overlap_weight: float | None = None,
         decode_weight: float | None = None,
@@ -60,25 +60,21 @@ class RouterCore:
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
     ):
-        def knob(name, explicit, default):
-            if explicit is not None:
-                return explicit
-            # A config value counts only when the config sets it: RouterConfig's field defaults predate the
-            # tuned defaults here.
-            fields_set = getattr(config, "model_fields_set", None)
-            if config is not None and (fields_set is None or name in fields_set):
-                return getattr(config, name, default)
-            return default
+        """`config`: the Serve config's router section; keyword arguments override it (simulation, tests)."""
+        cfg = config if config is not None else RouterConfig()
+
+        def pick(explicit, configured):
+            return configured if explicit is None else explicit
 
         # The policies' own options (policies.KvConfig, ...): each policy takes those it declares.
-        self._policy_options = {"overlap_weight": knob("overlap_weight", overlap_weight, None),
-                                "decode_weight": knob("decode_weight", decode_weight, None)}
+        self._policy_options = {"overlap_weight": pick(overlap_weight, cfg.overlap_weight),
+                                "decode_weight": decode_weight}
         self.policy = policy  # the name, as configured
         self._policy = make_policy(policy, **self._policy_options)
         self.block_size = block_size
         self.index = KvIndex(
-            ttl_s=float(knob("prediction_ttl_s", prediction_ttl_s, 120.0)),
-            max_predicted_blocks=int(knob("prediction_max_blocks", prediction_max_blocks, 200_000)),
+            ttl_s=float(pick(prediction_ttl_s, cfg.prediction_ttl_s)),
+            max_predicted_blocks=int(pick(prediction_max_blocks, cfg.prediction_max_blocks)),
         )
         self.loads: dict[str, ReplicaLoad] = {}
         self.rates: dict[str, ReplicaRates] = {}  # measured prefill/decode speed per replica (ttft policy)
