@@ -155,7 +155,7 @@ class GenerationService:
             self._model_paths[model.model_source] = path
         return path
 
-    async def renderer_for(self, model_id: str):
+    async def renderer_for(self, model_id: str) -> tuple[PromptRenderer, ModelConfig]:
         """(PromptRenderer, ModelConfig) for a served id; the tokenizer loads once, off the event loop."""
         model = self.resolve_model(model_id)
         renderer = self._renderers.get(model.id)
