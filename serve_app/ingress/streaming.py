@@ -83,6 +83,21 @@ class ApiAdapter(Protocol):
     def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]: ...
 
 
+class AdapterDefaults:
+    """What most APIs want; an adapter subclasses this and overrides the rest of ApiAdapter."""
+
+    peek_refusals = True
+
+    def fails_in_stream(self, call: Call, err: ServiceError) -> bool:
+        return False
+
+    async def finished(self, call: Call, encoder: WireEncoder, ctx: IngressContext) -> None:
+        return None
+
+    def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:
+        return {}
+
+
 def until_finished(encode: Callable[[Event], list[T]], batch: list[Event], finished: Callable[[], bool]) -> list[T]:
     """`encode` over the events of a batch, stopping at the one that finishes the answer (nothing follows it)."""
     out: list[T] = []

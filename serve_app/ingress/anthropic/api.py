@@ -12,7 +12,7 @@ from serve_app.ingress.anthropic.convert import messages_request, to_conversatio
 from serve_app.ingress.anthropic.encode import MessageEncoder, error_event, fold, to_frames
 from serve_app.ingress.anthropic.errors import new_request_id
 from serve_app.ingress.context import IngressContext
-from serve_app.ingress.streaming import Call, until_finished
+from serve_app.ingress.streaming import AdapterDefaults, Call, until_finished
 
 
 def request_id(request: Request) -> str:
@@ -49,9 +49,7 @@ class MessagesWire:
         return fold([se for ev in events for se in self.encoder.event(ev)])
 
 
-class MessagesApi:
-    peek_refusals = True
-
+class MessagesApi(AdapterDefaults):
     async def parse(self, body: Any, request: Request, ctx: IngressContext) -> Call:
         req = messages_request(body)
         conv, opts = to_conversation(req, ctx.secret, request.headers)
@@ -60,12 +58,6 @@ class MessagesApi:
     def encoder(self, call: Call, request_id: str, prompt_tokens: int, ctx: IngressContext) -> MessagesWire:
         return MessagesWire(MessageEncoder(call.wire.model, "msg_" + request_id, thinking=bool(call.options.thinking),
                                            secret=ctx.secret, prompt_tokens=prompt_tokens))
-
-    def fails_in_stream(self, call: Call, err: ServiceError) -> bool:
-        return False
-
-    async def finished(self, call: Call, encoder: MessagesWire, ctx: IngressContext) -> None:
-        return None
 
     def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:
         return {"request-id": request_id(request)}

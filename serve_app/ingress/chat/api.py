@@ -11,7 +11,7 @@ from serve_app.errors import ServiceError
 from serve_app.ingress.chat.convert import chat_request_to_conversation
 from serve_app.ingress.chat.encode import ChatStreamEncoder, completion_body
 from serve_app.ingress.context import IngressContext
-from serve_app.ingress.streaming import Call, until_finished
+from serve_app.ingress.streaming import AdapterDefaults, Call, until_finished
 
 KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it
 
@@ -43,9 +43,7 @@ class ChatWire:
         return completion_body(self.model, self.request_id, events)
 
 
-class ChatApi:
-    peek_refusals = True
-
+class ChatApi(AdapterDefaults):
     async def parse(self, body: Any, request: Request, ctx: IngressContext) -> Call:
         req, conv, opts = chat_request_to_conversation(body)
         return Call(wire=req, model=req.model, conversation=conv, options=opts, stream=bool(req.stream))
@@ -55,15 +53,6 @@ class ChatApi:
         return ChatWire(req.model, request_id,
                         include_usage=bool(req.stream_options and req.stream_options.include_usage),
                         dispatch=ctx.settings.ingress.tool_dispatch)
-
-    def fails_in_stream(self, call: Call, err: ServiceError) -> bool:
-        return False
-
-    async def finished(self, call: Call, encoder: ChatWire, ctx: IngressContext) -> None:
-        return None
-
-    def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:
-        return {}
 
 
 CHAT = ChatApi()

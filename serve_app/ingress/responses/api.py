@@ -20,7 +20,7 @@ from serve_app.ingress.responses.convert import (
 )
 from serve_app.ingress.responses.encode import ResponsesEncoder, error_code, fold, new_id
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
-from serve_app.ingress.streaming import Call, until_finished
+from serve_app.ingress.streaming import AdapterDefaults, Call, until_finished
 from serve_app.protocols.responses import INPUT_ITEMS, ResponsesRequest
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class ResponsesWire:
         return response
 
 
-class ResponsesApi:
+class ResponsesApi(AdapterDefaults):
     # response.created leaves at once, before the engine is reached; refusals arrive as response.failed.
     peek_refusals = False
 
