@@ -17,7 +17,10 @@ from serve_app import keyring
 from serve_app.engine.deployment import Engine
 from serve_app.engine.provision import EMBEDDED, ensure_model
 from serve_app.ingress.deployment import Ingress
+from serve_app.ingress.limits_deployment import bind_limits
+from serve_app.ingress.responses.store import bind_store
 from serve_app.routing.deployment import Router
+from serve_app.routing.registry import make_policy
 from serve_app.serve_tuning import DIRECT_INGRESS, with_replica_env
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
@@ -51,6 +54,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         if m.model_source in EMBEDDED:
             ensure_model(m.model_source, settings.model_cache_dir)
 
+    make_policy(settings.router.policy)  # an unknown policy name fails here, not in the Router replica
     router_opts = _small_options(settings.router.deployment.serve_options())
     router = Router.options(**router_opts).bind(settings.router.model_dump())
 
@@ -71,24 +75,8 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     # One key ring for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of
     # them, and after a restart (serve_app/keyring.py). Test configs may run on a random key without a warning.
     secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
-    extras = _extras(settings)
     ingress_env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
     return Ingress.options(**_small_options(settings.ingress.serve_options(), env=ingress_env)).bind(
-        settings.model_dump(), secret, engines, router, extras
+        settings.model_dump(), secret, engines, router, bind_store(settings), bind_limits(settings)
     )
 
-
-def _extras(settings: AppSettings) -> dict[str, Any]:
-    """Optional shared components (the Responses store, the tenants' limit state) that other modules contribute."""
-    from serve_app.ingress.limits_deployment import bind_limits
-
-    extras: dict[str, Any] = {}
-    limits = bind_limits(settings)
-    if limits is not None:
-        extras["tenant_limits"] = limits
-    try:
-        from serve_app.ingress.responses.store import bind_store  # type: ignore
-    except ImportError:
-        return extras
-    extras["response_store"] = bind_store(settings)
-    return extras

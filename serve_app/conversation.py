@@ -194,6 +194,13 @@ Event = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolC
 ParserEvent = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolCallEnd]
 
 
+def drop_abandoned_calls(events: list[Event]) -> list[Event]:
+    """The events without abandoned calls: a ToolCallStart never followed by its ToolCallEnd (cut off by the end,
+    or malformed after it began streaming; its raw text follows as TextDelta). A complete answer never has them."""
+    ended = {ev.index for ev in events if isinstance(ev, ToolCallEnd)}
+    return [ev for ev in events if not isinstance(ev, (ToolCallStart, ToolCallArgsDelta)) or ev.index in ended]
+
+
 def fold_events(events: list[Event]) -> list[Part]:
     """Fold a stream of parser events into assistant parts (what a non-streaming response carries).
 

@@ -16,11 +16,42 @@ The non-streaming form is the same stream folded (`conversation.fold_events`), s
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import time
+import uuid
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AsyncIterator, Protocol
 
-from serve_app.conversation import Conversation, GenerationOptions
-from serve_app.settings import ModelConfig
+from serve_app import metrics, request_log, tenants
+from serve_app.conversation import (
+    Conversation,
+    Event,
+    Finish,
+    GenerationOptions,
+    OutputFormat,
+    ReasoningDelta,
+    TextPart,
+    ToolCallEnd,
+    ToolResultPart,
+    ToolSpec,
+    Usage,
+    drop_abandoned_calls,
+)
+from serve_app.engine.provision import ensure_model
+from serve_app.engine.types import EngineChunk, EngineRequest
+from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong, ServiceError
+from serve_app.parsers import make_stream_parser, needs_special_tokens
+from serve_app.prompt import PromptRenderer, load_tokenizer
+from serve_app.routing.hashing import block_hashes
+from serve_app.routing.types import Decision, RouteRequest
+from serve_app.settings import AppSettings, ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -42,39 +73,6 @@ class PreparedRequest:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Implementation
-
-import asyncio
-import logging
-import re
-import time
-import uuid
-import weakref
-
-from serve_app import metrics, request_log, tenants
-from typing import AsyncIterator, Protocol
-
-from serve_app.conversation import (
-    Event,
-    Finish,
-    OutputFormat,
-    ReasoningDelta,
-    TextDelta,
-    ToolCallArgsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-    ToolSpec,
-    Usage,
-)
-from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
-from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong, ServiceError
-from serve_app.routing.core import Decision, RouteRequest
-from serve_app.settings import AppSettings
-
-log = logging.getLogger(__name__)
 
 
 class EngineClient(Protocol):
@@ -100,9 +98,6 @@ class EngineClient(Protocol):
 
 def engine_key(model: ModelConfig) -> str:
     """Models with the same weights and engine settings share one Engine deployment; this names it."""
-    import hashlib
-    import json
-
     ident = json.dumps(
         [model.model_source, model.max_model_len, model.hf_overrides, model.engine_kwargs, model.engine_env],
         sort_keys=True,
@@ -139,7 +134,7 @@ class GenerationService:
         self.limiter = limiter  # serve_app/ingress/limits.LimitClient; None = no tenant has limits
         self._model_paths: dict[str, str] = dict(model_paths or {})
         self._tokenizer_loader = tokenizer_loader
-        self._renderers: dict[str, Any] = {}  # model id -> PromptRenderer (immutable after creation)
+        self._renderers: dict[str, PromptRenderer] = {}  # model id -> renderer (immutable after creation)
         self._render_locks: dict[str, asyncio.Lock] = {}
         self._inflight = 0
         self._background: set[asyncio.Task] = set()
@@ -160,13 +155,11 @@ class GenerationService:
     def model_path(self, model: ModelConfig) -> str:
         path = self._model_paths.get(model.model_source)
         if path is None:
-            from serve_app.engine.provision import ensure_model
-
             path = ensure_model(model.model_source, self.settings.model_cache_dir)
             self._model_paths[model.model_source] = path
         return path
 
-    async def renderer_for(self, model_id: str):
+    async def renderer_for(self, model_id: str) -> tuple[PromptRenderer, ModelConfig]:
         """(PromptRenderer, ModelConfig) for a served id; the tokenizer loads once, off the event loop."""
         model = self.resolve_model(model_id)
         renderer = self._renderers.get(model.id)
@@ -187,8 +180,6 @@ class GenerationService:
                 self._renderers[model.id] = self._make_renderer(model)
 
     def _make_renderer(self, model: ModelConfig):
-        from serve_app.prompt import PromptRenderer, load_tokenizer
-
         path = self.model_path(model)
         loader = self._tokenizer_loader or load_tokenizer
         tok = loader(path, model.chat_template)
@@ -336,7 +327,7 @@ class GenerationService:
             seed=opts.seed,
             stop=list(opts.stop),
             priority=-(opts.hints.priority or 0),  # hints: higher = more important; vLLM: lower runs first
-            skip_special_tokens=not _needs_special_tokens(prepared.model),
+            skip_special_tokens=not needs_special_tokens(prepared.model.reasoning_parser, prepared.model.tool_parser),
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,
             structured=_engine_constraint(opts.output_format),
@@ -353,8 +344,6 @@ class GenerationService:
         return metrics.instrument_stream(metrics.CURRENT_API.get(), self._stream(prepared), prepared.created or None)
 
     async def _stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
-        from serve_app.parsers import make_stream_parser
-
         model = prepared.model
         key = engine_key(model)
         renderer, _ = await self.renderer_for(model.id)
@@ -367,7 +356,7 @@ class GenerationService:
             block = await self.engines.block_size(key)
             route = RouteRequest(
                 request_id=prepared.request_id,
-                block_hashes=_block_hashes(prepared.prompt_token_ids, block, prepared.cache_salt),
+                block_hashes=block_hashes(prepared.prompt_token_ids, block, salt=prepared.cache_salt),
                 num_prompt_tokens=n_prompt,
                 expected_output_tokens=prepared.options.hints.osl or min(prepared.max_tokens, 512),
                 session_key=prepared.options.session_key,
@@ -510,11 +499,8 @@ class GenerationService:
         task.add_done_callback(self._background.discard)
 
     async def complete(self, prepared: PreparedRequest) -> list[Event]:
-        """The whole stream, minus calls that never ended (cut off by the end, or abandoned as malformed: their
-        raw text follows as TextDelta), which a non-streaming response must not contain."""
-        events = [ev async for ev in self.stream(prepared)]
-        ended = {ev.index for ev in events if isinstance(ev, ToolCallEnd)}
-        return [ev for ev in events if not isinstance(ev, (ToolCallStart, ToolCallArgsDelta)) or ev.index in ended]
+        """The whole stream, minus abandoned calls, which a non-streaming response must not contain."""
+        return drop_abandoned_calls([ev async for ev in self.stream(prepared)])
 
 
 def _engine_constraint(fmt: OutputFormat | None) -> dict | None:
@@ -538,26 +524,8 @@ def _classify_engine_error(e: Exception) -> tuple[str, str]:
     return "api_error", f"engine error: {name}: {e}"
 
 
-def _block_hashes(token_ids: list[int], block_size: int, salt: str | None = None) -> list[int]:
-    try:
-        from serve_app.routing.hashing import block_hashes
-    except ImportError:  # the hashing module lands with the KV router
-        return []
-    return block_hashes(token_ids, block_size, salt=salt)
-
-
-def _needs_special_tokens(model: ModelConfig) -> bool:
-    try:
-        from serve_app.parsers import needs_special_tokens
-    except ImportError:
-        return False
-    return needs_special_tokens(model.reasoning_parser, model.tool_parser)
-
-
 def _last_input_text(conv: Conversation) -> str:
     """The text of the last user or tool message (what a script rule matches)."""
-    from serve_app.conversation import TextPart, ToolResultPart
-
     for msg in reversed(conv.messages):
         if msg.role in ("user", "tool"):
             out: list[str] = []

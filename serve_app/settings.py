@@ -90,7 +90,7 @@ class ModelConfig(_Strict):
 class RouterConfig(_Strict):
     # ttft: lowest predicted time to first token from measured replica rates (routing/ttft.py), the simulation's
     # best on every trace (load/results/router_compare.json); the others are baselines.
-    policy: Literal["ttft", "kv", "least_loaded", "round_robin", "session"] = "ttft"
+    policy: str = "ttft"  # a name in serve_app/routing/registry.py POLICIES (build_app checks it)
     # kv policy only: weight of a cached prompt token against a queued one. A prefix sent elsewhere is recomputed there and evicts
     # other prefixes; 32 is the simulation's best hit rate at imbalance ~1.0 (load/sim_router.py); 1 is
     # Dynamo's TTFT-first setting.

@@ -26,7 +26,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from serve_app.engine.vllm_engine import EngineChunk
+from serve_app.engine.types import EngineChunk
 
 log = logging.getLogger(__name__)
 

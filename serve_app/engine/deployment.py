@@ -10,7 +10,8 @@ from ray import serve
 
 from serve_app.engine.delta_channel import DeltaSender
 from serve_app.engine.provision import ensure_model
-from serve_app.engine.vllm_engine import EngineChunk, EngineRequest, VLLMEngine
+from serve_app.engine.types import EngineChunk, EngineRequest
+from serve_app.engine.vllm_engine import VLLMEngine
 from serve_app.settings import ModelConfig
 
 log = logging.getLogger(__name__)

@@ -11,71 +11,15 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from serve_app.engine import reaper
+from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.settings import ModelConfig
 
 log = logging.getLogger(__name__)
 
 FORCING_PROCESSOR = "serve_app.engine.forcing:ForcedScriptLogitsProcessor"
-
-
-@dataclass(slots=True)
-class EngineRequest:
-    """What the ingress sends to an engine replica (plain data: it crosses a Ray boundary)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop: list[str] = field(default_factory=list)
-    priority: int = 0
-    skip_special_tokens: bool = True
-    forced_token_ids: list[int] | None = None
-    forced_eos_id: int | None = None
-    target_replica: str | None = None  # the router's choice, honoured by the Serve request router
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    # vLLM StructuredOutputsParams fields, e.g. {"json": schema} or {"json_object": True}; None = free text
-    structured: dict[str, Any] | None = None
-    # (ingress address, key): stream the deltas over the delta channel (engine/delta_channel.py), not the call
-    reply_to: tuple[str, int] | None = None
-    # The tenant's prefix-cache namespace (vLLM mixes it into the first block's hash): no cached tokens across
-    # tenants that do not share one. None = the shared, unsalted cache.
-    cache_salt: str | None = None
-
-
-@dataclass(slots=True)
-class EngineChunk:
-    """One streamed step: the new text and token ids since the previous chunk."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None = None  # stop | length | abort | error
-    stop_reason: str | int | None = None  # the stop string that ended generation, if any
-    num_cached_tokens: int | None = None  # set on the first chunk
-    error: str | None = None
-
-
-def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
-    """Consecutive chunks of one request as one: texts and token ids joined, the cache report from the first
-    that has it, the end (finish, stop reason, error) from the last."""
-    if len(chunks) == 1:
-        return chunks[0]
-    last = chunks[-1]
-    return EngineChunk(
-        text="".join(c.text for c in chunks),
-        token_ids=[t for c in chunks for t in c.token_ids],
-        finish_reason=last.finish_reason,
-        stop_reason=last.stop_reason,
-        num_cached_tokens=next((c.num_cached_tokens for c in chunks if c.num_cached_tokens is not None), None),
-        error=last.error,
-    )
 
 
 def free_port() -> int:

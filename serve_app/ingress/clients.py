@@ -8,8 +8,8 @@ from typing import AsyncIterator
 
 from serve_app import metrics
 from serve_app.engine.delta_channel import DeltaReceiver, Inbox
-from serve_app.engine.vllm_engine import EngineChunk, EngineRequest, merge_chunks
-from serve_app.routing.core import Decision, RouteRequest
+from serve_app.engine.types import EngineChunk, EngineRequest, merge_chunks
+from serve_app.routing.types import Decision, RouteRequest
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
-"""Helpers shared by the protocol adapters: validation errors that name the field, agent hints."""
+"""Helpers shared by the protocol adapters: the one validation-error formatter, agent hints."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Iterable, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -12,24 +12,50 @@ from serve_app.errors import InvalidRequest
 M = TypeVar("M", bound=BaseModel)
 
 
-def describe_validation_error(err: ValidationError) -> tuple[str, str]:
-    """(param path, message) for the first error, e.g. ("messages.0.role", "messages.0.role: Input should be ...")."""
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first.get("loc", ()))
-    msg = first.get("msg", "invalid value")
-    if first.get("type") == "missing":
-        msg = "field required"
-    elif first.get("type") == "value_error":
-        msg = msg.removeprefix("Value error, ")  # our own validators' words, without pydantic's label
-    return loc, f"{loc}: {msg}" if loc else msg
+def _client_path(loc: tuple, data: Any) -> list[str]:
+    """The path of a validation error in the client's own terms: union-branch labels pydantic inserts
+    (`str`, `list[tagged-union[...]]`, discriminator tags) are dropped by walking the input alongside."""
+    out: list[str] = []
+    cur = data
+    for i, item in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(item, int) and isinstance(cur, list) and 0 <= item < len(cur):
+            out.append(str(item))
+            cur = cur[item]
+        elif isinstance(item, str) and isinstance(cur, dict) and item in cur:
+            out.append(item)
+            cur = cur[item]
+        elif last and isinstance(cur, dict) and isinstance(item, str) and "[" not in item:
+            out.append(item)  # a missing field
+    return out
+
+
+def invalid_request(errors: Iterable[dict[str, Any]], data: Any) -> InvalidRequest:
+    """A 400 naming the field, e.g. `messages.0.content.0.text: Field required`, for every API.
+
+    Of several errors (one per union branch) the deepest path wins: that is the branch the client meant, e.g. the
+    list form of `input: str | list[...]` rather than "input: Input should be a valid string"."""
+    best: tuple[list[str], str] | None = None
+    for err in errors:
+        path = _client_path(tuple(err.get("loc", ())), data)
+        if best is None or len(path) > len(best[0]):
+            msg = err.get("msg", "invalid value")
+            if err.get("type") == "value_error":
+                msg = msg.removeprefix("Value error, ")  # our own validators' words, without pydantic's label
+            best = (path, msg)
+    if best is None:
+        return InvalidRequest("invalid request body")
+    path, msg = best
+    where = ".".join(path) or "body"
+    return InvalidRequest(f"{where}: {msg}", param=where)
 
 
 def parse_model(cls: type[M], body: Any) -> M:
+    """`cls` validated from a request body; a ValidationError becomes the 400 above."""
     try:
         return cls.model_validate(body)
     except ValidationError as e:
-        param, message = describe_validation_error(e)
-        raise InvalidRequest(message, param=param) from None
+        raise invalid_request(e.errors(include_url=False), body) from None
 
 
 def agent_hints(raw: Any) -> AgentHints:

@@ -1,25 +1,39 @@
-"""What every route module gets: the settings and the GenerationService, hung on the FastAPI app's state.
+"""What every route module gets: the settings, the GenerationService and the shared pieces, on the app's state.
 
-A routes module exposes `router = APIRouter()`; its handlers take `ctx: IngressContext = Depends(get_ctx)`.
-`serve_app/ingress/server.py` builds the FastAPI app, sets `app.state.ctx` and includes every router.
+A routes module exposes `router` (ingress/envelope.py `api_router`); its handlers take
+`ctx: IngressContext = Depends(get_ctx)`. `serve_app/ingress/server.py` builds the FastAPI app, sets
+`app.state.ctx` and includes every router.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from starlette.requests import Request
 
+from serve_app.keyring import KeyRing
+from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
+
+
+class RecordStore(Protocol):
+    """A key -> record store shared by every ingress replica (the Responses store: responses/store.py)."""
+
+    async def put(self, key: str, record: Any) -> bool: ...
+
+    async def get(self, key: str) -> Any | None: ...
+
+    async def delete(self, key: str) -> bool: ...
 
 
 @dataclass
 class IngressContext:
     settings: AppSettings
-    service: Any  # serve_app.service.GenerationService
-    secret: bytes  # server key: signs thinking blocks, encrypts Responses reasoning
-    extras: dict[str, Any] = field(default_factory=dict)  # e.g. "response_store": a handle to the shared store
+    service: GenerationService
+    secret: KeyRing  # server keys: sign thinking blocks, encrypt Responses reasoning (serve_app/keyring.py)
+    response_store: RecordStore | None = None  # None: `store` and `previous_response_id` are unavailable
+    replica_tag: str = ""  # this ingress replica's name, sent as `x-serve-replica` ("" outside Serve)
 
 
 def get_ctx(request: Request) -> IngressContext:

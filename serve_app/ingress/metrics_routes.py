@@ -7,13 +7,13 @@ Ray's metrics agent on every node (see `serve_app/metrics.py`). The server wires
 
 from __future__ import annotations
 
-from fastapi import APIRouter
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from serve_app import metrics
+from serve_app.ingress.envelope import api_router, openai_envelope
 
-router = APIRouter()
+router = api_router(openai_envelope)
 
 _API_PREFIXES = (
     ("/v1/messages", "anthropic"),

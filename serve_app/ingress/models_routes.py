@@ -7,16 +7,19 @@ import calendar
 import time
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 from starlette.responses import JSONResponse
 
 from serve_app import tenants
+from serve_app.codex import codex_models_payload
 from serve_app.errors import ModelNotFound
+from serve_app.ingress.anthropic import models as anthropic_models
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.context import IngressContext, get_ctx
+from serve_app.ingress.envelope import api_router, by_anthropic_header
 from serve_app.settings import ModelConfig
 
-router = APIRouter()
+router = api_router(by_anthropic_header)
 
 
 def _epoch(created_at: str) -> int:
@@ -46,14 +49,6 @@ def _served(ctx: IngressContext) -> list[tuple[str, ModelConfig]]:
     return [(mid, m) for m in ctx.settings.models for mid in m.all_ids]
 
 
-def _anthropic_module():
-    try:
-        from serve_app.ingress.anthropic import models as anthropic_models
-    except ImportError:
-        return None
-    return anthropic_models
-
-
 @router.get("/health")
 async def health(ctx: IngressContext = Depends(get_ctx)):
     """Liveness: this ingress replica answers."""
@@ -76,17 +71,11 @@ async def ready(ctx: IngressContext = Depends(get_ctx)):
 async def list_models(request: Request, ctx: IngressContext = Depends(get_ctx)):
     tenant = check_api_key(request.headers, ctx.settings.ingress.api_keys)
     served = [(mid, m) for mid, m in _served(ctx) if tenants.allows(ctx.settings.ingress, tenant, m)]
-    anth = _anthropic_module()
-    if "anthropic-version" in request.headers and anth is not None:
-        return JSONResponse(anth.model_list(served, dict(request.query_params)))
+    if "anthropic-version" in request.headers:
+        return JSONResponse(anthropic_models.model_list(served, dict(request.query_params)))
     body: dict[str, Any] = {"object": "list", "data": [openai_model(mid, m) for mid, m in served]}
-    try:
-        from serve_app.codex import codex_models_payload
-
-        body["models"] = codex_models_payload([m for m in ctx.settings.models
-                                               if tenants.allows(ctx.settings.ingress, tenant, m)])
-    except ImportError:
-        body["models"] = []
+    allowed = [m for m in ctx.settings.models if tenants.allows(ctx.settings.ingress, tenant, m)]
+    body["models"] = codex_models_payload(allowed)
     return JSONResponse(body)
 
 
@@ -96,7 +85,6 @@ async def get_model(model_id: str, request: Request, ctx: IngressContext = Depen
     m = ctx.settings.find_model(model_id)
     if m is None or not tenants.allows(ctx.settings.ingress, tenant, m):
         raise ModelNotFound(model_id)
-    anth = _anthropic_module()
-    if "anthropic-version" in request.headers and anth is not None:
-        return JSONResponse(anth.model_object(model_id, m))
+    if "anthropic-version" in request.headers:
+        return JSONResponse(anthropic_models.model_object(model_id, m))
     return JSONResponse(openai_model(model_id, m))

@@ -36,7 +36,7 @@ class KeepAlive:
 
     The caller turns `None` into its protocol's keep-alive (Anthropic `ping`, an SSE comment), so a client
     waiting through a long queue or prefill sees bytes and does not time out. The source is read ahead
-    (serve_app/streams.py): `ready()` hands over what is already read, so a route that falls behind frames
+    (serve_app/streams.py): `ready()` hands over what is already read, so a driver that falls behind frames
     several events into one write. Closing this closes `source`, which propagates cancellation to the engine
     request.
     """
@@ -105,8 +105,9 @@ def refusal(first) -> ServiceError | None:
 async def peek(stream: AsyncIterator[T]) -> tuple[T | _Empty, AsyncIterator[T]]:
     """Await the first item, and return it with an iterator that yields it again and then the rest.
 
-    A route peeks before it commits a response head, so a refusal that comes before any output (an overloaded
-    engine, a failed route) keeps its HTTP status, which clients retry more readily than an in-stream error.
+    The driver (ingress/streaming.py) peeks before it commits a response head, so a refusal that comes before any
+    output (an overloaded engine, a failed route) keeps its HTTP status, which clients retry more readily than an
+    in-stream error.
     """
     try:
         first = await stream.__anext__()

@@ -8,30 +8,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Depends, Request
 
 from serve_app.errors import InvalidRequest
-from serve_app.ingress.auth import check_api_key
-from serve_app.ingress.body import read_json
+from serve_app.ingress.chat.convert import chat_request_to_conversation
 from serve_app.ingress.context import IngressContext, get_ctx
+from serve_app.ingress.envelope import api_router, openai_envelope
+from serve_app.ingress.streaming import read_body
 
-router = APIRouter()
+router = api_router(openai_envelope)
 
 # Chat-form fields vLLM accepts that change nothing here (no multimodal inputs on the default model).
 _CHAT_ONLY = ("add_generation_prompt", "continue_final_message", "return_token_strs", "media_io_kwargs",
               "mm_processor_kwargs", "add_special_tokens", "chat_template")
 
 
-async def _body(request: Request, ctx: IngressContext) -> Any:
-    ing = ctx.settings.ingress
-    check_api_key(request.headers, ing.api_keys)
-    return await read_json(request, ing.max_body_bytes, ing.max_decompressed_bytes)
-
-
-def _default_model(body: dict[str, Any], ctx: IngressContext) -> None:
-    """vLLM makes `model` optional on these routes: the first configured model answers then."""
+async def _body(request: Request, ctx: IngressContext) -> dict[str, Any]:
+    body = await read_body(request, ctx)
+    if not isinstance(body, dict):
+        raise InvalidRequest("the request body must be a JSON object")
+    # vLLM makes `model` optional on these routes: the first configured model answers then.
     if body.get("model") is None and ctx.settings.models:
         body["model"] = ctx.settings.models[0].id
+    return body
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
@@ -41,13 +40,7 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _token_strs(renderer, ids: list[int]) -> list[str]:
-    return [str(t) for t in renderer.tokenizer.convert_ids_to_tokens(ids)]
-
-
 async def _tokenize_chat(ctx: IngressContext, body: dict[str, Any]) -> tuple[Any, Any, list[int]]:
-    from serve_app.ingress.chat.convert import chat_request_to_conversation
-
     if body.get("chat_template") is not None:
         raise InvalidRequest("chat_template: a request-supplied chat template is not accepted", param="chat_template")
     add_gen = _flag(body, "add_generation_prompt", True)
@@ -62,7 +55,7 @@ async def _tokenize_chat(ctx: IngressContext, body: dict[str, Any]) -> tuple[Any
                                      continue_final_message=cont)
     ids = list(rendered.token_ids)
     if _flag(body, "add_special_tokens", False):
-        ids = renderer.tokenizer.build_inputs_with_special_tokens(ids)
+        ids = renderer.with_special_tokens(ids)
     return renderer, model, ids
 
 
@@ -80,9 +73,6 @@ async def _tokenize_prompt(ctx: IngressContext, body: dict[str, Any]) -> tuple[A
 @router.post("/tokenize")
 async def tokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> dict[str, Any]:
     body = await _body(request, ctx)
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    _default_model(body, ctx)
     if "messages" in body:
         renderer, model, ids = await _tokenize_chat(ctx, body)
     elif "prompt" in body:
@@ -91,7 +81,7 @@ async def tokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> 
         raise InvalidRequest("either `prompt` or `messages` is required", param="prompt")
     out: dict[str, Any] = {"count": len(ids), "max_model_len": model.max_model_len, "tokens": ids}
     if _flag(body, "return_token_strs", False):
-        out["token_strs"] = _token_strs(renderer, ids)
+        out["token_strs"] = renderer.token_strings(ids)
     return out
 
 
@@ -99,16 +89,13 @@ async def tokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> 
 @router.post("/detokenize")
 async def detokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -> dict[str, Any]:
     body = await _body(request, ctx)
-    if not isinstance(body, dict):
-        raise InvalidRequest("the request body must be a JSON object")
-    _default_model(body, ctx)
     tokens = body.get("tokens")
     if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
         raise InvalidRequest("tokens: must be a list of integers", param="tokens")
     renderer, _ = await ctx.service.renderer_for(body.get("model"))
-    vocab = len(renderer.tokenizer)
+    vocab = renderer.vocab_size
     bad = next((t for t in tokens if t < 0 or t >= vocab), None)
     if bad is not None:
         raise InvalidRequest(f"tokens: {bad} is not a token id of this model (0..{vocab - 1})", param="tokens")
-    text = await renderer.run(renderer.tokenizer.decode, tokens)
+    text = await renderer.run(renderer.decode, tokens)
     return {"prompt": text}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from serve_app.conversation import ToolCallArgsDelta, ToolCallEnd, ToolCallStart, fold_events
+from serve_app.conversation import drop_abandoned_calls, fold_events
 from serve_app.parsers.formats import REASONING_PARSERS, TOOL_PARSERS, HarmonyFormat, ReasoningFormat
 from serve_app.parsers.harmony import HarmonyParser
 from serve_app.parsers.json_tags import JsonTagsEngine, JsonTagsFormat
@@ -189,7 +189,4 @@ def parse_complete(text: str, reasoning: str | None = None, tools: str | None = 
 
 def fold_complete(events: list) -> list:
     """`fold_events` without abandoned calls (a ToolCallStart with no ToolCallEnd): the non-streaming result."""
-    ended = {e.index for e in events if isinstance(e, ToolCallEnd)}
-    kept = [e for e in events
-            if not isinstance(e, (ToolCallStart, ToolCallArgsDelta)) or e.index in ended]
-    return fold_events(kept)
+    return fold_events(drop_abandoned_calls(events))

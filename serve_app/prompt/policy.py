@@ -17,13 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-# Used only when the parser registry is unavailable or does not know the name.
-_FALLBACK_MARKERS: dict[str, tuple[str, str]] = {
-    "qwen3": ("<think>", "</think>"),
-    "deepseek_r1": ("<think>", "</think>"),
-    "mistral": ("[THINK]", "[/THINK]"),
-}
-_DEFAULT_MARKERS = ("<think>", "</think>")
+from serve_app.parsers import REASONING_PARSERS
+
+_DEFAULT_MARKERS = ("<think>", "</think>")  # for a reasoning parser name the registry does not know
 
 ReplayMode = Literal["field", "inline", "drop"]
 
@@ -32,15 +28,8 @@ def reasoning_markers(parser: str | None) -> tuple[str, str] | None:
     """(start, end) markers of a reasoning parser, from `serve_app.parsers` when it knows the name."""
     if not parser:
         return None
-    try:
-        from serve_app.parsers import REASONING_PARSERS
-
-        fmt = REASONING_PARSERS.get(parser)
-        if fmt is not None:
-            return fmt.start, fmt.end
-    except ImportError:
-        pass
-    return _FALLBACK_MARKERS.get(parser, _DEFAULT_MARKERS)
+    fmt = REASONING_PARSERS.get(parser)
+    return (fmt.start, fmt.end) if fmt is not None else _DEFAULT_MARKERS
 
 
 @dataclass(frozen=True, slots=True)

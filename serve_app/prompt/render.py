@@ -14,6 +14,7 @@ from typing import Any
 
 from serve_app.conversation import Conversation, GenerationOptions, Message, ReasoningPart, TextPart
 from serve_app.errors import InvalidRequest, ServiceError
+from serve_app.parsers import REASONING_PARSERS
 from serve_app.prompt.messages import to_template_messages, to_template_tools
 from serve_app.prompt.policy import ReplayPolicy, closed_empty_block, decide_policy, prompt_starts_in_reasoning
 from serve_app.prompt.preamble import strip_preamble
@@ -68,10 +69,6 @@ _WORKERS = 4  # renders per model at once; tokenizing itself is serialised by th
 def _format_default(parser: str | None) -> bool:
     """Whether the reasoning format starts in reasoning when the prompt shows no marker (DeepSeek-R1 style)."""
     if not parser:
-        return False
-    try:
-        from serve_app.parsers import REASONING_PARSERS
-    except ImportError:
         return False
     fmt = REASONING_PARSERS.get(parser)
     return bool(getattr(fmt, "starts_in_reasoning", False))
@@ -299,6 +296,20 @@ class PromptRenderer:
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         with self._encode_lock:
             return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    # The token-id views `/v1/tokenize` and `/v1/detokenize` give: callers never reach into the tokenizer.
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
+
+    def token_strings(self, ids: list[int]) -> list[str]:
+        return [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)]
+
+    def with_special_tokens(self, ids: list[int]) -> list[int]:
+        return list(self.tokenizer.build_inputs_with_special_tokens(ids))
 
     def render_sync(self, conv: Conversation, opts: GenerationOptions, *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False) -> RenderedPrompt:

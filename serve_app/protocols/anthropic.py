@@ -9,44 +9,40 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag
 
+from serve_app.protocols.base import OpenModel
 from serve_app.protocols.tags import type_discriminator
 
 
-class _Open(BaseModel):
-    # extra="allow": new Claude Code fields must never break a request (cline#261, CLIProxyAPI#512).
-    model_config = ConfigDict(extra="allow")
-
-
-class CacheControl(_Open):
+class CacheControl(OpenModel):
     type: str = "ephemeral"
     ttl: str | None = None
 
 
-class Base64Source(_Open):
+class Base64Source(OpenModel):
     type: Literal["base64"]
     media_type: str
     data: str
 
 
-class UrlSource(_Open):
+class UrlSource(OpenModel):
     type: Literal["url"]
     url: str
 
 
-class TextSource(_Open):
+class TextSource(OpenModel):
     type: Literal["text"]
     media_type: str | None = None
     data: str
 
 
-class ContentSource(_Open):
+class ContentSource(OpenModel):
     type: Literal["content"]
     content: str | list[dict[str, Any]]
 
 
-class FileSource(_Open):
+class FileSource(OpenModel):
     type: Literal["file"]
     file_id: str
 
@@ -57,19 +53,19 @@ DocumentSource = Annotated[
 ]
 
 
-class TextBlock(_Open):
+class TextBlock(OpenModel):
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
 
 
-class ImageBlock(_Open):
+class ImageBlock(OpenModel):
     type: Literal["image"]
     source: ImageSource
     cache_control: CacheControl | None = None
 
 
-class DocumentBlock(_Open):
+class DocumentBlock(OpenModel):
     type: Literal["document"]
     source: DocumentSource
     title: str | None = None
@@ -77,7 +73,7 @@ class DocumentBlock(_Open):
     cache_control: CacheControl | None = None
 
 
-class ToolUseBlock(_Open):
+class ToolUseBlock(OpenModel):
     type: Literal["tool_use", "server_tool_use"]
     id: str
     name: str
@@ -85,7 +81,7 @@ class ToolUseBlock(_Open):
     cache_control: CacheControl | None = None
 
 
-class UnknownBlock(_Open):
+class UnknownBlock(OpenModel):
     """A block type this server does not know (e.g. a future Claude Code block): accepted and skipped."""
 
     type: str
@@ -105,7 +101,7 @@ ToolResultContentBlock = Annotated[
 ]
 
 
-class ToolResultBlock(_Open):
+class ToolResultBlock(OpenModel):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[ToolResultContentBlock] | None = None
@@ -113,14 +109,14 @@ class ToolResultBlock(_Open):
     cache_control: CacheControl | None = None
 
 
-class ThinkingBlock(_Open):
+class ThinkingBlock(OpenModel):
     type: Literal["thinking"]
     thinking: str
     signature: str | None = None  # accepted when absent/empty (harness-contracts E); verified when present
     cache_control: CacheControl | None = None
 
 
-class RedactedThinkingBlock(_Open):
+class RedactedThinkingBlock(OpenModel):
     type: Literal["redacted_thinking"]
     data: str
     cache_control: CacheControl | None = None
@@ -148,19 +144,19 @@ ContentBlock = Annotated[
 ]
 
 
-class InputMessage(_Open):
+class InputMessage(OpenModel):
     # "system" inside messages: Claude Code's mid-conversation-system beta (harness-contracts A3).
     role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
 
-class SystemBlock(_Open):
+class SystemBlock(OpenModel):
     type: Literal["text"] = "text"
     text: str
     cache_control: CacheControl | None = None
 
 
-class Tool(_Open):
+class Tool(OpenModel):
     name: str
     description: str | None = None
     input_schema: dict[str, Any] | None = None  # absent on server tools (web_search_…), refused with a clear 400
@@ -168,32 +164,32 @@ class Tool(_Open):
     cache_control: CacheControl | None = None
 
 
-class ToolChoiceSpec(_Open):
+class ToolChoiceSpec(OpenModel):
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
 
 
-class ThinkingConfig(_Open):
+class ThinkingConfig(OpenModel):
     type: Literal["enabled", "disabled", "adaptive"]
     budget_tokens: int | None = None
 
 
-class OutputConfig(_Open):
+class OutputConfig(OpenModel):
     effort: str | None = None
     format: dict[str, Any] | None = None  # {"type": "json_schema", "schema": {...}}: the answer's text must match
 
 
-class Metadata(_Open):
+class Metadata(OpenModel):
     user_id: str | None = None
 
 
-class Nvext(_Open):
+class Nvext(OpenModel):
     forced_script: str | None = None
     agent_hints: dict[str, Any] | None = None
 
 
-class CountTokensRequest(_Open):
+class CountTokensRequest(OpenModel):
     model: str
     messages: list[InputMessage]
     system: str | list[SystemBlock] | None = None

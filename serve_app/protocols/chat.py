@@ -4,31 +4,29 @@ from __future__ import annotations
 
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from serve_app.protocols.base import OpenModel
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class FunctionCall(_Open):
+class FunctionCall(OpenModel):
     name: str
     arguments: str = "{}"
 
 
-class ToolCall(_Open):
+class ToolCall(OpenModel):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ContentPart(_Open):
+class ContentPart(OpenModel):
     type: str
     text: str | None = None
     image_url: dict[str, Any] | str | None = None
 
 
-class ChatMessage(_Open):
+class ChatMessage(OpenModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     name: str | None = None
@@ -45,39 +43,39 @@ class ChatMessage(_Open):
         return self
 
 
-class FunctionDef(_Open):
+class FunctionDef(OpenModel):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class Tool(_Open):
+class Tool(OpenModel):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class NamedToolChoice(_Open):
+class NamedToolChoice(OpenModel):
     type: Literal["function"] = "function"
     function: dict[str, str]
 
 
-class StreamOptions(_Open):
+class StreamOptions(OpenModel):
     include_usage: bool = False
 
 
-class AgentHintsIn(_Open):
+class AgentHintsIn(OpenModel):
     priority: int | None = None
     osl: int | None = Field(default=None, ge=1)
     speculative_prefill: bool = False
     latency_sensitivity: float | None = None
 
 
-class NvExt(_Open):
+class NvExt(OpenModel):
     agent_hints: AgentHintsIn | None = None
     forced_script: str | None = None
 
 
-class ChatCompletionRequest(_Open):
+class ChatCompletionRequest(OpenModel):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False

@@ -9,19 +9,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, TypeAdapter
 
+from serve_app.protocols.base import OpenModel
 from serve_app.protocols.tags import type_discriminator
-
-
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
 
 
 # -- content parts ---------------------------------------------------------------------------------------------
 
 
-class InputContent(_Open):
+class InputContent(OpenModel):
     """input_text / output_text / input_image / refusal / input_file: one model, dispatched on `type`."""
 
     type: str
@@ -35,7 +32,7 @@ class InputContent(_Open):
 # -- input items -----------------------------------------------------------------------------------------------
 
 
-class MessageItem(_Open):
+class MessageItem(OpenModel):
     type: Literal["message"] = "message"
     id: str | None = None
     role: Literal["system", "developer", "user", "assistant"]
@@ -44,17 +41,17 @@ class MessageItem(_Open):
     phase: str | None = None
 
 
-class SummaryText(_Open):
+class SummaryText(OpenModel):
     type: str = "summary_text"
     text: str = ""
 
 
-class ReasoningText(_Open):
+class ReasoningText(OpenModel):
     type: str = "reasoning_text"
     text: str = ""
 
 
-class ReasoningItem(_Open):
+class ReasoningItem(OpenModel):
     type: Literal["reasoning"]
     id: str | None = None
     summary: list[SummaryText] = Field(default_factory=list)
@@ -62,7 +59,7 @@ class ReasoningItem(_Open):
     encrypted_content: str | None = None
 
 
-class FunctionCallItem(_Open):
+class FunctionCallItem(OpenModel):
     type: Literal["function_call"]
     id: str | None = None
     call_id: str
@@ -71,14 +68,14 @@ class FunctionCallItem(_Open):
     status: str | None = None
 
 
-class FunctionCallOutputItem(_Open):
+class FunctionCallOutputItem(OpenModel):
     type: Literal["function_call_output"]
     id: str | None = None
     call_id: str
     output: Union[str, list[InputContent]]
 
 
-class CustomToolCallItem(_Open):
+class CustomToolCallItem(OpenModel):
     type: Literal["custom_tool_call"]
     id: str | None = None
     call_id: str
@@ -87,14 +84,14 @@ class CustomToolCallItem(_Open):
     status: str | None = None
 
 
-class CustomToolCallOutputItem(_Open):
+class CustomToolCallOutputItem(OpenModel):
     type: Literal["custom_tool_call_output"]
     id: str | None = None
     call_id: str
     output: Union[str, list[InputContent]]
 
 
-class OtherItem(_Open):
+class OtherItem(OpenModel):
     """Item types we accept and ignore (web_search_call, local_shell_call, compaction, item_reference, ...)."""
 
     type: str
@@ -123,7 +120,7 @@ InputItem = Annotated[
 # -- tools -----------------------------------------------------------------------------------------------------
 
 
-class FunctionTool(_Open):
+class FunctionTool(OpenModel):
     type: Literal["function"]
     name: str
     description: str | None = None
@@ -131,7 +128,7 @@ class FunctionTool(_Open):
     strict: bool | None = None
 
 
-class CustomTool(_Open):
+class CustomTool(OpenModel):
     """A freeform tool (Codex's apply_patch): the model's input is raw text, optionally constrained by a grammar."""
 
     type: Literal["custom"]
@@ -140,7 +137,7 @@ class CustomTool(_Open):
     format: dict[str, Any] | None = None
 
 
-class OtherTool(_Open):
+class OtherTool(OpenModel):
     type: str  # local_shell, web_search, tool_search, image_generation, namespace, ...
 
 
@@ -157,7 +154,7 @@ ToolDef = Annotated[
 ]
 
 
-class NamedToolChoice(_Open):
+class NamedToolChoice(OpenModel):
     type: str  # function | custom | allowed_tools | ...
     name: str | None = None
 
@@ -165,22 +162,22 @@ class NamedToolChoice(_Open):
 # -- request ---------------------------------------------------------------------------------------------------
 
 
-class ReasoningParam(_Open):
+class ReasoningParam(OpenModel):
     effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     summary: Literal["auto", "concise", "detailed", "none"] | None = None
 
 
-class TextParam(_Open):
+class TextParam(OpenModel):
     format: dict[str, Any] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
 
 
-class NvExt(_Open):
+class NvExt(OpenModel):
     agent_hints: dict[str, Any] | None = None
     forced_script: str | None = None
 
 
-class ResponsesRequest(_Open):
+class ResponsesRequest(OpenModel):
     model: str
     input: Union[str, list[InputItem]] = Field(default_factory=list)
     instructions: str | None = None
@@ -207,42 +204,5 @@ class ResponsesRequest(_Open):
         return "reasoning.encrypted_content" in (self.include or [])
 
 
-_ITEMS_ADAPTER = None
-
-
-def _clean_loc(loc: tuple) -> str:
-    """`input.0.function_call.call_id` → `input.0.call_id`: drop the union tag pydantic puts after an index."""
-    out: list[str] = []
-    skip_tag = False
-    for p in loc:
-        if skip_tag and isinstance(p, str) and (p in _KNOWN or p in ("other", "function", "custom")):
-            skip_tag = False
-            continue
-        skip_tag = isinstance(p, int)
-        out.append(str(p))
-    return ".".join(out)
-
-
-def parse_responses_request(body: Any) -> ResponsesRequest:
-    """Validate a request body; errors name the offending field (`input.3.call_id`), as a 400."""
-    from pydantic import TypeAdapter, ValidationError
-
-    from serve_app.errors import InvalidRequest
-
-    global _ITEMS_ADAPTER
-    try:
-        return ResponsesRequest.model_validate(body)
-    except ValidationError as e:
-        err = e.errors()[0]
-        if isinstance(body, dict) and isinstance(body.get("input"), list) and err["loc"][:1] == ("input",):
-            # `input` is str | list: report the list branch's error, not "input: should be a valid string".
-            if _ITEMS_ADAPTER is None:
-                _ITEMS_ADAPTER = TypeAdapter(list[InputItem])
-            try:
-                _ITEMS_ADAPTER.validate_python(body["input"])
-            except ValidationError as e2:
-                err = e2.errors()[0]
-                err = {**err, "loc": ("input", *err["loc"])}
-        loc = _clean_loc(tuple(err.get("loc", ())))
-        msg = "field required" if err.get("type") == "missing" else err.get("msg", "invalid value")
-        raise InvalidRequest(f"{loc}: {msg}" if loc else msg, param=loc or None) from None
+# The items of a stored response (`previous_response_id`) are parsed back with this, the request's own item union.
+INPUT_ITEMS: TypeAdapter[list[InputItem]] = TypeAdapter(list[InputItem])

@@ -5,47 +5,32 @@ process) asks it for a replica per request. Every decision reserves load on the 
 until `mark_prefilled`, expected output tokens until `release`), so a burst of requests does not all land on
 the replica that looked best at the start of the burst.
 
-The KV index per replica is fed by the engine's KV events (`register_replica` with its ZMQ endpoints starts a
-subscriber; `apply_events` takes a decoded batch directly) or, without a healthy feed, predicted from the
-router's own decisions with a TTL and a size cap. `blocks_stored/removed/cleared` are the index operations in
-our own hashes, used by the event translator and by the trace simulation.
+The KV index per replica is fed by the engine's KV events or, without a healthy feed, predicted from the
+router's own decisions with a TTL and a size cap. The core does no I/O: the event feeds (ZMQ subscribers,
+kv_events.KvFeeds) belong to the Router deployment and call `blocks_stored/removed/cleared`, the index
+operations in our own hashes, which the trace simulation calls too.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
-from serve_app.routing.policies import ReplicaLoad, make_policy, prompt_tokens
+from serve_app.routing.policies import ReplicaLoad, prompt_tokens
+from serve_app.routing.registry import make_policy
 from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica, share_measurements
 from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
+from serve_app.routing.types import Decision, RouteRequest
+from serve_app.settings import RouterConfig
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Decision", "ReplicaLoad", "RouteRequest", "RouterCore"]
-
-
-@dataclass(slots=True)
-class RouteRequest:
-    request_id: str
-    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the prompt's full blocks
-    num_prompt_tokens: int = 0
-    expected_output_tokens: int = 256  # agent_hints.osl when given
-    session_key: str | None = None
-
-
-@dataclass(slots=True)
-class Decision:
-    replica_id: str
-    policy: str
-    cached_blocks: int = 0  # blocks of the prompt the chosen replica is believed to hold
 
 
 @dataclass(slots=True)
@@ -63,42 +48,33 @@ class RouterCore:
         self,
         policy: str = "ttft",
         block_size: int = 16,
-        config: Any = None,
+        config: RouterConfig | None = None,
         *,
         overlap_weight: float | None = None,
-        decode_weight: float = 4.0,
+        decode_weight: float | None = None,
         prediction_ttl_s: float | None = None,
         prediction_max_blocks: int | None = None,
-        kv_events: bool | None = None,
         reservation_ttl_s: float = 900.0,
         max_sessions: int = 100_000,
         step_tokens: int = DEFAULT_STEP_TOKENS,
         clock: Callable[[], float] = time.monotonic,
         seed: int | None = None,
     ):
-        def knob(name, explicit, default):
-            if explicit is not None:
-                return explicit
-            # A config value counts only when the config sets it: RouterConfig's field defaults predate the
-            # tuned defaults here.
-            fields_set = getattr(config, "model_fields_set", None)
-            if config is not None and (fields_set is None or name in fields_set):
-                return getattr(config, name, default)
-            return default
+        """`config`: the Serve config's router section; keyword arguments override it (simulation, tests)."""
+        cfg = config if config is not None else RouterConfig()
 
+        def pick(explicit, configured):
+            return configured if explicit is None else explicit
+
+        # The policies' own options (policies.KvConfig, ...): each policy takes those it declares.
+        self._policy_options = {"overlap_weight": pick(overlap_weight, cfg.overlap_weight),
+                                "decode_weight": decode_weight}
         self.policy = policy  # the name, as configured
-        self._policy = make_policy(policy)
+        self._policy = make_policy(policy, **self._policy_options)
         self.block_size = block_size
-        # Cached tokens are worth more than the queue they save now: a prefix sent elsewhere is recomputed AND
-        # evicts other prefixes there. 32 maximises hit rate in the trace simulation (routing/README.md).
-        self.overlap_weight = float(knob("overlap_weight", overlap_weight, 32.0))
-        # Output tokens cost more replica time than prompt tokens (decode is memory-bound); 4 prefill tokens per
-        # output token is a middle value for batched decode on GPUs.
-        self.decode_weight = float(knob("decode_weight", None, decode_weight))
-        self.kv_events = bool(knob("kv_events", kv_events, True))
         self.index = KvIndex(
-            ttl_s=float(knob("prediction_ttl_s", prediction_ttl_s, 120.0)),
-            max_predicted_blocks=int(knob("prediction_max_blocks", prediction_max_blocks, 200_000)),
+            ttl_s=float(pick(prediction_ttl_s, cfg.prediction_ttl_s)),
+            max_predicted_blocks=int(pick(prediction_max_blocks, cfg.prediction_max_blocks)),
         )
         self.loads: dict[str, ReplicaLoad] = {}
         self.rates: dict[str, ReplicaRates] = {}  # measured prefill/decode speed per replica (ttft policy)
@@ -110,7 +86,6 @@ class RouterCore:
         self._max_sessions = max_sessions
         self._clock = clock
         self.rng = random.Random(seed)
-        self.feeds: dict[str, Any] = {}  # replica -> kv_events.ReplicaFeed
         self.decisions = 0
         self.prompt_tokens = 0
         self.cached_tokens_estimated = 0
@@ -145,28 +120,24 @@ class RouterCore:
 
     def set_policy(self, policy: str) -> None:
         """Switch the policy at run time; the KV index, loads and in-flight requests are kept."""
-        self._policy = make_policy(policy)
+        self._policy = make_policy(policy, **self._policy_options)
         self.policy = policy
 
     def _forget(self, rid: str) -> None:
         self.loads.pop(rid, None)
         self.rates.pop(rid, None)
         self.index.drop(rid)
-        feed = self.feeds.pop(rid, None)
-        if feed is not None:
-            feed.stop()
-        forget = getattr(self._policy, "forget", None)
-        if forget is not None:
-            forget(rid)
+        self._policy.forget(rid)
         for req_id in [k for k, r in self._inflight.items() if r.replica_id == rid]:
             del self._inflight[req_id]
 
-    def register_replica(self, replica_id: str, events_endpoint: str | None = None,
-                         replay_endpoint: str | None = None, block_size: int | None = None) -> None:
-        """Add a replica; with an events endpoint (and kv_events on) subscribe to its KV events.
+    def ensure_replica(self, replica_id: str) -> None:
+        """Know `replica_id` (no-op if known): what a feed does before applying its first events."""
+        self._ensure(replica_id)
 
-        Must be called on the event loop that will run the subscriber when an endpoint is given.
-        """
+    def register_replica(self, replica_id: str, block_size: int | None = None, *, events: bool = False) -> None:
+        """A (re)starting engine replica: its index starts empty, kept from its KV events (`events`, fed by
+        kv_events.KvFeeds) or predicted from this router's decisions."""
         if block_size and block_size != self.block_size:
             if any(len(rb) for rb in self.index.replicas.values()):
                 log.warning("replica %s block size %s differs from the router's %s", replica_id, block_size,
@@ -174,38 +145,12 @@ class RouterCore:
             else:
                 self.block_size = block_size
         self._ensure(replica_id)
-        old = self.feeds.pop(replica_id, None)
-        if old is not None:
-            old.stop()
         self.index.replicas[replica_id].clear()  # a (re)registering engine starts from what its events say
-        if events_endpoint and self.kv_events:
-            from serve_app.routing.kv_events import ReplicaFeed
-
-            feed = ReplicaFeed(self, replica_id, events_endpoint, replay_endpoint)
-            self.feeds[replica_id] = feed
-            try:
-                feed.start()
-            except RuntimeError:  # no running loop: events can still be pushed through apply_events
-                log.info("no event loop; replica %s takes events through apply_events only", replica_id)
-            self.index.set_mode(replica_id, EVENTS)
-        else:
-            self.index.set_mode(replica_id, PREDICTED)
+        self.index.set_mode(replica_id, EVENTS if events else PREDICTED)
 
     def set_mode(self, replica_id: str, mode: str) -> None:
         if replica_id in self.loads:
             self.index.set_mode(replica_id, mode)
-
-    def apply_events(self, replica_id: str, batch: Any, seq: int | None = None) -> None:
-        """Apply one decoded vLLM KVEventBatch (or its msgpack bytes) from `replica_id`'s engine."""
-        from serve_app.routing.kv_events import ReplicaFeed
-
-        self._ensure(replica_id)
-        feed = self.feeds.get(replica_id)
-        if feed is None:
-            feed = ReplicaFeed(self, replica_id, None, None)
-            self.feeds[replica_id] = feed
-            self.index.set_mode(replica_id, EVENTS)
-        feed.apply(batch, seq)
 
     # ---- index operations in our hashes (the event translator and the simulation call these) ----
     def blocks_stored(self, replica_id: str, hashes: Iterable[int]) -> None:
@@ -320,17 +265,13 @@ class RouterCore:
             self.release(req_id, measured=False)
             self.expired_reservations += 1
 
-    # ---- lifecycle and metrics ----
-    async def close(self) -> None:
-        for feed in list(self.feeds.values()):
-            feed.stop()
-        await asyncio.sleep(0)
-
-    def metrics(self) -> dict:
+    # ---- metrics ----
+    def metrics(self, per_replica: dict[str, dict] | None = None) -> dict:
+        """The router's state; `per_replica` adds fields to each replica's entry (its event feed's stats)."""
+        per_replica = per_replica or {}
         replicas = {}
         for rid, load in self.loads.items():
             rb = self.index.replicas.get(rid)
-            feed = self.feeds.get(rid)
             replicas[rid] = {
                 "mode": rb.mode if rb is not None else PREDICTED,
                 "blocks": len(rb) if rb is not None else 0,
@@ -339,7 +280,7 @@ class RouterCore:
                 "active_prefill_tokens": load.active_prefill_tokens,
                 "active_decode_tokens": load.active_decode_tokens,
                 **(self.rates[rid].stats() if rid in self.rates else {}),
-                **(feed.stats() if feed is not None else {}),
+                **per_replica.get(rid, {}),
             }
         return {
             "policy": self.policy,

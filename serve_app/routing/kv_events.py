@@ -352,3 +352,60 @@ class ReplicaFeed:
             return self._replay_socket(ctx)
         self.end_replay(ok=True)
         return sock
+
+
+class KvFeeds:
+    """The KV event feeds of one engine deployment's replicas, feeding one RouterCore.
+
+    Owned by the Router deployment, so the core stays free of sockets and tasks: `register` (re)starts a
+    replica's subscriber (call it on the event loop that will run it), `apply` takes a batch given directly (tests,
+    or without a loop), `retain` stops the feeds of replicas the core no longer knows.
+    """
+
+    def __init__(self, core: RouterCore, enabled: bool = True):
+        self.core = core
+        self.enabled = enabled  # the Serve config's `router.kv_events`
+        self.feeds: dict[str, ReplicaFeed] = {}
+
+    def register(self, replica_id: str, events_endpoint: str | None = None, replay_endpoint: str | None = None,
+                 block_size: int | None = None) -> None:
+        self._stop(replica_id)
+        events = bool(events_endpoint and self.enabled)
+        self.core.register_replica(replica_id, block_size, events=events)
+        if not events:
+            return
+        feed = self.feeds[replica_id] = ReplicaFeed(self.core, replica_id, events_endpoint, replay_endpoint)
+        try:
+            feed.start()
+        except RuntimeError:  # no running loop: events can still be pushed through apply
+            log.info("no event loop; replica %s takes events through apply only", replica_id)
+
+    def apply(self, replica_id: str, batch: Any, seq: int | None = None) -> None:
+        """Apply one vLLM KVEventBatch (decoded, vLLM's own struct, or msgpack bytes) from `replica_id`'s engine."""
+        self.core.ensure_replica(replica_id)
+        feed = self.feeds.get(replica_id)
+        if feed is None:
+            feed = self.feeds[replica_id] = ReplicaFeed(self.core, replica_id, None, None)
+            self.core.set_mode(replica_id, EVENTS)
+        feed.apply(batch, seq)
+
+    def retain(self) -> None:
+        """Stop the feeds of replicas the core has forgotten (removed or dead)."""
+        for rid in [r for r in self.feeds if r not in self.core.loads]:
+            self._stop(rid)
+
+    def stats(self) -> dict[str, dict]:
+        return {rid: feed.stats() for rid, feed in self.feeds.items()}
+
+    def metrics(self) -> dict:
+        return self.core.metrics(self.stats())
+
+    def _stop(self, replica_id: str) -> None:
+        feed = self.feeds.pop(replica_id, None)
+        if feed is not None:
+            feed.stop()
+
+    async def close(self) -> None:
+        for rid in list(self.feeds):
+            self._stop(rid)
+        await asyncio.sleep(0)

@@ -3,6 +3,9 @@
 A policy reads the router's state through a `RouterState` (the RouterCore) and never mutates it; the core
 does the bookkeeping (reservation, predicted blocks, session memory) after the pick, the same for every policy.
 
+Each policy declares its own options as a `Config` dataclass (the kv weights live on `KvConfig`) and `forget`s a
+removed replica; `registry.py` lists them, by name, once.
+
 - `ttft` (default, in ttft.py): lowest predicted time to first token in seconds, from measured replica rates.
 - `kv`: Dynamo's cost, in prefill-token units: overlap_weight * (prompt tokens left to prefill after
   the replica's cached overlap) + prefill tokens already reserved there + decode_weight * expected output tokens
@@ -26,10 +29,11 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+
+from serve_app.routing.types import RouteRequest
 
 if TYPE_CHECKING:
-    from serve_app.routing.core import RouteRequest
     from serve_app.routing.index import KvIndex
 
 RECENT_WORK_HALF_LIFE_S = 3600.0  # memory of where prefill work (new cache footprint) went
@@ -58,8 +62,6 @@ class ReplicaLoad:
 
 class RouterState(Protocol):
     block_size: int
-    overlap_weight: float
-    decode_weight: float
     loads: dict[str, ReplicaLoad]
     index: KvIndex
     rng: random.Random
@@ -80,9 +82,27 @@ def prefill_left(state: RouterState, req: RouteRequest, candidates: Sequence[str
     return n, overlaps, {rid: n - min(overlaps[rid] * bs, n) for rid in candidates}
 
 
-def load_cost(state: RouterState, rid: str) -> float:
+def load_cost(state: RouterState, rid: str, decode_weight: float) -> float:
     load = state.loads[rid]
-    return load.active_prefill_tokens + state.decode_weight * load.active_decode_tokens
+    return load.active_prefill_tokens + decode_weight * load.active_decode_tokens
+
+
+# Output tokens cost more replica time than prompt tokens (decode is memory-bound); 4 prefill tokens per output
+# token is a middle value for batched decode on GPUs.
+DECODE_WEIGHT = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    decode_weight: float = DECODE_WEIGHT
+
+
+@dataclass(frozen=True, slots=True)
+class KvConfig:
+    # Cached tokens are worth more than the queue they save now: a prefix sent elsewhere is recomputed AND evicts
+    # other prefixes there. 32 maximises hit rate in the trace simulation (routing/README.md).
+    overlap_weight: float = 32.0
+    decode_weight: float = DECODE_WEIGHT
 
 
 def _tie_break(state: RouterState, req: RouteRequest, tied: list[str]) -> str:
@@ -99,7 +119,11 @@ def _tie_break(state: RouterState, req: RouteRequest, tied: list[str]) -> str:
 
 
 class Policy:
-    name = "base"
+    name: ClassVar[str] = "base"
+    Config: ClassVar[type | None] = None  # the dataclass of this policy's own options, if it has any
+
+    def __init__(self, config: Any = None):
+        self.config = config if config is not None else (self.Config() if self.Config is not None else None)
 
     def choose(self, state: RouterState, req: RouteRequest, candidates: Sequence[str]) -> tuple[str, int]:
         """Return (replica, cached blocks believed to be there)."""
@@ -108,19 +132,24 @@ class Policy:
     def on_routed(self, state: RouterState, req: RouteRequest, rid: str) -> None:
         """Hook for policies that keep their own state (the prefix-tree emulation)."""
 
+    def forget(self, rid: str) -> None:
+        """`rid` is gone: drop whatever the policy keeps about it."""
+
 
 class KvPolicy(Policy):
     name = "kv"
+    Config = KvConfig
 
     def choose(self, state, req, candidates):
         bs = state.block_size
+        w = self.config
         n, overlaps, uncached = prefill_left(state, req, candidates)
-        costs = {rid: state.overlap_weight * uncached[rid] + load_cost(state, rid) for rid in candidates}
+        costs = {rid: w.overlap_weight * uncached[rid] + load_cost(state, rid, w.decode_weight) for rid in candidates}
         if max(overlaps.values()) * bs < NEW_PROMPT_OVERLAP * n:
             rid = self._place_new(state, req, candidates, n)
             return rid, overlaps[rid]
         low = min(costs.values())
-        tolerance = state.overlap_weight * bs  # one block: no real difference in work
+        tolerance = w.overlap_weight * bs  # one block: no real difference in work
         tied = [r for r in candidates if costs[r] <= low + tolerance]
         # Within the tie band the exact minimum still wins unless the session's replica is in the band.
         sticky = state.session_replica(req.session_key)
@@ -130,8 +159,7 @@ class KvPolicy(Policy):
         return rid, overlaps[rid]
 
 
-    @staticmethod
-    def _place_new(state, req, candidates, n):
+    def _place_new(self, state, req, candidates, n):
         """A prompt no replica holds much of (a new conversation or document) starts a new cache footprint.
 
         Where it lands decides where its future turns hit, so spread footprints evenly: among replicas whose
@@ -140,7 +168,7 @@ class KvPolicy(Policy):
         onto whichever replica was momentarily idle.
         """
         sticky = state.session_replica(req.session_key)
-        loads = {r: load_cost(state, r) for r in candidates}
+        loads = {r: load_cost(state, r, self.config.decode_weight) for r in candidates}
         lo = min(loads.values())
         band = [r for r in candidates if loads[r] <= lo + PLACEMENT_BAND * n]
         if sticky in band:
@@ -151,9 +179,10 @@ class KvPolicy(Policy):
 
 class LeastLoadedPolicy(Policy):
     name = "least_loaded"
+    Config = LoadConfig
 
     def choose(self, state, req, candidates):
-        costs = {rid: load_cost(state, rid) for rid in candidates}
+        costs = {rid: load_cost(state, rid, self.config.decode_weight) for rid in candidates}
         low = min(costs.values())
         rid = _tie_break(state, req, [r for r in candidates if costs[r] == low])
         return rid, 0
@@ -162,7 +191,8 @@ class LeastLoadedPolicy(Policy):
 class RoundRobinPolicy(Policy):
     name = "round_robin"
 
-    def __init__(self):
+    def __init__(self, config: Any = None):
+        super().__init__(config)
         self._next = 0
 
     def choose(self, state, req, candidates):
@@ -173,15 +203,24 @@ class RoundRobinPolicy(Policy):
 
 class SessionPolicy(Policy):
     name = "session"
+    Config = LoadConfig
 
-    def __init__(self):
-        self._fallback = LeastLoadedPolicy()
+    def __init__(self, config: LoadConfig | None = None):
+        super().__init__(config)
+        self._fallback = LeastLoadedPolicy(self.config)
 
     def choose(self, state, req, candidates):
         sticky = state.session_replica(req.session_key)
         if sticky is not None and sticky in candidates:
             return sticky, 0
         return self._fallback.choose(state, req, candidates)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixAffinityConfig:
+    match_rate_threshold: float = 0.1
+    imbalanced_threshold: float = 10
+    max_units: int | None = None
 
 
 class PrefixAffinityPolicy(Policy):
@@ -195,12 +234,13 @@ class PrefixAffinityPolicy(Policy):
     """
 
     name = "prefix_affinity"
+    Config = PrefixAffinityConfig
 
-    def __init__(self, match_rate_threshold: float = 0.1, imbalanced_threshold: float = 10,
-                 max_units: int | None = None):
-        self.match_rate_threshold = match_rate_threshold
-        self.imbalanced_threshold = imbalanced_threshold
-        self.max_units = max_units
+    def __init__(self, config: PrefixAffinityConfig | None = None):
+        super().__init__(config)
+        self.match_rate_threshold = self.config.match_rate_threshold
+        self.imbalanced_threshold = self.config.imbalanced_threshold
+        self.max_units = self.config.max_units
         self.tree: dict[str, dict[int, None]] = {}  # tenant -> ordered set of block ids (LRU order)
         self.size: dict[str, int] = {}  # tenant -> units (block-chars) in the tree
 
@@ -251,27 +291,3 @@ class PrefixAffinityPolicy(Policy):
     def forget(self, rid: str) -> None:
         self.tree.pop(rid, None)
         self.size.pop(rid, None)
-
-
-POLICIES = {
-    "kv": KvPolicy,
-    "least_loaded": LeastLoadedPolicy,
-    "round_robin": RoundRobinPolicy,
-    "session": SessionPolicy,
-    "prefix_affinity": PrefixAffinityPolicy,
-}
-
-
-def _register_late() -> None:
-    # ttft.py builds on this module's base class and helpers, so it registers itself here, after they exist.
-    from serve_app.routing.ttft import TtftPolicy
-
-    POLICIES.setdefault(TtftPolicy.name, TtftPolicy)
-
-
-def make_policy(name: str) -> Policy:
-    _register_late()
-    try:
-        return POLICIES[name]()
-    except KeyError:
-        raise ValueError(f"unknown routing policy {name!r}; expected one of {sorted(POLICIES)}") from None

@@ -24,7 +24,7 @@ import pytest
 
 from serve_app.conversation import GenerationOptions
 from serve_app.prompt import PromptRenderer, load_tokenizer
-from serve_app.prompt.stability import anthropic_conversation, chat_conversation, check_turn, responses_conversation
+from tests.support.stability import anthropic_conversation, chat_conversation, check_turn, responses_conversation
 from serve_app.settings import AppSettings
 
 pytestmark = pytest.mark.integration

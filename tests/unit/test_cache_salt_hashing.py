@@ -12,7 +12,9 @@ from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.request import Request
 
-from serve_app.routing.core import RouteRequest, RouterCore
+from serve_app.routing.core import RouterCore
+from serve_app.routing.kv_events import KvFeeds
+from serve_app.routing.types import RouteRequest
 from serve_app.routing.hashing import block_hashes, extend_block_hashes
 
 BS = 4
@@ -51,8 +53,9 @@ def core_fed(engine_events):
 
     c = RouterCore("kv", BS, seed=0)
     c.sync_replicas(["r"])
+    feeds = KvFeeds(c)  # the Router deployment's side: the core itself owns no feed
     for i, evs in enumerate(engine_events):
-        c.apply_events("r", KVEventBatch(ts=0.0, events=evs), seq=i)
+        feeds.apply("r", KVEventBatch(ts=0.0, events=evs), seq=i)
     return c
 
 

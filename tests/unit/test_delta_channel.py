@@ -9,7 +9,7 @@ import pytest
 
 from serve_app.engine import delta_channel
 from serve_app.engine.delta_channel import DeltaReceiver, DeltaSender, Inbox, decode, encode
-from serve_app.engine.vllm_engine import EngineChunk
+from serve_app.engine.types import EngineChunk
 
 
 def _chunk(i: int, finish: str | None = None) -> EngineChunk:

@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from serve_app.engine.delta_channel import DeltaSender
-from serve_app.engine.vllm_engine import EngineChunk, EngineRequest
+from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.ingress.clients import ServeEngineClient
 
 

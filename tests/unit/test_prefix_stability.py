@@ -22,7 +22,7 @@ import pytest
 from serve_app.conversation import GenerationOptions
 from serve_app.parsers import parse_complete
 from serve_app.prompt import PromptRenderer, load_tokenizer
-from serve_app.prompt.stability import (
+from tests.support.stability import (
     anthropic_conversation,
     anthropic_next_turn,
     chat_conversation,

@@ -11,10 +11,15 @@ import pytest
 from serve_app.conversation import ImagePart, ReasoningPart, TextPart, ToolCallPart, ToolResultPart
 from serve_app.errors import InvalidRequest
 from serve_app.ingress.common import parse_model
-from serve_app.ingress.responses.convert import custom_tool_names, echo_fields, responses_to_conversation
+from serve_app.ingress.responses.convert import (
+    custom_tool_names,
+    echo_fields,
+    parse_responses_request,
+    responses_to_conversation,
+)
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
 from serve_app.ingress.responses.store import ResponseStoreCore
-from serve_app.protocols.responses import ResponsesRequest, parse_responses_request
+from serve_app.protocols.responses import ResponsesRequest
 
 SEALER = ReasoningSealer(b"k1")
 

@@ -17,7 +17,7 @@ import zstandard
 from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage
 from serve_app.errors import ModelNotFound, Overloaded, PromptTooLong
 from serve_app.ingress.context import IngressContext
-from serve_app.ingress.responses.store import ResponseStoreCore
+from serve_app.ingress.responses.store import ResponseStoreCore, StoreClient
 from serve_app.ingress.server import create_app
 from serve_app.service import PreparedRequest
 from serve_app.settings import AppSettings
@@ -74,7 +74,7 @@ def replicas():
     for _ in range(2):
         svc = StubService()
         app = create_app(IngressContext(settings=SETTINGS, service=svc, secret=b"s3cret",
-                                        extras={"response_store": store}))
+                                        response_store=StoreClient(store)))
         apps.append((app, svc))
     return apps
 

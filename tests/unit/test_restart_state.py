@@ -17,6 +17,7 @@ from serve_app import keyring
 from serve_app.ingress.anthropic import signatures
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
+from serve_app.ingress.responses.store import StoreClient
 from serve_app.ingress.responses.sqlite_store import SqliteResponseStore
 from serve_app.ingress.server import create_app
 from serve_app.settings import AppSettings
@@ -115,7 +116,7 @@ def start_app(store_path: str, environ: dict):
     svc = ResponsesStub()
     store = SqliteResponseStore(store_path)
     return create_app(IngressContext(settings=SETTINGS, service=svc, secret=ring,
-                                     extras={"response_store": store})), svc, store
+                                     response_store=StoreClient(store))), svc, store
 
 
 def oai(app):

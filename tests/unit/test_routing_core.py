@@ -5,6 +5,7 @@ import pytest
 from serve_app.routing.core import RouteRequest, RouterCore
 from serve_app.routing.hashing import block_hashes
 from serve_app.routing.index import EVENTS, PREDICTED, ReplicaBlocks
+from serve_app.routing.kv_events import KvFeeds
 
 BS = 4
 
@@ -199,16 +200,29 @@ def test_new_prompt_avoids_a_replica_far_busier_than_the_idlest():
 
 def test_register_replica_mode_follows_the_event_feed():
     c = RouterCore("kv", BS)
-    c.register_replica("p", None, None, BS)
-    c.register_replica("e", "tcp://127.0.0.1:1", None, BS)  # no running loop: events via apply_events
+    feeds = KvFeeds(c)
+    feeds.register("p", None, None, BS)
+    feeds.register("e", "tcp://127.0.0.1:1", None, BS)  # no running loop: events via apply
     modes = {r: m["mode"] for r, m in c.metrics()["replicas"].items()}
     assert modes == {"p": PREDICTED, "e": EVENTS}
-    c2 = RouterCore("kv", BS, kv_events=False)
-    c2.register_replica("e", "tcp://127.0.0.1:1", None, BS)
+    c2 = RouterCore("kv", BS)
+    KvFeeds(c2, enabled=False).register("e", "tcp://127.0.0.1:1", None, BS)
     assert c2.metrics()["replicas"]["e"]["mode"] == PREDICTED
+
+
+def test_a_removed_replica_loses_its_feed_and_the_policys_memory():
+    c = RouterCore("prefix_affinity", BS, seed=0)
+    feeds = KvFeeds(c)
+    for rid in ("a", "b"):
+        feeds.register(rid, "tcp://127.0.0.1:1", None, BS)
+    c.choose(req("1", PROMPT), ["a", "b"])
+    routed = next(iter(c._policy.tree))
+    c.sync_replicas([r for r in ("a", "b") if r != routed])
+    feeds.retain()
+    assert routed not in feeds.feeds and routed not in c._policy.tree and len(feeds.feeds) == 1
 
 
 def test_block_size_comes_from_the_first_engine():
     c = RouterCore("kv", 16)
-    c.register_replica("r", None, None, 128)
+    c.register_replica("r", 128)
     assert c.block_size == 128

@@ -8,7 +8,7 @@ from ray.serve._private.common import DeploymentHandleSource, DeploymentID, Repl
 from ray.serve.request_router import PendingRequest
 
 from serve_app.app import _engine_options
-from serve_app.engine.vllm_engine import EngineRequest
+from serve_app.engine.types import EngineRequest
 from serve_app.routing.serve_router import TargetReplicaRouter
 from serve_app.settings import ModelConfig
 

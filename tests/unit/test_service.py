@@ -15,9 +15,9 @@ from serve_app.conversation import (
     Conversation, Finish, GenerationOptions, Message, ReasoningDelta, TextDelta, TextPart, ToolCallStart, ToolResultPart,
     Usage,
 )
-from serve_app.engine.vllm_engine import EngineChunk
+from serve_app.engine.types import EngineChunk
 from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong
-from serve_app.routing.core import Decision
+from serve_app.routing.types import Decision
 from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from serve_app.engine.vllm_engine import EngineChunk, merge_chunks
+from serve_app.engine.types import EngineChunk, merge_chunks
 from serve_app.ingress import sse
 from serve_app.streams import Pump
 

@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from serve_app import tenants
-from serve_app.engine.vllm_engine import EngineChunk
+from serve_app.engine.types import EngineChunk
 from serve_app.errors import ServiceError
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.context import IngressContext

@@ -15,8 +15,6 @@ import json
 import re
 from typing import Any, Mapping
 
-from pydantic import ValidationError
-
 from serve_app.conversation import (
     Conversation,
     DocumentPart,
@@ -34,8 +32,7 @@ from serve_app.conversation import (
 from serve_app.errors import InvalidRequest
 from serve_app.ingress import output_format
 from serve_app.ingress.anthropic import signatures
-from serve_app.ingress.anthropic.errors import validation_error
-from serve_app.ingress.common import agent_hints
+from serve_app.ingress.common import agent_hints, parse_model
 from serve_app.protocols import anthropic as wire
 
 # -- tool ids --------------------------------------------------------------------------------------------------
@@ -68,13 +65,6 @@ def ir_tool_id(wire_id: str) -> str:
 
 
 # -- request parsing -------------------------------------------------------------------------------------------
-
-
-def parse(cls: type, body: dict[str, Any]):
-    try:
-        return cls.model_validate(body)
-    except ValidationError as e:
-        raise validation_error(e, body) from None
 
 
 def _image(block: wire.ImageBlock, where: str) -> ImagePart:
@@ -278,10 +268,10 @@ def to_conversation(
 
 
 def messages_request(body: dict[str, Any]) -> wire.MessagesRequest:
-    return parse(wire.MessagesRequest, body)
+    return parse_model(wire.MessagesRequest, body)
 
 
 def count_tokens_request(body: dict[str, Any]) -> wire.CountTokensRequest:
     # count_tokens bodies may still carry max_tokens/stream (SDKs reuse the create params): ignored.
-    return parse(wire.CountTokensRequest, body)
+    return parse_model(wire.CountTokensRequest, body)
 

@@ -1,4 +1,4 @@
-"""Semantic events → Chat Completions chunks (streaming) or one completion object (the stream folded).
+"""Semantic events → Chat Completions chunks (streaming), and the completion object as that stream folded.
 
 With tool dispatch on, each tool call is also announced on an SSE side channel (`event: tool_call_dispatch`)
 the moment its arguments are complete, so a harness can start running it before the turn ends.
@@ -20,26 +20,11 @@ from serve_app.conversation import (
     ToolCallStart,
     Usage,
 )
+from serve_app.errors import ServiceError
 from serve_app.ingress import sse
+from serve_app.ingress.openai_errors import error_body
 
 FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop"}
-
-ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "request_too_large": "invalid_request_error",
-    "rate_limit": "rate_limit_error",
-    "overloaded": "server_overloaded",
-    "timeout": "timeout",
-    "api_error": "server_error",
-}
-
-
-def error_body(kind: str, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(kind, "server_error"), "param": param, "code": code}}
-
 
 def usage_dict(u: Usage) -> dict[str, Any]:
     return {
@@ -110,52 +95,82 @@ class ChatStreamEncoder:
             return []
         if isinstance(ev, Finish):
             if ev.reason == "error":
-                return [sse.frame(error_body(ev.error_kind or "api_error", ev.error or "engine error")), sse.DONE]
+                return self.error(ev.error_kind or "api_error", ev.error or "engine error")
             out = [self._chunk({}, FINISH.get(ev.reason, "stop"))]
             if self.include_usage and self._usage is not None:
-                out.append(sse.frame({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                                      "model": self.model, "choices": [], "usage": usage_dict(self._usage)}))
+                out.append(self._usage_chunk(self._usage))
             out.append(sse.DONE)
             return out
         return []
 
+    def _usage_chunk(self, usage: Usage) -> bytes:
+        return sse.frame({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                          "model": self.model, "choices": [], "usage": usage_dict(usage)})
+
+    def error(self, kind: str, message: str) -> list[bytes]:
+        """The stream's end for a failure: the OpenAI error object as a data frame, then [DONE]."""
+        return [sse.frame(error_body(kind, message)), sse.DONE]
+
+
+class _Fold(ChatStreamEncoder):
+    """The encoder with each chunk applied to one message, as a client's accumulator applies it, instead of framed."""
+
+    def __init__(self, model: str, request_id: str):
+        super().__init__(model, request_id, include_usage=True)
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason = "stop"
+        self.usage = Usage(0, 0)
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        if "content" in delta and "role" not in delta:  # the opening chunk's empty content is not content
+            self.content.append(delta["content"])
+        if "reasoning_content" in delta:
+            self.reasoning.append(delta["reasoning_content"])
+        for tc in delta.get("tool_calls", ()):
+            call = self.calls.setdefault(tc["index"], {"id": tc.get("id"), "name": None, "arguments": []})
+            call["name"] = tc["function"].get("name") or call["name"]
+            call["arguments"].append(tc["function"].get("arguments", ""))
+        if finish is not None:
+            self.finish_reason = finish
+        return b""
+
+    def _usage_chunk(self, usage: Usage) -> bytes:
+        self.usage = usage
+        return b""
+
+    def error(self, kind: str, message: str) -> list[bytes]:
+        raise ServiceError(kind, message)  # type: ignore[arg-type]
+
+    def body(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": "".join(self.content) if self.content or not self.calls else None}
+        if self.reasoning:
+            message["reasoning_content"] = "".join(self.reasoning)
+        if self.calls:
+            message["tool_calls"] = [
+                {"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": "".join(c["arguments"])}}
+                for _, c in sorted(self.calls.items())
+            ]
+        return {
+            "id": self.id,
+            "object": "chat.completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish_reason}],
+            "usage": usage_dict(self.usage),
+        }
+
 
 def completion_body(model: str, request_id: str, events: list[Event]) -> dict[str, Any]:
-    """The non-streaming response: the same events folded into one message."""
-    content: list[str] = []
-    reasoning: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
-    usage = Usage(0, 0)
-    finish = Finish("stop")
+    """The non-streaming response: the stream's own chunks folded into one message (so the two cannot disagree).
+    A failed generation raises its ServiceError."""
+    fold = _Fold(model, request_id)
+    fold.start()
     for ev in events:
-        if isinstance(ev, TextDelta):
-            content.append(ev.text)
-        elif isinstance(ev, ReasoningDelta):
-            reasoning.append(ev.text)
-        elif isinstance(ev, ToolCallStart):
-            calls[ev.index] = {"id": ev.id, "type": "function", "function": {"name": ev.name, "arguments": []}}
-        elif isinstance(ev, ToolCallArgsDelta):
-            calls[ev.index]["function"]["arguments"].append(ev.arguments)
-        elif isinstance(ev, Usage) and not ev.estimated:
-            usage = ev
-        elif isinstance(ev, Finish):
-            finish = ev
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(content) if content or not calls else None}
-    if reasoning:
-        message["reasoning_content"] = "".join(reasoning)
-    if calls:
-        message["tool_calls"] = [
-            {**c, "function": {"name": c["function"]["name"], "arguments": "".join(c["function"]["arguments"])}}
-            for _, c in sorted(calls.items())
-        ]
-    return {
-        "id": f"chatcmpl-{request_id}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": FINISH.get(finish.reason, "stop")}],
-        "usage": usage_dict(usage),
-    }
+        fold.event(ev)
+    return fold.body()
 
 
 def _compact(obj: Any) -> str:

@@ -28,7 +28,7 @@ from serve_app.conversation import (
 )
 from serve_app.errors import InvalidRequest
 from serve_app.ingress import output_format
-from serve_app.ingress.common import agent_hints
+from serve_app.ingress.common import agent_hints, parse_model
 from serve_app.protocols.responses import (
     CustomTool,
     CustomToolCallItem,
@@ -173,6 +173,11 @@ def items_to_messages(
             )]))
         # other item types (web_search_call, compaction, item_reference, ...) carry nothing the model can use
     return messages
+
+
+def parse_responses_request(body: Any) -> ResponsesRequest:
+    """Validate a request body; errors name the offending field (`input.3.call_id`), as a 400."""
+    return parse_model(ResponsesRequest, body)
 
 
 def responses_to_conversation(

@@ -363,9 +363,10 @@ class ResponsesEncoder:
                     "arguments": args, "status": "completed"}
         out.append(self._done_item(call["index"], item))
 
-    def finish(self, fin: Finish) -> list[bytes]:
+    def _end(self) -> list[bytes] | None:
+        """Close every open item and fill in the output and usage; None if the response had already ended."""
         if self.finished:
-            return []
+            return None
         self.finished = True
         out: list[bytes] = []
         self._close_open(out)
@@ -373,11 +374,15 @@ class ResponsesEncoder:
             self._end_call(index, out)
         self.response["output"] = [it for it in self._items if it is not None]
         self.response["usage"] = usage_object(self.usage)
+        return out
+
+    def finish(self, fin: Finish) -> list[bytes]:
         if fin.reason == "error":
-            self.response["status"] = "failed"
-            self.response["error"] = {"code": error_code(fin.error_kind), "message": fin.error or "engine error"}
-            out.append(self._ev("response.failed", response=self.response))
-        elif fin.reason == "length":
+            return self.fail(error_code(fin.error_kind), fin.error or "engine error")
+        out = self._end()
+        if out is None:
+            return []
+        if fin.reason == "length":
             self.response["status"] = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
             out.append(self._ev("response.incomplete", response=self.response))
@@ -388,16 +393,10 @@ class ResponsesEncoder:
         return out
 
     def fail(self, code: str, message: str) -> list[bytes]:
-        """End the stream with `response.failed` for an error raised before or outside the event stream."""
-        if self.finished:
+        """End the stream with `response.failed` (an engine error, or one raised outside the event stream)."""
+        out = self._end()
+        if out is None:
             return []
-        self.finished = True
-        out: list[bytes] = []
-        self._close_open(out)
-        for index in sorted(self._calls):
-            self._end_call(index, out)
-        self.response["output"] = [it for it in self._items if it is not None]
-        self.response["usage"] = usage_object(self.usage)
         self.response["status"] = "failed"
         self.response["error"] = {"code": code, "message": message}
         out.append(self._ev("response.failed", response=self.response))

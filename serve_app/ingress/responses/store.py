@@ -5,8 +5,8 @@ created through one replica is found through any other. Bounded two ways: entrie
 item or byte cap the least recently used entries are evicted. Two stores behind one interface (put/get/delete):
 `SqliteResponseStore` (sqlite_store.py, the default: it survives a restart of the app) and `ResponseStoreCore`
 (in memory), chosen by `ingress.response_store_backend`; both plain logic, unit-tested without Ray.
-`ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is
-passed to the ingress in `extras["response_store"]` and arrives there as a DeploymentHandle).
+`ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is passed to the
+Ingress deployment, arrives there as a DeploymentHandle and reaches the routes as a `StoreClient`).
 
 A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
 follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
@@ -109,7 +109,7 @@ class ResponseStore:
 
 
 def bind_store(settings) -> Any:
-    """The bound store deployment for `build_app` (see serve_app/app.py `_extras`)."""
+    """The bound store deployment for `build_app` (serve_app/app.py)."""
     ing = settings.ingress
     return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
                               ing.response_store_backend, ing.response_store_path)

@@ -134,7 +134,7 @@ def responses_next_turn(body: dict[str, Any], events: list[Event], secret: bytes
 def responses_conversation(body: dict[str, Any], secret: bytes) -> tuple[Conversation, GenerationOptions]:
     from serve_app.ingress.responses.convert import responses_to_conversation
     from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
-    from serve_app.protocols.responses import parse_responses_request
+    from serve_app.ingress.responses.convert import parse_responses_request
 
     sealer = ReasoningSealer(secret)
     return responses_to_conversation(parse_responses_request(body),

@@ -1,0 +1,66 @@
+"""Anthropic Messages as an ApiAdapter (ingress/streaming.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+
+from serve_app.conversation import Event
+from serve_app.errors import ServiceError
+from serve_app.ingress.anthropic.convert import messages_request, to_conversation
+from serve_app.ingress.anthropic.encode import MessageEncoder, error_event, fold, to_frames
+from serve_app.ingress.anthropic.errors import new_request_id
+from serve_app.ingress.context import IngressContext
+from serve_app.ingress.streaming import AdapterDefaults, Call, until_finished
+
+
+def request_id(request: Request) -> str:
+    """The id that names this request in its answer, headers and any error (anthropic_envelope reads it)."""
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        rid = request.state.request_id = new_request_id()
+    return rid
+
+
+class MessagesWire:
+    def __init__(self, encoder: MessageEncoder):
+        self.encoder = encoder
+
+    @property
+    def finished(self) -> bool:
+        return self.encoder.done
+
+    def start(self) -> bytes:
+        return b""  # message_start goes out with the first event, which carries the prompt's usage
+
+    def events(self, batch: list[Event]) -> bytes:
+        out = until_finished(self.encoder.event, batch, lambda: self.encoder.done)
+        return to_frames(out) if out else b""
+
+    def keepalive(self) -> bytes:
+        return to_frames(self.encoder.ping())
+
+    def fail(self, err: ServiceError) -> bytes:
+        self.encoder.done = True
+        return to_frames([error_event(err.kind, err.message)])
+
+    def fold(self, events: list[Event]) -> dict[str, Any]:
+        return fold([se for ev in events for se in self.encoder.event(ev)])
+
+
+class MessagesApi(AdapterDefaults):
+    async def parse(self, body: Any, request: Request, ctx: IngressContext) -> Call:
+        req = messages_request(body)
+        conv, opts = to_conversation(req, ctx.secret, request.headers)
+        return Call(wire=req, model=req.model, conversation=conv, options=opts, stream=bool(req.stream))
+
+    def encoder(self, call: Call, request_id: str, prompt_tokens: int, ctx: IngressContext) -> MessagesWire:
+        return MessagesWire(MessageEncoder(call.wire.model, "msg_" + request_id, thinking=bool(call.options.thinking),
+                                           secret=ctx.secret, prompt_tokens=prompt_tokens))
+
+    def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:
+        return {"request-id": request_id(request)}
+
+
+MESSAGES = MessagesApi()

@@ -1,0 +1,141 @@
+"""OpenAI Responses as an ApiAdapter (ingress/streaming.py), with the store behind `previous_response_id`."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+
+from serve_app.conversation import Event
+from serve_app.errors import ServiceError
+from serve_app.ingress.context import IngressContext, RecordStore
+from serve_app.ingress.responses.convert import (
+    custom_tool_names,
+    echo_fields,
+    parse_responses_request,
+    responses_to_conversation,
+)
+from serve_app.ingress.responses.encode import ResponsesEncoder, error_code, fold, new_id
+from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
+from serve_app.ingress.streaming import AdapterDefaults, Call, until_finished
+from serve_app.protocols.responses import INPUT_ITEMS, ResponsesRequest
+
+log = logging.getLogger(__name__)
+
+KEEPALIVE = b": keep-alive\n\n"
+# Failures a streaming client should get in-protocol (`response.failed` with a code Codex acts on), not as HTTP.
+STREAMED_FAILURES = ("context_length_exceeded", "rate_limit_exceeded", "server_is_overloaded")
+
+
+@functools.lru_cache(maxsize=4)
+def sealer(secret: bytes) -> ReasoningSealer:
+    return ReasoningSealer(secret)  # one per server secret: its key is derived once
+
+
+def replica_headers(ctx: IngressContext) -> dict[str, str]:
+    """`x-serve-replica`: which ingress replica answered (lets tests and operators see cross-replica use)."""
+    return {"x-serve-replica": ctx.replica_tag} if ctx.replica_tag else {}
+
+
+@dataclass
+class ResponsesCall:
+    request: ResponsesRequest
+    history: list[dict[str, Any]]  # the stored items of the previous_response_id chain, as stored
+
+
+class ResponsesWire:
+    def __init__(self, encoder: ResponsesEncoder):
+        self.encoder = encoder
+
+    @property
+    def finished(self) -> bool:
+        return self.encoder.finished
+
+    def start(self) -> bytes:
+        return b"".join(self.encoder.start())
+
+    def events(self, batch: list[Event]) -> bytes:
+        return b"".join(until_finished(self.encoder.event, batch, lambda: self.encoder.finished))
+
+    def keepalive(self) -> bytes:
+        return KEEPALIVE
+
+    def fail(self, err: ServiceError) -> bytes:
+        code = error_code(err.kind, err.code)
+        message = err.message
+        if code == "rate_limit_exceeded" and err.retry_after:
+            message = f"{message}. Please try again in {err.retry_after:.1f}s."  # the words Codex reads a delay from
+        return b"".join(self.encoder.fail(code, message))
+
+    def fold(self, events: list[Event]) -> dict[str, Any]:
+        response = fold(self.encoder, events)
+        if response["status"] == "failed":
+            err = response["error"] or {}
+            raise ServiceError("overloaded" if err.get("code") == "server_is_overloaded" else "api_error",
+                               err.get("message") or "generation failed", code=err.get("code"))
+        return response
+
+
+class ResponsesApi(AdapterDefaults):
+    # response.created leaves at once, before the engine is reached; refusals arrive as response.failed.
+    peek_refusals = False
+
+    async def parse(self, body: Any, request: Request, ctx: IngressContext) -> Call:
+        req = parse_responses_request(body)
+        ctx.service.resolve_model(req.model)
+        history = await _history(ctx.response_store, req.previous_response_id) if req.previous_response_id else []
+        seal = sealer(ctx.secret)
+        conv, opts = responses_to_conversation(req, lambda token, param: seal.open(token, param=param),
+                                               INPUT_ITEMS.validate_python(history) if history else None)
+        if opts.session_key is None:  # Codex sends its conversation id as a header too
+            opts.session_key = request.headers.get("session_id") or request.headers.get("x-session-id")
+        return Call(wire=ResponsesCall(req, history), model=req.model, conversation=conv, options=opts,
+                    stream=req.stream)
+
+    def encoder(self, call: Call, request_id: str, prompt_tokens: int, ctx: IngressContext) -> ResponsesWire:
+        req = call.wire.request
+        return ResponsesWire(ResponsesEncoder(
+            response_id=new_id("resp"),
+            model=req.model,
+            echo=echo_fields(req),
+            custom_tools=custom_tool_names(req),
+            summaries=bool(req.reasoning and req.reasoning.summary and req.reasoning.summary != "none"),
+            seal=sealer(ctx.secret).seal if req.wants_encrypted_reasoning() else None,
+        ))
+
+    def fails_in_stream(self, call: Call, err: ServiceError) -> bool:
+        return error_code(err.kind, err.code) in STREAMED_FAILURES
+
+    async def finished(self, call: Call, encoder: ResponsesWire, ctx: IngressContext) -> None:
+        """Store the response (unless `store: false`), so a follow-up that names it finds it on any replica."""
+        store, req, response = ctx.response_store, call.wire.request, encoder.encoder.response
+        if store is None or req.store is False:
+            return
+        record = {"response": response, "items": [*call.wire.history, *_dump_items(req), *response["output"]]}
+        try:
+            await store.put(response["id"], record)
+        except Exception:  # the answer still goes out; only later lookups of this id will miss
+            log.exception("could not store response %s", response["id"])
+
+    def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:
+        return replica_headers(ctx)
+
+
+RESPONSES = ResponsesApi()
+
+
+def _dump_items(req: ResponsesRequest) -> list[dict[str, Any]]:
+    if isinstance(req.input, str):
+        return [{"type": "message", "role": "user", "content": req.input}]
+    return [item.model_dump(exclude_none=True) for item in req.input]
+
+
+async def _history(store: RecordStore | None, response_id: str) -> list[dict[str, Any]]:
+    record = await store.get(response_id) if store is not None else None
+    if record is None:
+        raise ServiceError("not_found", f"previous_response_id: no stored response with id {response_id!r}",
+                           param="previous_response_id", code="previous_response_not_found")
+    return record["items"]

@@ -1,0 +1,22 @@
+"""What crosses between the ingress and the Router: plain data, light to import (the ingress and the policies
+name these without loading the routing core)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    request_id: str
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of the prompt's full blocks
+    num_prompt_tokens: int = 0
+    expected_output_tokens: int = 256  # agent_hints.osl when given
+    session_key: str | None = None
+
+
+@dataclass(slots=True)
+class Decision:
+    replica_id: str
+    policy: str
+    cached_blocks: int = 0  # blocks of the prompt the chosen replica is believed to hold

@@ -1,0 +1,1 @@
+"""Helpers for tests and benchmarks; the app never imports these."""

@@ -1,0 +1,128 @@
+"""The one generation driver (serve_app/ingress/streaming.py), seen through the Chat route: the non-streaming body
+is the stream folded, refusals before output keep their HTTP status, a stream cut short ends in-protocol."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import httpx
+import pytest
+
+from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage
+from serve_app.errors import Overloaded
+from serve_app.ingress.context import IngressContext
+from serve_app.ingress.server import create_app
+from serve_app.service import PreparedRequest
+from serve_app.settings import AppSettings
+
+SETTINGS = AppSettings.model_validate({"models": [{"id": "m1"}]})
+
+SCRIPTS = {
+    "think_call": [Usage(7, 0, estimated=True), ReasoningDelta("let me "), ReasoningDelta("look"), TextDelta("ok "),
+                   ToolCallStart(0, "call_1", "ls"), ToolCallArgsDelta(0, '{"path":'), ToolCallArgsDelta(0, ' "."}'),
+                   ToolCallEnd(0), Usage(7, 9, cached_tokens=3, reasoning_tokens=2), Finish("tool_calls")],
+    "refused": [Finish("error", error="the engine queue is full", error_kind="overloaded")],
+    "cut_short": [Usage(7, 0, estimated=True), TextDelta("par")],
+    "fails_late": [Usage(7, 0, estimated=True), TextDelta("par"), Finish("error", error="engine died",
+                                                                         error_kind="api_error")],
+}
+
+
+class StubService:
+    async def prepare(self, conv, opts, model_id):
+        if model_id == "busy":
+            raise Overloaded(retry_after=2.5)
+        model = SETTINGS.find_model(model_id)
+        return PreparedRequest(request_id=uuid.uuid4().hex, model_id=model_id, model=model, conversation=conv,
+                               options=opts, prompt_token_ids=[1] * 7, max_tokens=16)
+
+    async def stream(self, prepared):
+        for ev in SCRIPTS[prepared.conversation.messages[-1].parts[0].text]:
+            yield ev
+
+    async def complete(self, prepared):
+        return [ev async for ev in self.stream(prepared)]
+
+
+def client() -> httpx.AsyncClient:
+    app = create_app(IngressContext(settings=SETTINGS, service=StubService(), secret=b"s"))
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+
+
+def body(script: str, **kw) -> dict:
+    return {"model": "m1", "messages": [{"role": "user", "content": script}], **kw}
+
+
+def data_frames(raw: str) -> list:
+    out = []
+    for block in raw.split("\n\n"):
+        lines = [ln for ln in block.split("\n") if ln.startswith("data: ")]
+        if lines:
+            payload = lines[0][6:]
+            out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def fold(frames: list) -> tuple[dict, str | None, dict | None]:
+    """What the openai SDK's stream accumulator builds: the message, the finish reason, the usage."""
+    msg: dict = {"content": "", "reasoning_content": "", "tool_calls": {}}
+    finish = usage = None
+    for f in frames:
+        if f == "[DONE]":
+            continue
+        usage = f.get("usage") or usage
+        for choice in f.get("choices", ()):
+            d = choice["delta"]
+            msg["content"] += d.get("content") or ""
+            msg["reasoning_content"] += d.get("reasoning_content") or ""
+            for tc in d.get("tool_calls") or []:
+                c = msg["tool_calls"].setdefault(tc["index"], {"id": None, "name": None, "arguments": ""})
+                c["id"] = tc.get("id") or c["id"]
+                c["name"] = tc["function"].get("name") or c["name"]
+                c["arguments"] += tc["function"].get("arguments") or ""
+            finish = choice["finish_reason"] or finish
+    return msg, finish, usage
+
+
+async def test_the_non_streaming_body_is_the_stream_folded():
+    async with client() as c:
+        whole = (await c.post("/v1/chat/completions", json=body("think_call"))).json()
+        r = await c.post("/v1/chat/completions", json=body("think_call", stream=True,
+                                                            stream_options={"include_usage": True}))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    frames = data_frames(r.text)
+    assert frames[-1] == "[DONE]"
+    msg, finish, usage = fold(frames)
+    got = whole["choices"][0]["message"]
+    assert got["content"] == msg["content"] == "ok "
+    assert got["reasoning_content"] == msg["reasoning_content"] == "let me look"
+    assert [(t["id"], t["function"]["name"], t["function"]["arguments"]) for t in got["tool_calls"]] == [
+        (c["id"], c["name"], c["arguments"]) for _, c in sorted(msg["tool_calls"].items())] == [
+        ("call_1", "ls", '{"path": "."}')]
+    assert whole["choices"][0]["finish_reason"] == finish == "tool_calls"
+    assert whole["usage"] == usage and usage["prompt_tokens_details"]["cached_tokens"] == 3
+    assert whole["object"] == "chat.completion" and frames[0]["object"] == "chat.completion.chunk"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_refusals_before_any_output_keep_their_http_status(stream):
+    async with client() as c:
+        r = await c.post("/v1/chat/completions", json=body("refused", stream=stream))
+        assert r.status_code == 529 and r.json()["error"]["type"] == "server_overloaded"
+        assert r.headers["retry-after"] == "1"
+        r = await c.post("/v1/chat/completions", json={**body("x", stream=stream), "model": "busy"})
+        assert r.status_code == 529 and r.headers["retry-after"] == "3"  # 2.5 s, rounded up
+
+
+async def test_failures_after_output_end_the_stream_in_protocol():
+    async with client() as c:
+        for script, message in (("fails_late", "engine died"),
+                                ("cut_short", "the generation ended without finishing")):
+            r = await c.post("/v1/chat/completions", json=body(script, stream=True))
+            frames = data_frames(r.text)
+            assert r.status_code == 200 and frames[-1] == "[DONE]", script
+            assert frames[-2]["error"]["message"] == message and frames[-2]["error"]["type"] == "server_error"
+            assert fold(frames)[0]["content"] == "par"
+        r = await c.post("/v1/chat/completions", json=body("fails_late"))
+        assert r.status_code == 500 and r.json()["error"]["message"] == "engine died"
