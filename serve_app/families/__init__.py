@@ -45,11 +45,17 @@ class Family(_Strict):
     reasoning_parser: str | None
     tool_parser: str | None
     thinking_in_prompt: bool
+    thinking_can_be_disabled: bool
     thinking_replay: ThinkingReplay
     stop_tokens: list[str]
     chat_template_kwargs: dict[str, str]  # kwarg → what it does
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
-    limits: list[str] = Field(default_factory=list)
+    # What one assistant turn of the template can carry (the round-trip test asserts each false one).
+    parallel_calls: bool = True  # several calls in one turn
+    no_argument_calls: bool = True  # a call with an empty arguments object
+    text_reasoning_and_calls: bool = True  # reasoning, text and calls together in one turn
+    reasoning_with_calls: bool = True  # a turn with calls renders its reasoning
+    limits: list[str] = Field(default_factory=list)  # further limits, in words
 
     @property
     def template_path(self) -> Path:
