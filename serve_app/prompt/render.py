@@ -12,7 +12,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from serve_app.conversation import Conversation, GenerationOptions, Message, ReasoningPart, TextPart, ToolCallPart
+from serve_app.conversation import (
+    Conversation,
+    GenerationOptions,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from serve_app.errors import InvalidRequest, ServiceError
 from serve_app.prompt.messages import to_template_messages, to_template_tools
 from serve_app.prompt.policy import ReplayPolicy, closed_empty_block, decide_policy, prompt_starts_in_reasoning
@@ -170,18 +178,28 @@ class PromptRenderer:
         except Exception:  # noqa: BLE001
             return policy
         candidates: list[str] = ["none"] + (["field"] if policy.fields else []) + ["inline"]
+        user = Message("user", [TextPart("x")])
+        # An answer before the next query, and (with tools) a turn inside a tool loop: templates that keep only the
+        # current loop's thinking (Qwen3) render the two differently, and the loop is where agents spend turns.
+        shapes = [[user, Message("assistant", [TextPart(answer)]), Message("user", [TextPart("y")])]]
+        if model.tool_parser:
+            shapes.append([user, Message("assistant", [TextPart(answer), ToolCallPart("call_0", "probe", "{}")]),
+                           Message("user", [ToolResultPart("call_0", "ok", name="probe")])])
+        best, best_score = None, 0
         for how in candidates:
             trial = replace(policy, empty_block=block, empty_replay=how)  # type: ignore[arg-type]
-            conv = Conversation(messages=[Message("user", [TextPart("x")]), Message("assistant", [TextPart(answer)]),
-                                          Message("user", [TextPart("y")])])
-            msgs = to_template_messages(conv, trial, thinking_off=True)
-            try:
-                text = self._probe_render(msgs, False, False)
-            except Exception:  # noqa: BLE001
-                continue
-            if text.startswith(prompt + answer):
-                return trial
-        return replace(policy, empty_block=block)
+            score = 0
+            for weight, shape in zip((1, 2), shapes):
+                msgs = to_template_messages(Conversation(messages=shape), trial, thinking_off=True)
+                try:
+                    text = self._probe_render(msgs, False, False)
+                except Exception:  # noqa: BLE001
+                    continue
+                if text.startswith(prompt + answer):
+                    score += weight
+            if score > best_score:
+                best, best_score = trial, score
+        return best or replace(policy, empty_block=block)
 
     def _probe_tool_reasoning(self, policy: ReplayPolicy) -> ReplayPolicy:
         """Drop mode: does a tool-call turn's inlined reasoning render as one think block? Not where the template
