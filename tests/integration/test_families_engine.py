@@ -185,7 +185,11 @@ def session(url: str, renderers, name: str) -> None:
     assert result.reused >= len(result.cached) - 1, result.diverges_at(tok)
     assert cached2 >= ((result.reused - 1) // BLOCK) * BLOCK
     got2 = folded(api, resp2)
-    assert same(got2, expected(answer)), f"{name} turn 2 via {api}: script {script2!r} gave {got2}"
+    want2 = expected(answer)
+    if want2[0] not in script2:  # DeepSeek-V3.1 does not think after a tool result: its template has no place for it
+        assert fam.thinking_replay == "drops"
+        want2 = ("", *want2[1:])
+    assert same(got2, want2), f"{name} turn 2 via {api}: script {script2!r} gave {got2}"
 
 
 @pytest.fixture(scope="module")
