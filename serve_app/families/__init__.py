@@ -55,6 +55,7 @@ class Family(_Strict):
     no_argument_calls: bool = True  # a call with an empty arguments object
     text_reasoning_and_calls: bool = True  # reasoning, text and calls together in one turn
     reasoning_with_calls: bool = True  # a turn with calls renders its reasoning
+    declares_tools: bool = True  # the template writes the request's tool schemas into the prompt
     limits: list[str] = Field(default_factory=list)  # further limits, in words
 
     @property

@@ -346,6 +346,13 @@ def test_template_refuses_text_with_reasoning_and_calls(tokenizer_path, name):
         r.render_sync(conv, GenerationOptions(thinking=True))
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tools_reach_the_prompt_as_the_catalog_says(tokenizer_path, name):
+    fam = get_family(name)
+    prompt = renderer(tokenizer_path, name).render_sync(base_conv(), GenerationOptions(thinking=True)).text
+    assert all(t.name in prompt for t in SCHEMAS) is fam.declares_tools
+
+
 @pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).reasoning_with_calls])
 def test_template_drops_the_reasoning_of_a_tool_call_turn(tokenizer_path, name):
     fam = get_family(name)
