@@ -2,6 +2,7 @@
 subparser in `build_parser`.
 
     codex-config --base-url URL   print a Codex config.toml provider block and write the model catalog it names
+    families [--json]             the model-family catalog: templates (source, revision, license), parsers, thinking
 """
 
 from __future__ import annotations
@@ -46,6 +47,24 @@ def _cmd_codex_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_families(args: argparse.Namespace) -> int:
+    import json
+
+    from serve_app.families import load_catalog
+
+    catalog = load_catalog()
+    if args.json:
+        print(json.dumps({name: fam.summary() for name, fam in catalog.items()}, indent=2, ensure_ascii=False))
+        return 0
+    print(f"{'family':14} {'reasoning':12} {'tools':13} {'in prompt':9} {'replay':9}  template (source @ revision, license)")
+    for fam in catalog.values():
+        src = fam.source
+        print(f"{fam.name:14} {fam.reasoning_parser or '-':12} {fam.tool_parser or '-':13} "
+              f"{'yes' if fam.thinking_in_prompt else 'no':9} {fam.thinking_replay:9}  {fam.template} "
+              f"({src.repo}:{src.path} @ {src.commit[:12]}, {src.license})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m serve_app", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "none otherwise)")
     codex.add_argument("--no-env-key", action="store_true", help="never name an env var, even with API keys")
     codex.set_defaults(func=_cmd_codex_config)
+
+    families = sub.add_parser("families", help="the model-family catalog (templates, parsers, thinking policy)")
+    families.add_argument("--json", action="store_true", help="the whole catalog as JSON")
+    families.set_defaults(func=_cmd_families)
     return parser
 
 

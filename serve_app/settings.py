@@ -45,6 +45,10 @@ class ModelConfig(_Strict):
     """One served model: the weights, how vLLM runs them and how its output is parsed."""
 
     id: str  # the served model id clients use
+    # A model family from serve_app/families/catalog.yaml: fills reasoning_parser, tool_parser and
+    # default_chat_template_kwargs (fields set here win); family_template renders with the family's vendored template.
+    family: str | None = None
+    family_template: bool = False
     source: str | None = None  # HF id, local path, or an embedded default name; defaults to `id`
     aliases: list[str] = Field(default_factory=list)  # further ids answered by the same engine
     display_name: str | None = None
@@ -67,6 +71,17 @@ class ModelConfig(_Strict):
     @property
     def all_ids(self) -> list[str]:
         return [self.id, *self.aliases]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_family(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("family"):
+            from serve_app.families import apply_family
+
+            return apply_family(data)
+        if isinstance(data, dict) and data.get("family_template"):
+            raise ValueError("family_template needs a family")
+        return data
 
     @field_validator("chat_template")
     @classmethod

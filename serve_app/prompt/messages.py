@@ -67,9 +67,21 @@ def _tool_call(call: ToolCallPart, policy: ReplayPolicy) -> dict[str, Any]:
     return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": _arguments(call, policy)}}
 
 
-def _segments(parts: list[Part]) -> list[list[Part]]:
+def _unwrap(text: str, affixes: tuple[str, str]) -> str:
+    head, tail = affixes
+    if head and text.startswith(head):
+        text = text[len(head):]
+    if tail and text.endswith(tail):
+        text = text[: len(text) - len(tail)]
+    return text
+
+
+def _segments(parts: list[Part], policy: ReplayPolicy | None = None) -> list[list[Part]]:
     """Split an assistant turn where reasoning or text follows a tool call (or reasoning follows text), so each
     reasoning segment stays with the calls it explains, in order: think₀ call₀ think₁ call₁ → two turns."""
+    if (policy is not None and policy.lead_text and len(parts) > 1 and isinstance(parts[0], TextPart)
+            and parts[0].text == policy.lead_text and isinstance(parts[1], ReasoningPart)):
+        parts = parts[1:]  # the template writes it in front of the think block itself
     segments: list[list[Part]] = [[]]
     for part in parts:
         cur = segments[-1]
@@ -89,11 +101,13 @@ def _assistant(parts: list[Part], policy: ReplayPolicy, where: str, thinking_off
     out: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         out["tool_calls"] = [_tool_call(c, policy) for c in calls]
+    if policy.mode == "field":
+        out["content"] = _unwrap(text, policy.text_affixes if calls else policy.answer_affixes)
     if reasoning:
         if policy.mode == "field":
             for key in policy.fields:
-                out[key] = reasoning
-        elif policy.markers and (policy.mode == "inline" or calls):
+                out[key] = _unwrap(reasoning, policy.reasoning_affixes)
+        elif policy.markers and (policy.mode == "inline" or (calls and policy.inline_tool_reasoning)):
             out["content"] = policy.opener + reasoning + policy.markers[1] + text
         # drop mode, no tool call: the model was trained without its earlier thinking.
     elif thinking_off and policy.empty_replay != "none" and policy.markers:
@@ -150,7 +164,7 @@ def to_template_messages(conv: Conversation, policy: ReplayPolicy, *, thinking_o
             text = _JOIN.join(_text_of(p, f"{where}.content.{j}") for j, p in enumerate(msg.parts))
             out.append({"role": role, "content": text})
         elif msg.role == "assistant":
-            for seg in _segments(msg.parts):
+            for seg in _segments(msg.parts, policy):
                 for p in seg:
                     if isinstance(p, ToolCallPart):
                         call_names[p.id] = p.name

@@ -48,6 +48,18 @@ class ReplayPolicy:
     # "none": the template renders it already, or no representation round-trips). Found by probing the template.
     empty_block: str = ""
     empty_replay: Literal["none", "field", "inline"] = "none"
+    # Field mode: what the template writes around a reasoning field and an assistant text itself (e.g. Nemotron's
+    # "<think>\n" + reasoning + "\n</think>\n"), which the parser hands back as part of the reasoning or text it
+    # parsed. Replay takes it off again, or the next turn would render it twice. (prefix, suffix) pairs, found by
+    # rendering a probe turn and parsing it with the model's own parsers; text differs before calls and at the end.
+    reasoning_affixes: tuple[str, str] = ("", "")
+    text_affixes: tuple[str, str] = ("", "")  # text followed by tool calls
+    answer_affixes: tuple[str, str] = ("", "")  # text that ends the turn
+    lead_text: str = ""  # whitespace the template writes before the think block, parsed as text
+    # Drop mode: a tool-call turn keeps its reasoning inline (R1 style). False where the template writes its own
+    # empty think block in front of a tool-call turn's content (DeepSeek-V3.1): inlined reasoning would become a
+    # second think block the model never wrote, so it is dropped like an answer's.
+    inline_tool_reasoning: bool = True
 
 
 # The message keys templates read reasoning from: `reasoning_content` (Qwen3, GLM, Kimi, MiniMax, Nemotron),

@@ -12,7 +12,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from serve_app.conversation import Conversation, GenerationOptions, Message, ReasoningPart, TextPart
+from serve_app.conversation import (
+    Conversation,
+    GenerationOptions,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolResultPart,
+)
 from serve_app.errors import InvalidRequest, ServiceError
 from serve_app.parsers import REASONING_PARSERS
 from serve_app.prompt.messages import to_template_messages, to_template_tools
@@ -74,6 +82,12 @@ def _format_default(parser: str | None) -> bool:
     return bool(getattr(fmt, "starts_in_reasoning", False))
 
 
+def _whitespace_around(text: str, inner: str) -> tuple[str, str]:
+    """The whitespace right before and right after `inner` in `text` (what a template framed it with)."""
+    head, tail = text.split(inner, 1)
+    return head[len(head.rstrip()):], tail[: len(tail) - len(tail.lstrip())]
+
+
 def _template_message(e: Exception) -> str:
     text = str(e) or type(e).__name__
     return f"the chat template rejected the request: {text}"
@@ -110,6 +124,7 @@ class PromptRenderer:
         self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
+        self.policy = self._probe_affixes(self._probe_tool_reasoning(self.policy), model)
         self.replay_exact = self._probe_replay()
         if self.replay_exact is False and self.policy.mode != "drop":
             log.warning("model %s: an answer with reasoning does not render back as it was generated (replay mode "
@@ -160,18 +175,107 @@ class PromptRenderer:
         except Exception:  # noqa: BLE001
             return policy
         candidates: list[str] = ["none"] + (["field"] if policy.fields else []) + ["inline"]
+        user = Message("user", [TextPart("x")])
+        # An answer before the next query, and (with tools) a turn inside a tool loop: templates that keep only the
+        # current loop's thinking (Qwen3) render the two differently, and the loop is where agents spend turns.
+        shapes = [[user, Message("assistant", [TextPart(answer)]), Message("user", [TextPart("y")])]]
+        if model.tool_parser:
+            shapes.append([user, Message("assistant", [TextPart(answer), ToolCallPart("call_0", "probe", "{}")]),
+                           Message("user", [ToolResultPart("call_0", "ok", name="probe")])])
+        best, best_score = None, 0
         for how in candidates:
             trial = replace(policy, empty_block=block, empty_replay=how)  # type: ignore[arg-type]
-            conv = Conversation(messages=[Message("user", [TextPart("x")]), Message("assistant", [TextPart(answer)]),
-                                          Message("user", [TextPart("y")])])
-            msgs = to_template_messages(conv, trial, thinking_off=True)
-            try:
-                text = self._probe_render(msgs, False, False)
-            except Exception:  # noqa: BLE001
-                continue
-            if text.startswith(prompt + answer):
-                return trial
-        return replace(policy, empty_block=block)
+            score = 0
+            for weight, shape in zip((1, 2), shapes):
+                msgs = to_template_messages(Conversation(messages=shape), trial, thinking_off=True)
+                try:
+                    text = self._probe_render(msgs, False, False)
+                except Exception:  # noqa: BLE001
+                    continue
+                if text.startswith(prompt + answer):
+                    score += weight
+            if score > best_score:
+                best, best_score = trial, score
+        return best or replace(policy, empty_block=block)
+
+    def _probe_tool_reasoning(self, policy: ReplayPolicy) -> ReplayPolicy:
+        """Drop mode: does a tool-call turn's inlined reasoning render as one think block? Not where the template
+        writes its own (empty) block in front of the content."""
+        if policy.mode != "drop" or not policy.markers:
+            return policy
+        start, end = policy.markers
+        conv = Conversation(messages=[Message("user", [TextPart("Probe user.")]), Message("assistant", [
+            ReasoningPart("Probe reasoning."), ToolCallPart("functions.probe:0", "probe", "{}")])])
+        try:
+            text = self._probe_render(to_template_messages(conv, policy), True, False)
+        except Exception:  # noqa: BLE001 - no tool calls in this template: nothing to decide
+            return policy
+        user, at = text.find("Probe user."), text.find("Probe reasoning.")
+        if 0 <= user < at and start + end in text[user:at]:
+            return replace(policy, inline_tool_reasoning=False)
+        return policy
+
+    def _probe_affixes(self, policy: ReplayPolicy, model) -> ReplayPolicy:
+        """Field mode: render a probe turn (reasoning, text, and a call when there is a tool parser) as the model
+        would generate it, parse it with the model's parsers and see what the template added around the
+        reasoning and the text; kept only if the parsed turn then renders back byte for byte."""
+        if policy.mode != "field" or not model.reasoning_parser:
+            return policy
+        try:
+            from serve_app.parsers import fold_complete, parse_complete
+        except ImportError:
+            return policy
+        reasoning, answer = "Probe reasoning.", "Probe answer."
+        user = [Message("user", [TextPart("x")])]
+        call = [ToolCallPart("functions.probe:0", "probe", "{}")] if model.tool_parser else []
+        found: dict[str, tuple[str, str]] = {}
+        lead = ""
+
+        def emitted(pol: ReplayPolicy, parts: list) -> tuple[str, bool] | None:
+            prompt = self._probe_render(to_template_messages(Conversation(messages=user), pol), True, True)
+            conv = Conversation(messages=[*user, Message("assistant", parts)])
+            text = self._probe_render(to_template_messages(conv, pol), True, False)
+            if not text.startswith(prompt):
+                return None
+            starts = prompt_starts_in_reasoning(prompt, pol.markers, self.turn_starts,
+                                                self._format_starts_in_reasoning)
+            return text[len(prompt):], starts
+
+        def parsed(text: str, starts: bool) -> list:
+            return fold_complete(parse_complete(text, model.reasoning_parser, model.tool_parser,
+                                                starts_in_reasoning=starts))
+
+        try:
+            for key, calls in (("answer", []), ("calls", call)) if call else (("answer", []),):
+                got = emitted(policy, [ReasoningPart(reasoning), TextPart(answer), *calls])
+                if got is None:
+                    return policy
+                parts = parsed(*got)
+                for p in parts:
+                    if isinstance(p, ReasoningPart) and reasoning in p.text:
+                        found["reasoning"] = _whitespace_around(p.text, reasoning)
+                    elif isinstance(p, TextPart) and answer in p.text:
+                        found[key] = _whitespace_around(p.text, answer)
+                if (len(parts) > 1 and isinstance(parts[0], TextPart) and not parts[0].text.strip()
+                        and isinstance(parts[1], ReasoningPart)):
+                    lead = parts[0].text
+            trial = replace(policy, reasoning_affixes=found.get("reasoning", ("", "")),
+                            answer_affixes=found.get("answer", ("", "")), text_affixes=found.get("calls", ("", "")),
+                            lead_text=lead)
+            if trial == policy:
+                return policy
+            for key, calls in (("answer", []), ("calls", call)) if call else (("answer", []),):
+                got = emitted(trial, [ReasoningPart(reasoning), TextPart(answer), *calls])
+                r_head, r_tail = trial.reasoning_affixes
+                t_head, t_tail = trial.text_affixes if calls else trial.answer_affixes
+                # What the parser gave back for that text, replayed: must render the same text again.
+                again = emitted(trial, ([TextPart(lead)] if lead else []) + [
+                    ReasoningPart(r_head + reasoning + r_tail), TextPart(t_head + answer + t_tail), *calls])
+                if got is None or again is None or again[0] != got[0]:
+                    return policy
+        except Exception:  # noqa: BLE001 - a template or parser that cannot take the probe keeps the plain policy
+            return policy
+        return trial
 
     def _probe_replay(self) -> bool | None:
         """Whether a thinking answer replays byte for byte under the chosen policy (None: nothing to check).

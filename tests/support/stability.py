@@ -165,3 +165,127 @@ def chat_conversation(body: dict[str, Any]) -> tuple[Conversation, GenerationOpt
 
     _, conv, opts = chat_request_to_conversation(json.loads(json.dumps(body)))
     return conv, opts
+
+
+# -- real templates: what the model emits, and what a template drops by design -----------------------------------
+
+def emitted_text(renderer, conv: Conversation, parts: list, opts: GenerationOptions, stop_tokens: list[str],
+                 tool_starts: tuple[str, ...] = ()) -> tuple[str, str, bool]:
+    """What a model trained on its template generates for the assistant turn `parts` after `conv`: the
+    conversation rendered with the turn as its last message minus the prompt rendered with the generation prompt,
+    cut at the end-of-turn token. Returns (prompt text, generated text, prompt starts in reasoning).
+
+    Some templates render a final answer differently once it exists (Kimi K2 and gpt-oss drop the thinking of
+    the whole exchange, the answer's own included): then the answer is rendered as the current turn by giving it
+    a placeholder call, and cut where the call's markup begins (`tool_starts`)."""
+    from serve_app.conversation import Message, ReasoningPart, TextPart, ToolCallPart
+
+    prompt = renderer.render_sync(conv, opts)
+
+    def render(turn: list) -> str:
+        return renderer.render_text(Conversation(messages=[*conv.messages, Message("assistant", turn)],
+                                                 tools=conv.tools, tool_choice=conv.tool_choice), opts,
+                                    add_generation_prompt=False)
+
+    full = render(parts)
+    out: str | None = full[len(prompt.text):] if full.startswith(prompt.text) else None
+    first = next((p.text for p in parts if isinstance(p, (ReasoningPart, TextPart)) and p.text), None)
+    if out is None and first is not None and first in full:
+        # The turn is all there but earlier turns render differently now (gpt-oss): it starts after the last
+        # generation prompt in front of its first words.
+        at = full.rfind(first)
+        starts = [full.rfind(t, 0, at) + len(t) for t in renderer.turn_starts if full.rfind(t, 0, at) >= 0]
+        if starts:
+            out = full[max(starts):]
+    if out is None and tool_starts and not any(isinstance(p, ToolCallPart) for p in parts):
+        held = render([*parts, ToolCallPart("call_placeholder", "placeholder", "{}")])
+        if held.startswith(prompt.text):
+            tail = held[len(prompt.text):]
+            cut = min((tail.find(t) for t in tool_starts if t in tail), default=-1)
+            if cut >= 0:
+                out = tail[:cut]
+    if out is None:
+        raise ValueError("the rendered turn does not extend the generation prompt")
+    ends = [out.rfind(t) for t in stop_tokens if t in out]
+    if ends:
+        out = out[: max(ends)]
+    return prompt.text, out, prompt.starts_in_reasoning
+
+
+def dropped_blocks(cached: str, nxt: str, reasonings: list[str]) -> list[str] | None:
+    """Where turn N+1's prompt leaves turn N's cached text, the template dropped earlier thinking by design iff
+    skipping one block that holds a reasoning text (and only markup or whitespace besides) realigns the two. The
+    skipped blocks, in order ([] when `nxt` extends `cached`); None when some divergence is not such a block."""
+    skipped: list[str] = []
+    i = j = 0
+    while True:
+        n = min(len(cached) - i, len(nxt) - j)
+        k = 0
+        while k < n and cached[i + k] == nxt[j + k]:
+            k += 1
+        i, j = i + k, j + k
+        if i == len(cached):
+            return skipped
+        # Diverging inside a marker ("<think>" against "<tool_call>"): the block starts at the marker.
+        lt = cached.rfind("<", max(0, i - 16), i)
+        if lt >= 0 and ">" not in cached[lt:i]:
+            j -= i - lt
+            i = lt
+        for r in reasonings:
+            at = cached.find(r, i)
+            if at < 0 or at - i > 64:  # the block starts within a marker's reach of the divergence
+                continue
+            for end in range(at + len(r), min(len(cached), at + len(r) + 64) + 1):
+                rest = cached[end: end + 12]  # enough to realign on; the loop then checks the rest
+                if nxt.startswith(rest, j) and (end == len(cached) or rest):
+                    skipped.append(cached[i:end])
+                    i = end
+                    break
+            else:
+                continue
+            break
+        else:
+            return None
+
+
+# -- one agent's requests, per API -------------------------------------------------------------------------------
+
+def agent_request(api: str, thinking: bool, system: str, user: str, tools: list[tuple[str, str, dict]],
+                  header: str | None = None) -> dict[str, Any]:
+    """The first request of a coding-agent session as each harness sends it: Claude Code (Anthropic, billing
+    header as system block 0, adaptive thinking), Codex (Responses, stateless with encrypted reasoning), an
+    OpenAI-SDK agent (Chat Completions, thinking off through chat_template_kwargs)."""
+    if api == "anthropic":
+        blocks = ([{"type": "text", "text": header}] if header else []) + [{"type": "text", "text": system}]
+        return {"model": "m", "system": blocks, "messages": [{"role": "user", "content": user}],
+                "tools": [{"name": n, "description": d, "input_schema": s} for n, d, s in tools],
+                "thinking": {"type": "adaptive"} if thinking else {"type": "disabled"}}
+    if api == "responses":
+        return {"model": "m", "instructions": system, "store": False, "include": ["reasoning.encrypted_content"],
+                "reasoning": {"effort": "medium" if thinking else "none"},
+                "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}],
+                "tools": [{"type": "function", "name": n, "description": d, "parameters": s} for n, d, s in tools]}
+    body: dict[str, Any] = {
+        "model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "tools": [{"type": "function", "function": {"name": n, "description": d, "parameters": s}}
+                  for n, d, s in tools]}
+    if not thinking:
+        body["chat_template_kwargs"] = {"enable_thinking": False}
+    return body
+
+
+def api_conversation(api: str, body: dict[str, Any], secret: bytes) -> tuple[Conversation, GenerationOptions]:
+    if api == "anthropic":
+        return anthropic_conversation(body, secret)
+    if api == "responses":
+        return responses_conversation(body, secret)
+    return chat_conversation(body)
+
+
+def api_next_turn(api: str, body: dict[str, Any], events: list[Event], secret: bytes, next_user: str
+                  ) -> tuple[dict[str, Any], Conversation, GenerationOptions]:
+    if api == "anthropic":
+        return anthropic_next_turn(body, events, secret, next_user)
+    if api == "responses":
+        return responses_next_turn(body, events, secret, next_user)
+    return chat_next_turn(body, events, next_user)

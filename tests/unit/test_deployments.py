@@ -8,6 +8,7 @@ import pytest
 import yaml
 from ray.serve.schema import ServeDeploySchema
 
+from serve_app.families import get_family
 from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS
 from serve_app.settings import AppSettings
 
@@ -59,7 +60,11 @@ def test_b200_model_runs_tp4_with_the_nemotron_parsers(b200):
     assert model.model_source == "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4"
     assert model.engine_kwargs["tensor_parallel_size"] == 4
     assert model.engine_kwargs["distributed_executor_backend"] == "ray"
-    assert (model.reasoning_parser, model.tool_parser) == ("nemotron_deci", "qwen3_coder")
+    # The parsers and kwargs come from the catalog entry the family tests prove against Nemotron 3's template.
+    family = get_family("nemotron-3")
+    assert model.family == "nemotron-3"
+    assert (model.reasoning_parser, model.tool_parser) == (family.reasoning_parser, family.tool_parser)
+    assert (model.reasoning_parser, model.tool_parser) == ("nemotron_v3", "qwen3_coder")
     assert settings.ingress.strip_preamble and settings.ingress.tool_dispatch
 
 

@@ -22,15 +22,7 @@ import pytest
 from serve_app.conversation import GenerationOptions
 from serve_app.parsers import parse_complete
 from serve_app.prompt import PromptRenderer, load_tokenizer
-from tests.support.stability import (
-    anthropic_conversation,
-    anthropic_next_turn,
-    chat_conversation,
-    chat_next_turn,
-    check_turn,
-    responses_conversation,
-    responses_next_turn,
-)
+from tests.support.stability import agent_request, api_conversation, api_next_turn, check_turn
 from serve_app.settings import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -151,40 +143,15 @@ def make_renderer(path: str, pair: Pair) -> PromptRenderer:
 
 
 def first_request(api: str, thinking: bool) -> dict:
-    user = "List the files and tell me the entry point."
-    if api == "anthropic":  # Claude Code: billing line as system block 0, adaptive thinking
-        body = {"model": "m", "system": [{"type": "text", "text": HEADER}, {"type": "text", "text": SYSTEM}],
-                "messages": [{"role": "user", "content": user}],
-                "tools": [{"name": n, "description": d, "input_schema": s} for n, d, s in TOOLS]}
-        body["thinking"] = {"type": "adaptive"} if thinking else {"type": "disabled"}
-        return body
-    if api == "responses":  # Codex: stateless, encrypted reasoning round-trips in the input
-        return {"model": "m", "instructions": SYSTEM, "store": False, "include": ["reasoning.encrypted_content"],
-                "reasoning": {"effort": "medium" if thinking else "none"},
-                "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}],
-                "tools": [{"type": "function", "name": n, "description": d, "parameters": s} for n, d, s in TOOLS]}
-    body = {"model": "m", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
-            "tools": [{"type": "function", "function": {"name": n, "description": d, "parameters": s}}
-                      for n, d, s in TOOLS]}
-    if not thinking:
-        body["chat_template_kwargs"] = {"enable_thinking": False}
-    return body
+    return agent_request(api, thinking, SYSTEM, "List the files and tell me the entry point.", TOOLS, HEADER)
 
 
 def to_conversation(api: str, body: dict):
-    if api == "anthropic":
-        return anthropic_conversation(body, SECRET)
-    if api == "responses":
-        return responses_conversation(body, SECRET)
-    return chat_conversation(body)
+    return api_conversation(api, body, SECRET)
 
 
 def next_turn(api: str, body: dict, events, next_user: str):
-    if api == "anthropic":
-        return anthropic_next_turn(body, events, SECRET, next_user)
-    if api == "responses":
-        return responses_next_turn(body, events, SECRET, next_user)
-    return chat_next_turn(body, events, next_user)
+    return api_next_turn(api, body, events, SECRET, next_user)
 
 
 THINK_BLOCK = re.compile(r"<think>\n.*?</think>", re.S)

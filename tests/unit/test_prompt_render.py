@@ -155,7 +155,9 @@ def history(*assistant: Message) -> Conversation:
 def test_field_mode_hands_reasoning_to_the_template(tok):
     r = renderer(tok, "qwen3_like.jinja")
     msgs = r.template_messages(history(answer("\nplan\n", "\n\nDone.")))
-    assert msgs[1] == {"role": "assistant", "content": "\n\nDone.", "reasoning_content": "\nplan\n"}
+    # Without the whitespace the template writes around each field itself (probed: it would be written twice).
+    assert r.policy.reasoning_affixes == ("", "\n") and r.policy.answer_affixes == ("\n\n", "")
+    assert msgs[1] == {"role": "assistant", "content": "Done.", "reasoning_content": "\nplan"}
     text = r.render_sync(history(answer("\nplan\n", "\n\nDone.")), GenerationOptions()).text
     assert "<|im_start|>assistant\n<think>\nplan\n</think>\n\nDone.<|im_end|>" in text
 

@@ -1,0 +1,373 @@
+"""The model-family catalog against the families' real templates (serve_app/families/templates/).
+
+Per family: the vendored file is the one the catalog names (blob id), its parsers exist, the kwargs it lists are
+read by the template, `thinking_in_prompt` and `thinking_replay` are what the template does when the service
+renders it, and an assistant turn — reasoning, text and several tool calls with hard arguments — rendered through
+the template into what the model would emit, then parsed (whole, in random splits, one character at a time),
+gives back the same turn; re-rendering the parsed turn gives back the same text byte for byte (what the KV cache
+needs). What a template cannot express is a catalog flag, asserted here.
+
+All on SmolLM2's tokenizer (the text path is the same; only token ids differ).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from serve_app.conversation import (
+    Conversation,
+    GenerationOptions,
+    Message,
+    ReasoningPart,
+    TextPart,
+    ToolCallPart,
+    ToolSpec,
+)
+from serve_app.errors import InvalidRequest
+from serve_app.families import Family, apply_family, get_family, load_catalog
+from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS, fold_complete, make_stream_parser, parse_complete
+from serve_app.prompt import PromptRenderer, load_tokenizer
+from serve_app.settings import ModelConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+FAMILIES = sorted(load_catalog())
+REQUIRED = {"nemotron-3", "qwen3-coder", "qwen3", "glm-4.6", "kimi-k2", "deepseek-v3.1", "gpt-oss", "minimax-m2"}
+
+# -- the assistant turn ------------------------------------------------------------------------------------------
+
+SCHEMAS = [
+    ToolSpec("write_file", "Write a file.", {"type": "object", "properties": {
+        "path": {"type": "string"}, "content": {"type": "string"}, "mode": {"type": "integer"},
+        "ratio": {"type": "number"}, "overwrite": {"type": "boolean"}, "tags": {"type": "array"},
+        "meta": {"type": "object"}}, "required": ["path", "content"]}),
+    ToolSpec("refresh", "Refresh the index.", {"type": "object", "properties": {}}),
+    ToolSpec("put_blob", "Store a blob.", {"type": "object", "properties": {"data": {"type": "string"}},
+                                             "required": ["data"]}),
+]
+BIG = ("Zeile ünïcödé 文件 \"quoted\" back\\slash\ttab\n" * 600)[:20_000].strip()
+CALLS = [
+    ("write_file", {"path": "src/ünïcode/文件 名.py",
+                    "content": 'def f():\n    return "say \\"hi\\"" + \'single\'  # back\\slash \\n 😀',
+                    "mode": 420, "ratio": 0.5, "overwrite": True, "tags": ["a", "b c"],
+                    "meta": {"nested": {"k": [1, {"z": None}], "s": "x\"y"}, "ok": False}}),
+    ("refresh", {}),
+    ("put_blob", {"data": BIG}),
+]
+REASONING = "The user wants a file. I will write it, refresh, then store the blob — \"carefully\"."
+TEXT = "Writing the file now."
+
+
+def call_id(fam: Family, name: str, i: int) -> str:
+    # Kimi's template renders each call's own id: the model's form is functions.NAME:IDX.
+    return f"functions.{name}:{i}" if fam.tool_parser == "kimi_k2" else f"call_{i}"
+
+
+def turn(fam: Family, calls=CALLS, text: str | None = TEXT, reasoning: str | None = REASONING) -> list:
+    parts: list = []
+    if reasoning is not None and fam.reasoning_parser:
+        parts.append(ReasoningPart(reasoning))
+    if text:
+        parts.append(TextPart(text))
+    parts += [ToolCallPart(call_id(fam, n, i), n, json.dumps(a, ensure_ascii=False)) for i, (n, a) in enumerate(calls)]
+    return parts
+
+
+def full_turn(fam: Family) -> list:
+    """The richest turn the template can express."""
+    calls = CALLS if fam.parallel_calls else CALLS[:1]
+    text = TEXT if fam.text_reasoning_and_calls or not fam.reasoning_parser else None
+    return turn(fam, calls, text, REASONING if fam.reasoning_with_calls else None)
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer_path():
+    from serve_app.engine.provision import DEFAULT_MODEL, EMBEDDED, _complete, _gguf_path, default_cache_dir
+
+    cached = default_cache_dir() / DEFAULT_MODEL
+    return str(cached) if _complete(cached) else str(_gguf_path(EMBEDDED[DEFAULT_MODEL]))
+
+
+_RENDERERS: dict[str, PromptRenderer] = {}
+
+
+def renderer(path: str, name: str) -> PromptRenderer:
+    if name not in _RENDERERS:
+        model = ModelConfig(id="m", family=name, family_template=True)
+        _RENDERERS[name] = PromptRenderer(load_tokenizer(path, model.chat_template), model)
+    return _RENDERERS[name]
+
+
+def base_conv() -> Conversation:
+    return Conversation(messages=[Message("system", [TextPart("You are a coding agent.")]),
+                                  Message("user", [TextPart("Write the file, refresh, store the blob.")])],
+                        tools=SCHEMAS)
+
+
+def emitted(r: PromptRenderer, fam: Family, parts: list, opts: GenerationOptions) -> tuple[str, bool]:
+    """What the model generated for `parts`: the conversation rendered with the turn as its last message, minus
+    the prompt rendered with the generation prompt, minus the end-of-turn token (and what the template writes
+    after it). Also whether the prompt leaves the model inside reasoning."""
+    conv = base_conv()
+    prompt = r.render_sync(conv, opts)
+    with_turn = Conversation(messages=[*conv.messages, Message("assistant", parts)], tools=conv.tools)
+    text = r.render_text(with_turn, opts, add_generation_prompt=False)
+    assert text.startswith(prompt.text), f"{fam.name}: the rendered turn does not extend the generation prompt"
+    out = text[len(prompt.text):]
+    ends = [out.rfind(t) for t in fam.stop_tokens if t in out]
+    if ends:
+        cut = max(ends)
+        assert not out[cut:].strip() or out[cut:].strip() in fam.stop_tokens, out[cut:]
+        out = out[:cut]
+    return out, prompt.starts_in_reasoning
+
+
+def schemas() -> list[dict]:
+    return [{"type": "function", "function": {"name": t.name, "description": t.description,
+                                              "parameters": t.parameters}} for t in SCHEMAS]
+
+
+def parse(fam: Family, text: str, starts_in_reasoning: bool) -> list:
+    return parse_complete(text, reasoning=fam.reasoning_parser, tools=fam.tool_parser, tool_schemas=schemas(),
+                          starts_in_reasoning=starts_in_reasoning)
+
+
+def stream(fam: Family, text: str, cuts: list[int], starts_in_reasoning: bool) -> list:
+    p = make_stream_parser(fam.reasoning_parser, fam.tool_parser, schemas(), starts_in_reasoning)
+    out: list = []
+    for a, b in zip([0, *cuts], [*cuts, len(text)]):
+        out += p.push(text[a:b])
+    return out + p.finish()
+
+
+def folded(events: list, keep_ids: bool) -> list:
+    """Parts without the random call ids (Kimi's own ids are the model's and are compared)."""
+    out = []
+    for p in fold_complete(events):
+        if isinstance(p, ToolCallPart):
+            out.append(("call", p.id if keep_ids else None, p.name, p.arguments))
+        else:
+            out.append((type(p).__name__, p.text))
+    return out
+
+
+def as_parts(fam: Family, events: list) -> list:
+    return fold_complete(events)
+
+
+def semantic(parts: list) -> list:
+    """What a turn means: reasoning and text without surrounding whitespace (templates frame them with newlines),
+    calls with their parsed arguments in order."""
+    out = []
+    for p in parts:
+        if isinstance(p, ToolCallPart):
+            out.append(("call", p.name, json.loads(p.arguments or "{}")))
+        elif p.text.strip():
+            out.append((type(p).__name__, p.text.strip()))
+    return out
+
+
+def kimi(fam: Family) -> bool:
+    return fam.tool_parser == "kimi_k2"
+
+
+# -- the catalog -------------------------------------------------------------------------------------------------
+
+def test_catalog_covers_the_families_agents_run():
+    assert REQUIRED <= set(FAMILIES)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_entry_names_real_parsers_and_its_vendored_file(name):
+    fam = get_family(name)
+    assert fam.reasoning_parser is None or fam.reasoning_parser in REASONING_PARSERS
+    assert fam.tool_parser is None or fam.tool_parser in TOOL_PARSERS
+    data = fam.template_path.read_bytes()
+    assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == fam.source.blob  # git hash-object
+    assert len(fam.source.commit) == 40 and fam.source.license
+    text = fam.template_text()
+    for kwarg in fam.chat_template_kwargs:
+        assert kwarg in text, f"{name}: the template never reads {kwarg}"
+    for kwarg in fam.default_chat_template_kwargs:
+        assert kwarg in fam.chat_template_kwargs
+    assert any(t in text for t in fam.stop_tokens), f"{name}: no stop token appears in the template"
+
+
+def test_config_names_a_family_instead_of_repeating_its_fields():
+    m = ModelConfig(id="m", family="glm-4.7")
+    fam = get_family("glm-4.7")
+    assert (m.reasoning_parser, m.tool_parser) == (fam.reasoning_parser, fam.tool_parser)
+    assert m.default_chat_template_kwargs == {"clear_thinking": False}
+    assert m.chat_template is None  # the tokenizer's own template unless family_template is set
+    explicit = ModelConfig(id="m", family="glm-4.7", tool_parser="hermes",
+                           default_chat_template_kwargs={"clear_thinking": True, "x": 1})
+    assert explicit.tool_parser == "hermes" and explicit.reasoning_parser == "glm47"
+    assert explicit.default_chat_template_kwargs == {"clear_thinking": True, "x": 1}
+    assert ModelConfig(id="m", family="qwen3", family_template=True).chat_template == str(
+        get_family("qwen3").template_path)
+    assert apply_family({"id": "m"}) == {"id": "m"}
+    with pytest.raises(ValueError, match="unknown model family 'nope'"):
+        ModelConfig(id="m", family="nope")
+    with pytest.raises(ValueError, match="family_template needs a family"):
+        ModelConfig(id="m", family_template=True)
+
+
+def test_cli_prints_the_catalog_as_json():
+    out = subprocess.run([sys.executable, "-m", "serve_app", "families", "--json"], cwd=ROOT, check=True,
+                         capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}).stdout
+    data = json.loads(out)
+    assert set(data) == set(FAMILIES)
+    nem = data["nemotron-3"]
+    assert nem["source"]["commit"] and nem["source"]["path"].endswith(".jinja") and nem["source"]["license"]
+    assert (nem["reasoning_parser"], nem["tool_parser"], nem["thinking_replay"]) == (
+        "nemotron_v3", "qwen3_coder", "keeps_all")
+    assert "truncate_history_thinking" in nem["chat_template_kwargs"]
+
+
+# -- what the template does, against what the catalog says -------------------------------------------------------
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_thinking_in_prompt_is_what_the_template_renders(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    rendered = r.render_sync(base_conv(), GenerationOptions(thinking=True))
+    assert rendered.starts_in_reasoning is fam.thinking_in_prompt
+    off = r.render_sync(base_conv(), GenerationOptions(thinking=False))
+    if fam.thinking_can_be_disabled:  # thinking off never leaves the model inside reasoning
+        assert off.starts_in_reasoning is False and off.text != rendered.text
+    else:  # the template ignores the request: it thinks (or not) all the same
+        assert off.starts_in_reasoning is fam.thinking_in_prompt
+
+
+def _replay_probe(r: PromptRenderer, fam: Family) -> str:
+    """Render a two-query history whose assistant turns each carry a distinct thought, as the service does."""
+    def a(i: int, call: bool) -> Message:
+        parts = [ReasoningPart(f"thought number {i} here")]
+        if not call or fam.text_reasoning_and_calls:
+            parts.append(TextPart(f"answer {i}"))
+        if call:
+            parts.append(ToolCallPart(f"functions.refresh:{i}", "refresh", "{}"))
+        return Message("assistant", parts)
+
+    from serve_app.conversation import ToolResultPart
+
+    msgs = [Message("user", [TextPart("first query")]), a(0, True),
+            Message("user", [ToolResultPart(f"functions.refresh:0", "ok")]), a(1, False),
+            Message("user", [TextPart("second query")]), a(2, True),
+            Message("user", [ToolResultPart(f"functions.refresh:2", "ok")])]
+    text = r.render_text(Conversation(messages=msgs, tools=SCHEMAS), GenerationOptions(thinking=True))
+    kept = [i for i in range(3) if f"thought number {i} here" in text]
+    return {(0, 1, 2): "keeps_all", (2,): "last_turn", (): "drops"}.get(tuple(kept), f"kept {kept}")
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_thinking_replay_is_what_the_template_renders(tokenizer_path, name):
+    fam = get_family(name)
+    if not fam.reasoning_parser:
+        assert fam.thinking_replay == "drops"  # nothing to replay
+        return
+    assert _replay_probe(renderer(tokenizer_path, name), fam) == fam.thinking_replay
+
+
+# -- render → parse round trip -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_turn_renders_then_parses_back_to_itself(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    opts = GenerationOptions(thinking=True)
+    original = full_turn(fam)
+    text, in_reasoning = emitted(r, fam, original, opts)
+    events = parse(fam, text, in_reasoning)
+    parts = fold_complete(events)
+    assert semantic(parts) == semantic(original), f"{name}: emitted {text[:600]!r}"
+    if kimi(fam):
+        assert [p.id for p in parts if isinstance(p, ToolCallPart)] == [
+            p.id for p in original if isinstance(p, ToolCallPart)]
+    # Fixed point: what the parser gave back renders to the same text, byte for byte.
+    again, _ = emitted(r, fam, parts, opts)
+    assert again == text
+    assert folded(parse(fam, again, in_reasoning), kimi(fam)) == folded(events, kimi(fam))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_turn_streams_the_same_in_any_split(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    text, in_reasoning = emitted(r, fam, full_turn(fam), GenerationOptions(thinking=True))
+    whole = folded(parse(fam, text, in_reasoning), kimi(fam))
+    rng = random.Random(name)
+    for _ in range(20):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, 60)))
+        assert folded(stream(fam, text, cuts, in_reasoning), kimi(fam)) == whole, f"{name}: cuts {cuts}"
+    assert folded(stream(fam, text, list(range(1, len(text))), in_reasoning), kimi(fam)) == whole
+
+
+# A template that opens the think block whatever the request says (MiniMax-M2) never sees a turn without reasoning.
+@pytest.mark.parametrize("name", [n for n in FAMILIES
+                                  if get_family(n).thinking_can_be_disabled or not get_family(n).thinking_in_prompt])
+def test_turn_without_thinking_round_trips(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    opts = GenerationOptions(thinking=False)
+    original = turn(fam, CALLS if fam.parallel_calls else CALLS[:1], TEXT, reasoning=None)
+    text, in_reasoning = emitted(r, fam, original, opts)
+    assert in_reasoning is False
+    parts = fold_complete(parse(fam, text, in_reasoning))
+    assert semantic(parts) == semantic(original), f"{name}: emitted {text[:600]!r}"
+
+
+# -- what a template cannot express --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).parallel_calls])
+def test_template_without_parallel_calls_renders_only_the_first(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    text, in_reasoning = emitted(r, fam, turn(fam, CALLS, None), GenerationOptions(thinking=True))
+    calls = [p.name for p in fold_complete(parse(fam, text, in_reasoning)) if isinstance(p, ToolCallPart)]
+    assert calls == [CALLS[0][0]]
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).text_reasoning_and_calls])
+def test_template_refuses_text_with_reasoning_and_calls(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    conv = Conversation(messages=[*base_conv().messages, Message("assistant", turn(fam, CALLS[:1], TEXT)),
+                                  Message("user", [TextPart("next")])], tools=SCHEMAS)
+    with pytest.raises(InvalidRequest, match="the chat template rejected the request"):
+        r.render_sync(conv, GenerationOptions(thinking=True))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_tools_reach_the_prompt_as_the_catalog_says(tokenizer_path, name):
+    fam = get_family(name)
+    prompt = renderer(tokenizer_path, name).render_sync(base_conv(), GenerationOptions(thinking=True)).text
+    assert all(t.name in prompt for t in SCHEMAS) is fam.declares_tools
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).reasoning_with_calls])
+def test_template_drops_the_reasoning_of_a_tool_call_turn(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    text, in_reasoning = emitted(r, fam, turn(fam, CALLS[:1], TEXT), GenerationOptions(thinking=True))
+    assert REASONING not in text
+    assert semantic(fold_complete(parse(fam, text, in_reasoning))) == semantic(turn(fam, CALLS[:1], TEXT, None))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_no_argument_call_is_expressed_as_the_catalog_says(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    always_thinks = fam.thinking_in_prompt and not fam.thinking_can_be_disabled
+    original = turn(fam, [("refresh", {})], None, REASONING if always_thinks else None)
+    text, in_reasoning = emitted(r, fam, original, GenerationOptions(thinking=False))
+    parts = fold_complete(parse(fam, text, in_reasoning))
+    assert (semantic(parts) == semantic(original)) is fam.no_argument_calls, text
