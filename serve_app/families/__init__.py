@@ -54,6 +54,7 @@ class Family(_Strict):
     parallel_calls: bool = True  # several calls in one turn
     no_argument_calls: bool = True  # a call with an empty arguments object
     text_reasoning_and_calls: bool = True  # reasoning, text and calls together in one turn
+    text_with_calls: bool = True  # a call turn's text renders as text (gpt-oss writes it to the analysis channel)
     reasoning_with_calls: bool = True  # a turn with calls renders its reasoning
     declares_tools: bool = True  # the template writes the request's tool schemas into the prompt
     limits: list[str] = Field(default_factory=list)  # further limits, in words

@@ -5,7 +5,9 @@
 
 analysis → reasoning, final (and commentary without a recipient: preambles) → text, a `to=functions.NAME`
 recipient → a tool call whose arguments stream raw under a JsonScanner (same rules as the JSON-in-tags engine).
-The recipient may sit in the header before or after the channel. Text messages are concatenated as streamed. A
+The recipient may sit in the header before or after the channel. The generation prompt ends with
+`<|start|>assistant`, so output that opens like a header (`to=…` or `<|channel|>`) is the first message's header;
+anything else is text, and a header cut off by the end comes back as text. Text messages are concatenated as streamed. A
 call with an empty body is a call without arguments (`{}`); one whose body is not a JSON object is abandoned (a
 ToolCallStart without End) and skipped to its message end — its markup never becomes text. A message to any other
 recipient (`to=assistant`, a built-in tool) is not content and is skipped.
@@ -28,7 +30,10 @@ _WS = re.compile(r"\s*")
 HEADER_CAP = 512
 _BUILTINS = frozenset({"browser", "python", "container"})  # gpt-oss built-in tools: not function calls
 
-BODY, HEADER, ARGS_WAIT, ARGS, DROP = range(5)
+BODY, HEADER, ARGS_WAIT, ARGS, DROP, OPENING = range(6)
+# The generation prompt ends with `<|start|>assistant`, so the model's first message may go straight on with the
+# rest of its header: ` to=functions.NAME<|channel|>commentary json<|message|>…` or `<|channel|>analysis…`.
+_HEADER_OPENINGS = ("to=", CHANNEL)
 
 
 class HarmonyParser:
@@ -40,7 +45,7 @@ class HarmonyParser:
         self.sink = Sink()
         self.body_m = Matcher(MARKERS)
         self.hdr_m = Matcher([MESSAGE])
-        self.state = BODY
+        self.state = OPENING
         self.kind = "text"
         self.hold = ""
         self.head = ""
@@ -78,7 +83,17 @@ class HarmonyParser:
         i = 0
         while i < len(t):
             st = self.state
-            if st == BODY or st == DROP:
+            if st == OPENING:  # the first message's header, unless the output starts as plain text
+                j = _WS.match(t, i).end()
+                rest = t[j:]
+                if any(o.startswith(rest) for o in _HEADER_OPENINGS):  # too short to tell: hold it back
+                    self.hold = t[i:]
+                    break
+                if rest.startswith(_HEADER_OPENINGS):
+                    self.state, self.head = HEADER, ""  # its leading whitespace stays in the header
+                else:
+                    self.state = BODY
+            elif st == BODY or st == DROP:
                 p, mk = self.body_m.search(t, i)
                 if p < 0:
                     h = self.body_m.hold_start(t, i)
@@ -158,7 +173,10 @@ class HarmonyParser:
 
     def finish(self) -> list:
         out = self.sink.out = []
-        if self.state == BODY and self.hold:
+        if self.state in (BODY, OPENING) and self.hold:
             self._plain(self.hold, self.kind)
+        elif self.state == HEADER and self.head:  # a header the end cut off: never guessed, never lost
+            self._plain(self.head, "text")
+            self.head = ""
         self.hold = ""
         return out

@@ -322,7 +322,10 @@ def test_turn_without_thinking_round_trips(tokenizer_path, name):
     text, in_reasoning = emitted(r, fam, original, opts)
     assert in_reasoning is False
     parts = fold_complete(parse(fam, text, in_reasoning))
-    assert semantic(parts) == semantic(original), f"{name}: emitted {text[:600]!r}"
+    expected = semantic(original)
+    if not fam.text_with_calls:  # the template writes a call turn's text as reasoning (catalog `limits`)
+        expected = [("ReasoningPart", e[1]) if e[0] == "TextPart" else e for e in expected]
+    assert semantic(parts) == expected, f"{name}: emitted {text[:600]!r}"
 
 
 # -- what a template cannot express --------------------------------------------------------------------------------

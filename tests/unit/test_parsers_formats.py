@@ -310,6 +310,19 @@ REPORTED = {  # id -> (text, parser kwargs, expected fold)
     "r1_newline_before_repeated_think": ("\n<think>r</think>x", {"reasoning": "deepseek_r1",
                                                                  "starts_in_reasoning": True},
                                          [("reasoning", "r"), ("text", "x")]),
+    # harmony: the generation prompt ends with `<|start|>assistant`, so the first message's header goes on from
+    # there (recipient before the channel); output that does not start like a header is text, and a header the
+    # end cut off comes back as text
+    "harmony_first_header_recipient_before_channel": (
+        " to=functions.refresh<|channel|>commentary json<|message|>{}<|call|>", {"reasoning": "gpt_oss",
+                                                                                   "tools": "openai"},
+        [("call", "refresh", {})]),
+    "harmony_first_header_channel": ("<|channel|>analysis<|message|>r<|end|><|start|>assistant<|channel|>final"
+                                     "<|message|>x", {"reasoning": "gpt_oss", "tools": "openai"},
+                                     [("reasoning", "r"), ("text", "x")]),
+    "harmony_plain_output_is_text": ("tomorrow", {"reasoning": "gpt_oss", "tools": "openai"}, [("text", "tomorrow")]),
+    "harmony_cut_header_is_text": (" to=functions.f<|channel|>comm", {"reasoning": "gpt_oss", "tools": "openai"},
+                                   [("text", " to=functions.f<|channel|>comm")]),
 }
 
 
