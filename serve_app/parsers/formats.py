@@ -1,13 +1,16 @@
 """The formats, as data. Names follow vLLM's `--reasoning-parser` / `--tool-call-parser`, so configs carry over.
 
 Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of four
-engines (JSON-in-tags, XML function/parameter, pythonic, Harmony). Adding a model family is adding a row here.
+engines (JSON-in-tags, XML function/parameter, pythonic, Harmony) and declares it: `fmt.engine(schemas)` builds the
+per-request engine, and `fmt.harmony` says the format parses the whole stream instead. Adding a model family is
+adding a row here.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from serve_app.parsers.json_tags import JsonTagsFormat
 from serve_app.parsers.pythonic import PythonicFormat
@@ -30,9 +33,13 @@ class ReasoningFormat:
 
 @dataclass(frozen=True, slots=True)
 class HarmonyFormat:
+    """Harmony is not an engine inside the think-tag composite: its channels carry the reasoning too, so it
+    parses the whole stream (`harmony.HarmonyParser`) in place of `stream.StreamParser`."""
+
     name: str
     special_tokens: bool = True
     starts: tuple[str, ...] = ()
+    harmony: ClassVar[bool] = True
 
 
 _THINK = ("<think>", "</think>")

@@ -20,6 +20,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import regex
 
@@ -56,6 +57,11 @@ class JsonTagsFormat:
     inline_starts: tuple[str, ...] = ()  # start markers that are the call's own first text (llama3: `{"name"`)
     name_only_call: bool = True  # `{"name": "F"}` without arguments is a call (llama3_json: it is not)
     special_tokens: bool = False
+    harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
+
+    def engine(self, schemas) -> JsonTagsEngine:
+        """The per-request engine for this format (the format declares it, `stream.py` just asks)."""
+        return JsonTagsEngine(self)
 
 
 (SEC, WRAP_HEAD, NAME_HEAD, ARG_WAIT, ARGS, ARGS_BUF, WRAP_TAIL, WRAP_TAIL_NAME, CALL_TAIL, AFTER_CALL,

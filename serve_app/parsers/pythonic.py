@@ -11,6 +11,7 @@ import ast
 import json
 import re
 from dataclasses import dataclass
+from typing import ClassVar
 
 from serve_app.parsers.sink import Sink
 
@@ -25,6 +26,11 @@ class PythonicFormat:
     bare_start: str = "["
     starts: tuple[str, ...] = ()
     special_tokens: bool = False
+    harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
+
+    def engine(self, schemas) -> PythonicEngine:
+        """The per-request engine for this format (the format declares it, `stream.py` just asks)."""
+        return PythonicEngine(self)
 
 
 LIST_HEAD, CALL, BETWEEN, OVER = range(4)

@@ -15,26 +15,13 @@ from __future__ import annotations
 import re
 
 from serve_app.conversation import drop_abandoned_calls, fold_events
-from serve_app.parsers.formats import REASONING_PARSERS, TOOL_PARSERS, HarmonyFormat, ReasoningFormat
+from serve_app.parsers.formats import REASONING_PARSERS, TOOL_PARSERS, ReasoningFormat
 from serve_app.parsers.harmony import HarmonyParser
-from serve_app.parsers.json_tags import JsonTagsEngine, JsonTagsFormat
 from serve_app.parsers.markers import Matcher
-from serve_app.parsers.pythonic import PythonicEngine, PythonicFormat
 from serve_app.parsers.schema import ToolSchemas
 from serve_app.parsers.sink import Sink
-from serve_app.parsers.xml_tags import XmlEngine, XmlFormat
 
 _WS = re.compile(r"\s*")
-
-
-def _engine(fmt, schemas: ToolSchemas):
-    if isinstance(fmt, JsonTagsFormat):
-        return JsonTagsEngine(fmt)
-    if isinstance(fmt, XmlFormat):
-        return XmlEngine(fmt, schemas)
-    if isinstance(fmt, PythonicFormat):
-        return PythonicEngine(fmt)
-    raise TypeError(fmt)
 
 
 class StreamParser:
@@ -42,7 +29,7 @@ class StreamParser:
                  starts_in_reasoning: bool | None):
         self.sink = Sink()
         self.r = reasoning
-        self.engine = _engine(tools, ToolSchemas(tool_schemas)) if tools is not None else None
+        self.engine = tools.engine(ToolSchemas(tool_schemas)) if tools is not None else None
         starts = tuple(getattr(tools, "starts", ())) if tools is not None else ()
         self.bare = getattr(tools, "bare_start", None) if tools is not None else None
         if starts_in_reasoning is None:
@@ -174,9 +161,10 @@ def make_stream_parser(reasoning: str | None = None, tools: str | None = None,
     Unknown names raise KeyError (a misconfiguration, caught at startup by the caller)."""
     rfmt = REASONING_PARSERS[reasoning] if reasoning else None
     tfmt = TOOL_PARSERS[tools] if tools else None
-    if (rfmt is not None and rfmt.harmony) or isinstance(tfmt, HarmonyFormat):
-        return HarmonyParser(want_reasoning=rfmt is not None and rfmt.harmony,
-                             want_tools=isinstance(tfmt, HarmonyFormat))
+    want_reasoning = rfmt is not None and rfmt.harmony
+    want_tools = tfmt is not None and tfmt.harmony
+    if want_reasoning or want_tools:  # Harmony's channels carry both: it parses the whole stream
+        return HarmonyParser(want_reasoning=want_reasoning, want_tools=want_tools)
     return StreamParser(rfmt, tfmt, tool_schemas, starts_in_reasoning)
 
 

@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 from serve_app.parsers.jsonscan import json_string_chunk
 from serve_app.parsers.markers import Matcher
@@ -69,6 +70,11 @@ class XmlFormat:
     # arguments object, wrapped (DeepSeek V3.2/V4 write <parameter name="arguments">{...}</parameter>)
     unwrap_params: tuple[str, ...] = ()
     special_tokens: bool = False
+    harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
+
+    def engine(self, schemas: ToolSchemas) -> XmlEngine:
+        """The per-request engine for this format; the schemas type the parameter values."""
+        return XmlEngine(self, schemas)
 
 
 SEC, FHEAD, FBODY, PHEAD, VOPEN, PVAL, OVER = range(7)
