@@ -26,7 +26,7 @@ import regex
 
 from serve_app.parsers.jsonscan import AFTER, ERROR, NEED_MORE, JsonScanner
 from serve_app.parsers.markers import Matcher
-from serve_app.parsers.section import HELD, SectionEngine
+from serve_app.parsers.section import SectionEngine
 from serve_app.parsers.sink import Sink
 
 _WS = re.compile(r"\s*")
@@ -91,6 +91,9 @@ class JsonTagsEngine(SectionEngine):
         self.section_end = fmt.section_end
         self.state = SEC
         self.degraded = False
+        self.steps = (self.step_section, self._step_wrap_head, self._step_name_head, self._step_arg_wait,
+                      self._step_args, self._step_args_buf, self._step_wrap_tail, self._step_wrap_tail_name,
+                      self._step_call_tail, self._step_after_call, self._step_list_open, self._step_skip)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def open(self, marker: str) -> None:
@@ -158,220 +161,226 @@ class JsonTagsEngine(SectionEngine):
             return AFTER_CALL
         return OVER
 
-    # -- main loop --------------------------------------------------------------------------------------------
-    def feed(self, text: str, sink: Sink) -> str | None:
-        """Consume `text`; None while still inside the section, else the text after it (maybe empty)."""
+    # -- one step per state (the loop is SectionEngine.feed) -----------------------------------------------------
+    def call_marker(self, mk: str) -> None:
+        self.mark_idx = len(self.raw)
+        self.raw.append(mk)
+        self._begin_head()
+
+    def _head_done(self, end: int):
+        """The head (buffered in `head`) ends at `end`: the arguments come next."""
+        self.raw.append(self.head[:end])
+        rest = self.head[end:]
+        self.head = ""
+        self.state = ARG_WAIT
+        return rest, 0
+
+    def _step_wrap_head(self, t: str, i: int, sink: Sink):
+        """`{"name": "F", "arguments": ` (or the arguments first), matched as a whole on the buffered head."""
+        self.head += t[i:] if i else t
+        hp = self.head_prefix
+        m = _WRAP_HEAD.match(hp + self.head, partial=True)
+        if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
+            return self._fail(sink, self.head)
+        if m.partial:
+            return None
+        end = m.end() - len(hp)
+        self.head_prefix = ""
+        if m.group("argsfirst") is not None:
+            self.name = ""
+        else:
+            try:
+                self.name = json.loads('"' + m.group(1) + '"')
+            except ValueError:
+                return self._fail(sink, self.head)
+        if not m.group(2):
+            return self._head_done(end)
+        # {"name": "F"}: a call without arguments
+        self.raw.append(self.head[:end])
+        rest = self.head[end:]
+        if not self.fmt.name_only_call:
+            return self.degrade(sink, rest)
+        idx = sink.start(self.name)
+        sink.args(idx, "{}")
+        sink.end(idx)
+        self.state = self._finished_call()
+        return rest, 0
+
+    def _step_name_head(self, t: str, i: int, sink: Sink):
+        """A name head ended by `head_end` (or by the `{` of the arguments), checked against `head_grammar`."""
         f = self.fmt
-        t = self.hold + text if self.hold else text
-        self.hold = ""
-        i = 0
-        while True:
-            st = self.state
-            n = len(t)
-            if st == OVER:
-                return t[i:]
-            if i >= n and st not in (WRAP_HEAD, NAME_HEAD):
-                return None
-            if st == SEC:
-                found = self.seek_marker(t, i, sink)
-                if found is HELD:
-                    return None
-                if isinstance(found, str):
-                    return found
-                mk, i = found
-                if mk == f.section_end:
-                    self.state = OVER
-                    continue
-                self.mark_idx = len(self.raw)
-                self.raw.append(mk)
-                self._begin_head()
-            elif st == WRAP_HEAD or st == NAME_HEAD:
-                if i >= n:
-                    return None
-                old = len(self.head)
-                self.head += t[i:] if i else t
-                t, i = "", 0
-                if st == WRAP_HEAD:
-                    hp = self.head_prefix
-                    m = _WRAP_HEAD.match(hp + self.head, partial=True)
-                    if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
-                        return self._fail(sink, self.head)
-                    if m.partial:
-                        return None
-                    end = m.end() - len(hp)
-                    self.head_prefix = ""
-                    if m.group("argsfirst") is not None:
-                        self.name = ""
-                    else:
-                        try:
-                            self.name = json.loads('"' + m.group(1) + '"')
-                        except ValueError:
-                            return self._fail(sink, self.head)
-                else:
-                    p, mk = self.head_m.search(self.head, max(0, old - len(f.head_end) + 1))
-                    if p > HEAD_CAP:
-                        p = -1
-                    if p < 0:
-                        if len(self.head) > HEAD_CAP or (self.head_re and not self.head_re.fullmatch(
-                                self.head, 0, self.head_m.hold_start(self.head), partial=True)):
-                            return self._fail(sink, self.head)
-                        return None
-                    end = p if mk == "{" else p + len(mk)  # a `{` ending the head opens the arguments
-                    ok = self.head_re is None or self.head_re.fullmatch(self.head, 0, p)
-                    parsed = ok and (f.name_of(self.head[:p]) if f.name_of else (self.head[:p].strip(), None))
-                    if not parsed or not parsed[0]:
-                        return self._fail(sink, self.head)
-                    self.name, self.model_id = parsed
-                self.raw.append(self.head[:end])
-                t, i = self.head[end:], 0
-                if st == WRAP_HEAD and m.group(2):  # {"name": "F"}: a call without arguments
-                    if not f.name_only_call:
-                        return self.degrade(sink, t[i:])
-                    idx = sink.start(self.name)
-                    sink.args(idx, "{}")
-                    sink.end(idx)
-                    self.state = self._finished_call()
-                    continue
-                self.head = ""
-                self.state = ARG_WAIT
-            elif st == ARG_WAIT:
-                j = _WS.match(t, i).end()
-                self.raw.append(t[i:j])
-                i = j
-                if i >= n:
-                    return None
-                c = t[i]
-                if c == "{" and self.name:
-                    self.idx = sink.start(self.name, self.model_id)
-                    self.scan = JsonScanner()
-                    self.state = ARGS
-                elif c in '{"' and self.wrapped:  # arguments before the name, or arguments as a JSON string
-                    self.scan = JsonScanner()
-                    self.argbuf = []
-                    self.state = ARGS_BUF
-                else:
-                    return self._fail(sink, t[i:])
-            elif st == ARGS:
-                r = self.scan.feed(t, i)
-                if r == ERROR:  # the streamed prefix stays without an End: the call is abandoned
-                    return self._fail(sink, t[i:])
-                seg = t[i:] if r == NEED_MORE else t[i:r]
-                sink.args(self.idx, seg)
-                self.raw.append(seg)
-                if r == NEED_MORE:
-                    return None
-                i = r
-                if self.wrapped:
-                    self.scan, self.tail = _tail_scanner(), ""
-                    self.state = WRAP_TAIL
-                else:
-                    sink.end(self.idx)
-                    self.state = self._finished_call()
-            elif st == ARGS_BUF:
-                r = self.scan.feed(t, i)
-                if r == ERROR:
-                    return self._fail(sink, t[i:])
-                seg = t[i:] if r == NEED_MORE else t[i:r]
-                self.argbuf.append(seg)
-                self.raw.append(seg)
-                if r == NEED_MORE:
-                    return None
-                i = r
-                args = "".join(self.argbuf)
-                if args.startswith('"'):  # arguments given as a JSON-encoded string
-                    try:
-                        inner = json.loads(args)
-                        ok = isinstance(json.loads(inner), dict)
-                    except (ValueError, TypeError):
-                        ok = False
-                    if not ok:
-                        return self._fail(sink, t[i:])
-                    self.argbuf = [inner]
-                if self.name:
-                    self.idx = sink.start(self.name, self.model_id)
-                    sink.args(self.idx, "".join(self.argbuf))
-                    self.scan, self.tail = _tail_scanner(), ""
-                    self.state = WRAP_TAIL
-                else:
-                    self.head = ""
-                    self.state = WRAP_TAIL_NAME
-            elif st == WRAP_TAIL:
-                r = self.scan.feed(t, i)
-                if r == NEED_MORE:
-                    self.raw.append(t[i:])
-                    self.tail += t[i:]  # whitespace so far: given back if the wrapper turns out not to close
-                    return None
-                if r != ERROR:
-                    i = r
-                else:
-                    t, i = self.tail + t[i:], 0
-                # complete, valid arguments: the call stands even if junk follows inside the wrapper
-                sink.end(self.idx)
-                self.state = self._finished_call()
-                if r == ERROR and self.state != CALL_TAIL:
-                    self.state = OVER
-            elif st == WRAP_TAIL_NAME:
-                self.head += t[i:]
-                t, i = "", 0
-                m = _WRAP_TAIL_NAME.match(self.head, partial=True)
-                if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
-                    return self._fail(sink, self.head)
-                if m.partial:
-                    return None
-                try:
-                    self.name = json.loads('"' + m.group(1) + '"')
-                except ValueError:
-                    return self._fail(sink, self.head)
-                t, i = self.head[m.end():], 0
-                idx = sink.start(self.name)
-                sink.args(idx, "".join(self.argbuf))
-                sink.end(idx)
-                self.state = self._finished_call()
-            elif st == SKIP:  # a malformed call inside a section: everything up to its end marker is dropped
-                p, mk = self.end_m.search(t, i)
-                if p < 0:
-                    self.hold = t[self.end_m.hold_start(t, i):]
-                    return None
-                i = p + len(mk)
-                self.state = OVER if mk == f.section_end else SEC
-            elif st == CALL_TAIL:
-                p, mk = self.end_m.search(t, i)
-                if p < 0:
-                    self.hold = t[self.end_m.hold_start(t, i):]
-                    return None
-                i = p + len(mk)
-                if mk == f.section_end or not f.section_end:
-                    self.state = AFTER_CALL if f.list_sep else OVER
-                else:
-                    self.state = SEC
-            elif st == AFTER_CALL:
-                j = _WS.match(t, i).end()
-                if j >= n:
-                    self.hold = t[i:]
-                    return None
-                c = t[j]
-                if (c == f.list_sep and not self.in_list) or (c == "," and self.in_list):
-                    i = j + 1
-                    self.raw = [t[i - 1:i]]
-                    self.mark_idx = 0
-                    self._begin_head()
-                elif self.in_list and c == "]":
-                    i = j + 1
-                    self.state = OVER
-                else:
-                    self.state = OVER
-            elif st == LIST_OPEN:
-                j = _WS.match(t, i).end()
-                if j >= n:
-                    self.hold = t[i:]
-                    return None
-                if t[j] == "[":
-                    self.in_list = True
-                    self.raw.append(t[i:j + 1])
-                    i = j + 1
-                else:  # the whitespace is part of the call's text: given back with it if the call degrades
-                    self.raw.append(t[i:j])
-                    i = j
-                self._begin_head()
-            else:
-                raise AssertionError(st)
+        old = len(self.head)
+        self.head += t[i:] if i else t
+        p, mk = self.head_m.search(self.head, max(0, old - len(f.head_end) + 1))
+        if p > HEAD_CAP:
+            p = -1
+        if p < 0:
+            if len(self.head) > HEAD_CAP or (self.head_re and not self.head_re.fullmatch(
+                    self.head, 0, self.head_m.hold_start(self.head), partial=True)):
+                return self._fail(sink, self.head)
+            return None
+        end = p if mk == "{" else p + len(mk)  # a `{` ending the head opens the arguments
+        ok = self.head_re is None or self.head_re.fullmatch(self.head, 0, p)
+        parsed = ok and (f.name_of(self.head[:p]) if f.name_of else (self.head[:p].strip(), None))
+        if not parsed or not parsed[0]:
+            return self._fail(sink, self.head)
+        self.name, self.model_id = parsed
+        return self._head_done(end)
+
+    def _step_arg_wait(self, t: str, i: int, sink: Sink):
+        """Whitespace, then the arguments: an object streams; a wrapper's string or args-before-name is buffered."""
+        j = _WS.match(t, i).end()
+        self.raw.append(t[i:j])
+        if j >= len(t):
+            return None
+        c = t[j]
+        if c == "{" and self.name:
+            self.idx = sink.start(self.name, self.model_id)
+            self.scan = JsonScanner()
+            self.state = ARGS
+        elif c in '{"' and self.wrapped:  # arguments before the name, or arguments as a JSON string
+            self.scan = JsonScanner()
+            self.argbuf = []
+            self.state = ARGS_BUF
+        else:
+            return self._fail(sink, t[j:])
+        return t, j
+
+    def _step_args(self, t: str, i: int, sink: Sink):
+        """The arguments object streams raw while the scanner finds where it closes."""
+        r = self.scan.feed(t, i)
+        if r == ERROR:  # the streamed prefix stays without an End: the call is abandoned
+            return self._fail(sink, t[i:])
+        seg = t[i:] if r == NEED_MORE else t[i:r]
+        sink.args(self.idx, seg)
+        self.raw.append(seg)
+        if r == NEED_MORE:
+            return None
+        if self.wrapped:
+            self.scan, self.tail = _tail_scanner(), ""
+            self.state = WRAP_TAIL
+        else:
+            sink.end(self.idx)
+            self.state = self._finished_call()
+        return t, r
+
+    def _step_args_buf(self, t: str, i: int, sink: Sink):
+        """Buffered arguments (a JSON string, or before the name); emitted once complete."""
+        r = self.scan.feed(t, i)
+        if r == ERROR:
+            return self._fail(sink, t[i:])
+        seg = t[i:] if r == NEED_MORE else t[i:r]
+        self.argbuf.append(seg)
+        self.raw.append(seg)
+        if r == NEED_MORE:
+            return None
+        args = "".join(self.argbuf)
+        if args.startswith('"'):  # arguments given as a JSON-encoded string
+            try:
+                inner = json.loads(args)
+                ok = isinstance(json.loads(inner), dict)
+            except (ValueError, TypeError):
+                ok = False
+            if not ok:
+                return self._fail(sink, t[r:])
+            self.argbuf = [inner]
+        if self.name:
+            self.idx = sink.start(self.name, self.model_id)
+            sink.args(self.idx, "".join(self.argbuf))
+            self.scan, self.tail = _tail_scanner(), ""
+            self.state = WRAP_TAIL
+        else:
+            self.head = ""
+            self.state = WRAP_TAIL_NAME
+        return t, r
+
+    def _step_wrap_tail(self, t: str, i: int, sink: Sink):
+        """After the arguments inside the wrapper: its closing `}`."""
+        r = self.scan.feed(t, i)
+        if r == NEED_MORE:
+            self.raw.append(t[i:])
+            self.tail += t[i:]  # whitespace so far: given back if the wrapper turns out not to close
+            return None
+        if r != ERROR:
+            i = r
+        else:
+            t, i = self.tail + t[i:], 0
+        # complete, valid arguments: the call stands even if junk follows inside the wrapper
+        sink.end(self.idx)
+        self.state = self._finished_call()
+        if r == ERROR and self.state != CALL_TAIL:
+            self.state = OVER
+        return t, i
+
+    def _step_wrap_tail_name(self, t: str, i: int, sink: Sink):
+        """`, "name": "F"}` after arguments that came first."""
+        self.head += t[i:]
+        m = _WRAP_TAIL_NAME.match(self.head, partial=True)
+        if m is None or (len(self.head) > HEAD_CAP and (m.partial or m.end() > HEAD_CAP)):
+            return self._fail(sink, self.head)
+        if m.partial:
+            return None
+        try:
+            self.name = json.loads('"' + m.group(1) + '"')
+        except ValueError:
+            return self._fail(sink, self.head)
+        rest = self.head[m.end():]
+        idx = sink.start(self.name)
+        sink.args(idx, "".join(self.argbuf))
+        sink.end(idx)
+        self.state = self._finished_call()
+        return rest, 0
+
+    def _step_skip(self, t: str, i: int, sink: Sink):
+        """A malformed call inside a section: everything up to its end marker is dropped."""
+        p, mk = self.find(self.end_m, t, i)
+        if p < 0:
+            return None
+        self.state = OVER if mk == self.fmt.section_end else SEC
+        return t, p + len(mk)
+
+    def _step_call_tail(self, t: str, i: int, sink: Sink):
+        """After a call's arguments: its end marker (or the section's)."""
+        p, mk = self.find(self.end_m, t, i)
+        if p < 0:
+            return None
+        f = self.fmt
+        if mk == f.section_end or not f.section_end:
+            self.state = AFTER_CALL if f.list_sep else OVER
+        else:
+            self.state = SEC
+        return t, p + len(mk)
+
+    def _step_after_call(self, t: str, i: int, sink: Sink):
+        """Between calls of a list (llama3's `;`, a JSON list's `,`): another call, or the end."""
+        j = _WS.match(t, i).end()
+        if j >= len(t):
+            self.hold = t[i:]
+            return None
+        c = t[j]
+        if (c == self.fmt.list_sep and not self.in_list) or (c == "," and self.in_list):
+            i = j + 1
+            self.raw = [t[j]]
+            self.mark_idx = 0
+            self._begin_head()
+        elif self.in_list and c == "]":
+            i = j + 1
+            self.state = OVER
+        else:
+            self.state = OVER
+        return t, i
+
+    def _step_list_open(self, t: str, i: int, sink: Sink):
+        """Mistral: `[` opens a JSON list of wrappers; anything else is one call in the v11 form."""
+        j = _WS.match(t, i).end()
+        if j >= len(t):
+            self.hold = t[i:]
+            return None
+        if t[j] == "[":
+            self.in_list = True
+            self.raw.append(t[i:j + 1])
+            j += 1
+        else:  # the whitespace is part of the call's text: given back with it if the call degrades
+            self.raw.append(t[i:j])
+        self._begin_head()
+        return t, j

@@ -1,5 +1,5 @@
-"""What the tag engines (json_tags, xml_tags) share: finding the next call marker inside a tool-call section, and
-giving up on markup that turns out not to be a call."""
+"""What the tag engines (json_tags, xml_tags) share: the section loop (one small step method per state), finding
+the next call marker inside a tool-call section, and giving up on markup that turns out not to be a call."""
 
 from __future__ import annotations
 
@@ -11,13 +11,61 @@ NOISE_CAP = 256  # text inside a section before the next call marker: skipped wh
 
 
 class SectionEngine:
-    """Subclasses set `sec_m` (a Matcher over the call and section-end markers) and keep, per call, `raw` (the text
-    consumed so far, released as text if the call proves malformed), `mark_idx` (where in `raw` the marker that
-    must become text sits), `hold` (a possible partial marker), `state`, `degraded`, and an OVER state."""
+    """Subclasses set `sec_m` (a Matcher over the call and section-end markers) and `steps` (one step method per
+    state, indexed by the state's number; the state numbered SEC is `step_section`), and keep, per call, `raw` (the
+    text consumed so far, released as text if the call proves malformed), `mark_idx` (where in `raw` the marker
+    that must become text sits), `hold` (a possible partial marker), `state`, `degraded`, and an OVER state."""
 
     sec_m: Matcher
     section_end: str | None
     OVER: int
+    steps: tuple
+
+    def feed(self, text: str, sink: Sink) -> str | None:
+        """Consume `text`; None while still inside the section, else the text after it (maybe empty).
+
+        Each step consumes from `t[i:]` in one state and returns where to go on, `(t, i)` (the state it set may
+        differ), or what `feed` returns: None (wait for more text) or the text after the section."""
+        t = self.hold + text if self.hold else text
+        self.hold = ""
+        i = 0
+        over = self.OVER
+        steps = self.steps
+        while True:
+            st = self.state
+            if st == over:
+                return t[i:]
+            if i >= len(t):
+                return None
+            r = steps[st](t, i, sink)
+            if r.__class__ is not tuple:
+                return r
+            t, i = r
+
+    def step_section(self, t: str, i: int, sink: Sink):
+        """Between calls: the next call marker opens a call (`call_marker`), the section end ends the section."""
+        found = self.seek_marker(t, i, sink)
+        if found is HELD:
+            return None
+        if found.__class__ is str:
+            return found
+        mk, i = found
+        if mk == self.section_end:
+            self.state = self.OVER
+        else:
+            self.call_marker(mk)
+        return t, i
+
+    def call_marker(self, mk: str) -> None:
+        """A call marker was found between calls: record it and go on to the call's head."""
+        raise NotImplementedError
+
+    def find(self, m: Matcher, t: str, i: int) -> tuple[int, str]:
+        """`m.search`, keeping a possible partial marker at the end in `hold` when nothing was found."""
+        p, mk = m.search(t, i)
+        if p < 0:
+            self.hold = t[m.hold_start(t, i):]
+        return p, mk
 
     def seek_marker(self, t: str, i: int, sink: Sink) -> tuple[str, int] | str | object:
         """Between calls only whitespace is expected before the next marker. Returns (marker, index after it);
