@@ -21,7 +21,7 @@ from typing import ClassVar
 from serve_app.parsers.jsonscan import json_string_chunk
 from serve_app.parsers.markers import Matcher
 from serve_app.parsers.schema import ToolSchemas, coerce, decode_or_string
-from serve_app.parsers.section import HELD, SectionEngine
+from serve_app.parsers.section import SectionEngine
 from serve_app.parsers.sink import Sink
 
 HEAD_CAP = 512
@@ -97,6 +97,8 @@ class XmlEngine(SectionEngine):
         self.section_end = f.section_end
         self.state = OVER
         self.degraded = False
+        self.steps = (self.step_section, self._step_fhead, self._step_fbody, self._step_phead, self._step_vopen,
+                      self._step_pval)
 
     def open(self, marker: str) -> None:
         self.degraded = False
@@ -222,104 +224,109 @@ class XmlEngine(SectionEngine):
         self.mark_idx = -1
         self._reset_call()
 
-    # -- main loop ------------------------------------------------------------------------------------------------
+    # -- one step per state (the loop is SectionEngine.feed) -----------------------------------------------------
     def feed(self, text: str, sink: Sink) -> str | None:
+        self.call_raw.append(text)  # everything fed since the last completed call, for `eof`
+        return SectionEngine.feed(self, text, sink)
+
+    def call_marker(self, mk: str) -> None:
+        self.raw.append(mk)
+        self.state = FHEAD
+
+    def _head(self, m: Matcher, t: str, i: int) -> tuple[str, str, str] | None | bool:
+        """Buffer a function or parameter head until `m` ends it: (head, end marker, rest); None to wait for
+        more; False when it grew past HEAD_CAP without an end (it is left in `head`)."""
+        old = len(self.head)
+        self.head += t[i:]
+        p, mk = m.search(self.head, max(0, old - 40))
+        if p > HEAD_CAP:
+            p = -1
+        if p < 0:
+            return False if len(self.head) > HEAD_CAP else None
+        head, rest = self.head[:p], self.head[p + len(mk):]
+        self.head = ""
+        return head, mk, rest
+
+    def _step_fhead(self, t: str, i: int, sink: Sink):
+        """The function name: the call starts, or the markup was text."""
+        got = self._head(self.fhead_m, t, i)
+        if got is None:
+            return None
+        if got is False:
+            return self.degrade(sink, self.head)
+        head, mk, rest = got
         f = self.fmt
-        self.call_raw.append(text)
-        t = self.hold + text if self.hold else text
-        self.hold = ""
-        i = 0
-        while True:
-            st = self.state
-            if st == OVER:
-                return t[i:]
-            n = len(t)
-            if i >= n:
-                return None
-            if st == SEC:
-                found = self.seek_marker(t, i, sink)
-                if found is HELD:
-                    return None
-                if isinstance(found, str):
-                    return found
-                mk, i = found
-                if mk == f.section_end:
-                    self.state = OVER
-                else:
-                    self.raw.append(mk)
-                    self.state = FHEAD
-            elif st == FHEAD or st == PHEAD:
-                m = self.fhead_m if st == FHEAD else self.phead_m
-                old = len(self.head)
-                self.head += t[i:]
-                t, i = "", 0
-                p, mk = m.search(self.head, max(0, old - 40))
-                if p > HEAD_CAP:
-                    p = -1
-                if p < 0:
-                    if len(self.head) > HEAD_CAP:
-                        if st == FHEAD:
-                            return self.degrade(sink, self.head)
-                        self.state = OVER  # an unreadable parameter head inside a committed call: abandon it
-                        return self.head
-                    return None
-                head, rest = self.head[:p], self.head[p + len(mk):]
-                self.head = ""
-                t, i = rest, 0
-                if st == FHEAD:
-                    name = f.name_of(head)
-                    if not name:
-                        self.raw.append(head)
-                        return self.degrade(sink, mk + rest)
-                    self.fname = name
-                    self.idx = sink.start(name)
-                    self.raw, self.mark_idx = [], -1
-                    if f.func_open:
-                        self.state = FBODY
-                    elif mk == f.section_end:  # glm47 call without arguments
-                        self._end_call(sink, len(t))
-                        self.state = OVER
-                    else:  # glm47: the name ended at the first <arg_key>
-                        self.state = PHEAD
-                else:
-                    self._start_value(sink, head)
-                    self.state = VOPEN if f.value_open else PVAL
-            elif st == FBODY:
-                p, mk = self.body_m.search(t, i)
-                if p < 0:
-                    self.hold = t[self.body_m.hold_start(t, i):]
-                    return None
-                i = p + len(mk)
-                if mk == f.param_open:
-                    self.state = PHEAD
-                else:
-                    self._end_call(sink, len(t) - i)
-                    self.state = OVER if mk == f.section_end else (SEC if f.func_open else FBODY)
-            elif st == VOPEN:
-                p, mk = self.vopen_m.search(t, i)
-                if p < 0:
-                    self.hold = t[self.vopen_m.hold_start(t, i):]
-                    return None
-                i = p + len(mk)
-                self.state = PVAL
-            elif st == PVAL:
-                p, mk = self.val_m.search(t, i)
-                if p < 0:
-                    h = self.val_m.hold_start(t, i)
-                    self._value_chunk(sink, t[i:h])
-                    self.hold = t[h:]
-                    return None
-                self._value_chunk(sink, t[i:p])
-                self._end_value(sink)
-                if mk == f.value_close:
-                    i = p + len(mk)
-                    self.state = FBODY
-                elif mk == f.section_end:
-                    i = p + len(mk)
-                    self._end_call(sink, len(t) - i)
-                    self.state = OVER
-                else:  # implicit close: the marker belongs to what follows
-                    i = p
-                    self.state = FBODY
-            else:
-                raise AssertionError(st)
+        name = f.name_of(head)
+        if not name:
+            self.raw.append(head)
+            return self.degrade(sink, mk + rest)
+        self.fname = name
+        self.idx = sink.start(name)
+        self.raw, self.mark_idx = [], -1
+        if f.func_open:
+            self.state = FBODY
+        elif mk == f.section_end:  # glm47 call without arguments
+            self._end_call(sink, len(rest))
+            self.state = OVER
+        else:  # glm47: the name ended at the first <arg_key>
+            self.state = PHEAD
+        return rest, 0
+
+    def _step_phead(self, t: str, i: int, sink: Sink):
+        """A parameter name: its value starts."""
+        got = self._head(self.phead_m, t, i)
+        if got is None:
+            return None
+        if got is False:
+            self.state = OVER  # an unreadable parameter head inside a committed call: abandon it
+            return self.head
+        head, _, rest = got
+        self._start_value(sink, head)
+        self.state = VOPEN if self.fmt.value_open else PVAL
+        return rest, 0
+
+    def _step_fbody(self, t: str, i: int, sink: Sink):
+        """Inside a function, between parameters: the next parameter, or the call's end."""
+        p, mk = self.find(self.body_m, t, i)
+        if p < 0:
+            return None
+        i = p + len(mk)
+        f = self.fmt
+        if mk == f.param_open:
+            self.state = PHEAD
+        else:
+            self._end_call(sink, len(t) - i)
+            self.state = OVER if mk == f.section_end else (SEC if f.func_open else FBODY)
+        return t, i
+
+    def _step_vopen(self, t: str, i: int, sink: Sink):
+        """glm47: the value's own open tag after the key."""
+        p, mk = self.find(self.vopen_m, t, i)
+        if p < 0:
+            return None
+        self.state = PVAL
+        return t, p + len(mk)
+
+    def _step_pval(self, t: str, i: int, sink: Sink):
+        """A value: chunks stream (or buffer, by type) up to its close tag or a marker that implies it."""
+        m = self.val_m
+        p, mk = m.search(t, i)
+        if p < 0:
+            h = m.hold_start(t, i)
+            self._value_chunk(sink, t[i:h])
+            self.hold = t[h:]
+            return None
+        self._value_chunk(sink, t[i:p])
+        self._end_value(sink)
+        f = self.fmt
+        if mk == f.value_close:
+            i = p + len(mk)
+            self.state = FBODY
+        elif mk == f.section_end:
+            i = p + len(mk)
+            self._end_call(sink, len(t) - i)
+            self.state = OVER
+        else:  # implicit close: the marker belongs to what follows
+            i = p
+            self.state = FBODY
+        return t, i
