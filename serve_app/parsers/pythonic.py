@@ -41,6 +41,7 @@ class PythonicEngine:
         self.fmt = fmt
         self.state = OVER
         self.degraded = False
+        self.steps = (self._step_list_head, self._step_call, self._step_between)  # by state: LIST_HEAD, CALL, BETWEEN
 
     def open(self, marker: str) -> None:
         self.lead = marker  # whitespace before the list: given back if it turns out to be text
@@ -81,89 +82,108 @@ class PythonicEngine:
         return True
 
     def feed(self, text: str, sink: Sink) -> str | None:
-        i, n = 0, len(text)
-        while i < n:
+        """Consume `text`; None while the list goes on, else the text after it. Each step consumes from `text[i:]`
+        in one state and returns `(text, i)` to go on or what `feed` returns."""
+        steps = self.steps
+        i = 0
+        while i < len(text):
             st = self.state
             if st == OVER:
                 return text[i:]
-            if st == LIST_HEAD or st == BETWEEN:
-                self.head += text[i:]
-                i = n
-                h = self.head
-                if st == LIST_HEAD and not self.seen_bracket:
-                    j = len(h) - len(h.lstrip())
-                    if j >= len(h):
-                        return None
-                    if h[j] != "[":
-                        return self._degrade(sink, h)
-                    self.seen_bracket = True
-                    h = self.head = h[j + 1:]
-                if st == BETWEEN:
-                    s = h.lstrip()
-                    if not s:
-                        return None
-                    if s[0] == "]":
-                        self.state = OVER
-                        return s[1:]
-                    if s[0] != ",":
-                        self.state = OVER  # junk after a call: the list is over
-                        return s
-                    h = self.head = s[1:]
-                m = _CALL_HEAD.match(h)
-                if m is not None and m.end() > 256:
-                    m = None
-                if m is None:
-                    if _CALL_HEAD_PARTIAL.match(h) and len(h) < 256:
-                        self.state = LIST_HEAD
-                        return None
-                    if self.ncalls == 0:
-                        return self._degrade(sink, "[" + h)
-                    self.state = OVER
-                    return h
-                self.state = CALL
-                self.buf = [h[: m.end()]]
-                self.buflen = m.end()
-                self.depth = 1
-                self.quote = ""
-                self.esc = False
-                text, i, n = h[m.end():], 0, len(h) - m.end()
-                self.head = ""
-            elif st == CALL:
-                j = i
-                depth, quote, esc = self.depth, self.quote, self.esc
-                while j < n:
-                    c = text[j]
-                    j += 1
-                    if quote:
-                        if esc:
-                            esc = False
-                        elif c == "\\":
-                            esc = True
-                        elif c == quote:
-                            quote = ""
-                    elif c in "\"'":
-                        quote = c
-                    elif c in "([{":
-                        depth += 1
-                    elif c in ")]}":
-                        depth -= 1
-                        if depth == 0:
-                            break
-                self.depth, self.quote, self.esc = depth, quote, esc
-                self.buf.append(text[i:j])
-                self.buflen += j - i
-                i = j
-                if depth:
-                    if self.buflen > CALL_CAP:
-                        return self._degrade(sink, "".join(self.buf) + text[i:])
-                    return None
-                src = "".join(self.buf)
-                self.buf = []
-                if not self._emit_call(sink, src):
-                    if self.ncalls == 0:
-                        return self._degrade(sink, "[" + src + text[i:])
-                    self.state = OVER
-                    return src + text[i:]
-                self.state = BETWEEN
-                self.head = ""
+            r = steps[st](text, i, sink)
+            if r.__class__ is not tuple:
+                return r
+            text, i = r
         return None
+
+    def _step_list_head(self, text: str, i: int, sink: Sink):
+        """The list's `[` (whitespace may come first), then the first call's head."""
+        h = self.head = self.head + text[i:]
+        if not self.seen_bracket:
+            j = len(h) - len(h.lstrip())
+            if j >= len(h):
+                return None
+            if h[j] != "[":
+                return self._degrade(sink, h)
+            self.seen_bracket = True
+            h = self.head = h[j + 1:]
+        return self._call_head(sink, h)
+
+    def _step_between(self, text: str, i: int, sink: Sink):
+        """After a call: `,` and the next call's head, `]`, or junk that ends the list."""
+        self.head += text[i:]
+        s = self.head.lstrip()
+        if not s:
+            return None
+        if s[0] == "]":
+            self.state = OVER
+            return s[1:]
+        if s[0] != ",":
+            self.state = OVER  # junk after a call: the list is over
+            return s
+        self.head = s[1:]
+        return self._call_head(sink, self.head)
+
+    def _call_head(self, sink: Sink, h: str):
+        """`NAME(` opens a call; a head that may still grow into one waits (bounded)."""
+        m = _CALL_HEAD.match(h)
+        if m is not None and m.end() > 256:
+            m = None
+        if m is None:
+            if _CALL_HEAD_PARTIAL.match(h) and len(h) < 256:
+                self.state = LIST_HEAD
+                return None
+            if self.ncalls == 0:
+                return self._degrade(sink, "[" + h)
+            self.state = OVER
+            return h
+        self.state = CALL
+        self.buf = [h[: m.end()]]
+        self.buflen = m.end()
+        self.depth = 1
+        self.quote = ""
+        self.esc = False
+        self.head = ""
+        return h[m.end():], 0
+
+    def _step_call(self, text: str, i: int, sink: Sink):
+        """Inside a call: brackets and quotes are tracked one character at a time up to the closing `)`."""
+        n = len(text)
+        j = i
+        depth, quote, esc = self.depth, self.quote, self.esc
+        while j < n:
+            c = text[j]
+            j += 1
+            if quote:
+                if esc:
+                    esc = False
+                elif c == "\\":
+                    esc = True
+                elif c == quote:
+                    quote = ""
+            elif c in "\"'":
+                quote = c
+            elif c in "([{":
+                depth += 1
+            elif c in ")]}":
+                depth -= 1
+                if depth == 0:
+                    break
+        self.depth, self.quote, self.esc = depth, quote, esc
+        self.buf.append(text[i:j])
+        self.buflen += j - i
+        i = j
+        if depth:
+            if self.buflen > CALL_CAP:
+                return self._degrade(sink, "".join(self.buf) + text[i:])
+            return None
+        src = "".join(self.buf)
+        self.buf = []
+        if not self._emit_call(sink, src):
+            if self.ncalls == 0:
+                return self._degrade(sink, "[" + src + text[i:])
+            self.state = OVER
+            return src + text[i:]
+        self.state = BETWEEN
+        self.head = ""
+        return text, i
