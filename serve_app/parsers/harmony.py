@@ -52,6 +52,9 @@ class HarmonyParser:
         self.name = ""
         self.idx = -1
         self.scan: JsonScanner | None = None
+        # one step per state, indexed by state: BODY, HEADER, ARGS_WAIT, ARGS, DROP, OPENING
+        self.steps = (self._step_body, self._step_header, self._step_args_wait, self._step_args, self._step_body,
+                      self._step_opening)
 
     def _plain(self, text: str, kind: str) -> None:
         self.sink.reasoning = kind == "reasoning"
@@ -81,95 +84,109 @@ class HarmonyParser:
         t = self.hold + delta if self.hold else delta
         self.hold = ""
         i = 0
+        steps = self.steps
+        # each step consumes from t[i:] in one state and returns where to go on, or None when it needs more text
         while i < len(t):
-            st = self.state
-            if st == OPENING:  # the first message's header, unless the output starts as plain text
-                j = _WS.match(t, i).end()
-                rest = t[j:]
-                if any(o.startswith(rest) for o in _HEADER_OPENINGS):  # too short to tell: hold it back
-                    self.hold = t[i:]
-                    break
-                if rest.startswith(_HEADER_OPENINGS):
-                    self.state, self.head = HEADER, ""  # its leading whitespace stays in the header
-                else:
-                    self.state = BODY
-            elif st == BODY or st == DROP:
-                p, mk = self.body_m.search(t, i)
-                if p < 0:
-                    h = self.body_m.hold_start(t, i)
-                    if st == BODY:
-                        self._plain(t[i:h], self.kind)
-                    self.hold = t[h:]
-                    break
-                if st == BODY:
-                    self._plain(t[i:p], self.kind)
-                i = p + len(mk)
-                if mk in (START, CHANNEL):
-                    self.state, self.head = HEADER, mk
-                else:  # a message end (or a stray token): the next text, if any, is plain text
-                    self.state, self.kind = BODY, "text"
-            elif st == HEADER:
-                old = len(self.head)
-                self.head += t[i:]
-                p, mk = self.hdr_m.search(self.head, max(0, old - len(MESSAGE)))
-                if p > HEADER_CAP or (p < 0 and len(self.head) > HEADER_CAP + len(MESSAGE)):
-                    # not a header: show its start as text and rescan the rest (the same wherever deltas split)
-                    self._plain(self.head[:HEADER_CAP], "text")
-                    t, i = self.head[HEADER_CAP:], 0
-                    self.head = ""
-                    self.state, self.kind = BODY, "text"
-                    continue
-                if p < 0:
-                    i = len(t)
-                    break
-                t, i = self.head[p + len(mk):], 0
-                self._open_body(self.head[:p])
-                self.head = ""
-            elif st == ARGS_WAIT:
-                j = _WS.match(t, i).end()
-                if j >= len(t):
-                    break
-                if t[j] == "{":
-                    self.idx = self.sink.start(self.name)
-                    self.scan = JsonScanner()
-                    self.state = ARGS
-                    i = j
-                    continue
-                p, mk = self.body_m.search(t, j)
-                if p == j:  # the message ends with an empty body: a call without arguments
-                    idx = self.sink.start(self.name)
-                    self.sink.args(idx, "{}")
-                    self.sink.end(idx)
-                    self.state, i = DROP, j
-                    continue
-                if p < 0 and self.body_m.hold_start(t, j) == j:  # maybe the start of the message end marker
-                    self.hold = t[j:]
-                    break
-                self.sink.start(self.name)  # not a JSON object: abandoned (no End), its body skipped
-                self.state, i = DROP, j
-            elif st == ARGS:
-                p, mk = self.body_m.search(t, i)  # special tokens cannot occur inside the JSON text
-                stop = p if p >= 0 else self.body_m.hold_start(t, i)
-                r = self.scan.feed(t[:stop], i)
-                if r == ERROR:  # abandoned (no ToolCallEnd): the rest of its message is skipped
-                    self.state = DROP
-                    continue
-                seg = t[i:stop] if r == NEED_MORE else t[i:r]
-                self.sink.args(self.idx, seg)
-                if r == NEED_MORE:
-                    if p < 0:
-                        self.hold = t[stop:]
-                        break
-                    # the message ended before the arguments closed: cut off, abandoned
-                    self.state = DROP
-                    i = stop
-                    continue
-                self.sink.end(self.idx)
-                self.state = DROP  # whatever follows up to <|call|> is not content
-                i = r
-            else:
-                raise AssertionError(st)
+            r = steps[self.state](t, i)
+            if r is None:
+                break
+            t, i = r
         return out
+
+    def _step_opening(self, t: str, i: int):
+        """The first message's header, unless the output starts as plain text."""
+        j = _WS.match(t, i).end()
+        rest = t[j:]
+        if any(o.startswith(rest) for o in _HEADER_OPENINGS):  # too short to tell: hold it back
+            self.hold = t[i:]
+            return None
+        if rest.startswith(_HEADER_OPENINGS):
+            self.state, self.head = HEADER, ""  # its leading whitespace stays in the header
+        else:
+            self.state = BODY
+        return t, i
+
+    def _step_body(self, t: str, i: int):
+        """A message body up to the next marker: shown (BODY) or skipped (DROP)."""
+        show = self.state == BODY
+        p, mk = self.body_m.search(t, i)
+        if p < 0:
+            h = self.body_m.hold_start(t, i)
+            if show:
+                self._plain(t[i:h], self.kind)
+            self.hold = t[h:]
+            return None
+        if show:
+            self._plain(t[i:p], self.kind)
+        if mk in (START, CHANNEL):
+            self.state, self.head = HEADER, mk
+        else:  # a message end (or a stray token): the next text, if any, is plain text
+            self.state, self.kind = BODY, "text"
+        return t, p + len(mk)
+
+    def _step_header(self, t: str, i: int):
+        """A header up to `<|message|>`: it says what the body is (`_open_body`)."""
+        old = len(self.head)
+        self.head += t[i:]
+        p, mk = self.hdr_m.search(self.head, max(0, old - len(MESSAGE)))
+        if p > HEADER_CAP or (p < 0 and len(self.head) > HEADER_CAP + len(MESSAGE)):
+            # not a header: show its start as text and rescan the rest (the same wherever deltas split)
+            self._plain(self.head[:HEADER_CAP], "text")
+            rest = self.head[HEADER_CAP:]
+            self.head = ""
+            self.state, self.kind = BODY, "text"
+            return rest, 0
+        if p < 0:
+            return None
+        rest = self.head[p + len(mk):]
+        self._open_body(self.head[:p])
+        self.head = ""
+        return rest, 0
+
+    def _step_args_wait(self, t: str, i: int):
+        """A call's body: a JSON object streams, an empty body is `{}`, anything else abandons the call."""
+        j = _WS.match(t, i).end()
+        if j >= len(t):
+            return None
+        if t[j] == "{":
+            self.idx = self.sink.start(self.name)
+            self.scan = JsonScanner()
+            self.state = ARGS
+            return t, j
+        p, mk = self.body_m.search(t, j)
+        if p == j:  # the message ends with an empty body: a call without arguments
+            idx = self.sink.start(self.name)
+            self.sink.args(idx, "{}")
+            self.sink.end(idx)
+            self.state = DROP
+            return t, j
+        if p < 0 and self.body_m.hold_start(t, j) == j:  # maybe the start of the message end marker
+            self.hold = t[j:]
+            return None
+        self.sink.start(self.name)  # not a JSON object: abandoned (no End), its body skipped
+        self.state = DROP
+        return t, j
+
+    def _step_args(self, t: str, i: int):
+        """The arguments object streams raw while the scanner finds where it closes."""
+        p, mk = self.body_m.search(t, i)  # special tokens cannot occur inside the JSON text
+        stop = p if p >= 0 else self.body_m.hold_start(t, i)
+        r = self.scan.feed(t[:stop], i)
+        if r == ERROR:  # abandoned (no ToolCallEnd): the rest of its message is skipped
+            self.state = DROP
+            return t, i
+        seg = t[i:stop] if r == NEED_MORE else t[i:r]
+        self.sink.args(self.idx, seg)
+        if r == NEED_MORE:
+            if p < 0:
+                self.hold = t[stop:]
+                return None
+            # the message ended before the arguments closed: cut off, abandoned
+            self.state = DROP
+            return t, stop
+        self.sink.end(self.idx)
+        self.state = DROP  # whatever follows up to <|call|> is not content
+        return t, r
 
     def finish(self) -> list:
         out = self.sink.out = []
