@@ -79,31 +79,21 @@ class StreamParser:
         t = self.hold + delta if self.hold else delta
         self.hold = ""
         i = 0
-        r = self.r
         while i < len(t):
-            if self.active:
+            if self.active:  # inside a tool section: the format's engine consumes it
                 rest = self.engine.feed(t[i:] if i else t, self.sink)
                 if rest is None:
                     return out
-                self.active = False
-                if self.engine.degraded:
-                    self.text_started = self.text_started or not self.in_reasoning
-                else:
-                    self.after_call, self.pending_ws = True, ""
-                    if self.entered_in_reasoning and r is not None and r.tool_ends_reasoning:
-                        self.in_reasoning = False
+                self._section_over()
                 t, i = rest, 0
                 continue
             if self.bare and not self.in_reasoning and not self.text_started:
-                j = _WS.match(t, i).end()
-                if j >= len(t):  # only whitespace so far: a bare call may still open the text
-                    self.hold = t[i:]
-                    break
-                if t[j] == self.bare:
-                    self._open(t[i:j])
+                j = self._bare_start(t, i)
+                if j is not None:
+                    if j < 0:
+                        break
                     t, i = t[j:], 0
                     continue
-                self.text_started = True
             m = self.m
             p, mk = m.search(t, i)
             if p < 0:
@@ -113,19 +103,49 @@ class StreamParser:
                 break
             self._emit(t[i:p])
             i = p + len(mk)
-            if r is not None and mk == r.start:
-                self.pending_start, self.at_start = "", False
-                self.in_reasoning = True
-            elif r is not None and mk == r.end:
-                self._flush_start()
-                self.in_reasoning = False
-            elif mk in self.ends_at:  # a tool call with no tool parser: reasoning is over, the markup is text
-                self._flush_start()
-                self.in_reasoning = False
-                self._emit(mk)
-            else:
-                self._open(mk)
+            self._marker(mk)
         return out
+
+    def _section_over(self) -> None:
+        """The engine handed the text after its section back: a call (or degraded markup) is behind us."""
+        self.active = False
+        if self.engine.degraded:
+            self.text_started = self.text_started or not self.in_reasoning
+        else:
+            self.after_call, self.pending_ws = True, ""
+            r = self.r
+            if self.entered_in_reasoning and r is not None and r.tool_ends_reasoning:
+                self.in_reasoning = False
+
+    def _bare_start(self, t: str, i: int) -> int | None:
+        """Before any text, a call may open without a marker (`bare_start`, e.g. llama3's `{`). Returns -1 when only
+        whitespace came so far (held), the index of the bare start when a call opens there (the engine is now
+        active), else None (the text has started)."""
+        j = _WS.match(t, i).end()
+        if j >= len(t):  # only whitespace so far: a bare call may still open the text
+            self.hold = t[i:]
+            return -1
+        if t[j] == self.bare:
+            self._open(t[i:j])
+            return j
+        self.text_started = True
+        return None
+
+    def _marker(self, mk: str) -> None:
+        """A think marker, a tool start marker, or (without a tool parser) a tool marker that ends reasoning."""
+        r = self.r
+        if r is not None and mk == r.start:
+            self.pending_start, self.at_start = "", False
+            self.in_reasoning = True
+        elif r is not None and mk == r.end:
+            self._flush_start()
+            self.in_reasoning = False
+        elif mk in self.ends_at:  # a tool call with no tool parser: reasoning is over, the markup is text
+            self._flush_start()
+            self.in_reasoning = False
+            self._emit(mk)
+        else:
+            self._open(mk)
 
     def _flush_start(self) -> None:
         if self.at_start:
