@@ -20,12 +20,17 @@ class SectionEngine:
     section_end: str | None
     OVER: int
     steps: tuple
+    # keep every fed text in `call_raw` (xml_tags: what `eof` releases); a flag in this loop, not an overriding
+    # feed, because that extra call per token is measurable
+    tracks_fed = False
 
     def feed(self, text: str, sink: Sink) -> str | None:
         """Consume `text`; None while still inside the section, else the text after it (maybe empty).
 
         Each step consumes from `t[i:]` in one state and returns where to go on, `(t, i)` (the state it set may
         differ), or what `feed` returns: None (wait for more text) or the text after the section."""
+        if self.tracks_fed:
+            self.call_raw.append(text)
         t = self.hold + text if self.hold else text
         self.hold = ""
         i = 0

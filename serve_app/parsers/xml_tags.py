@@ -82,6 +82,7 @@ SEC, FHEAD, FBODY, PHEAD, VOPEN, PVAL, OVER = range(7)
 
 class XmlEngine(SectionEngine):
     OVER = OVER
+    tracks_fed = True  # `call_raw`: everything fed since the last completed call, released by `eof`
 
     def __init__(self, fmt: XmlFormat, schemas: ToolSchemas):
         self.fmt = fmt
@@ -225,10 +226,6 @@ class XmlEngine(SectionEngine):
         self._reset_call()
 
     # -- one step per state (the loop is SectionEngine.feed) -----------------------------------------------------
-    def feed(self, text: str, sink: Sink) -> str | None:
-        self.call_raw.append(text)  # everything fed since the last completed call, for `eof`
-        return SectionEngine.feed(self, text, sink)
-
     def call_marker(self, mk: str) -> None:
         self.raw.append(mk)
         self.state = FHEAD
