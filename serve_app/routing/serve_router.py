@@ -25,6 +25,20 @@ def _target_of(pending: Optional[PendingRequest]) -> str | None:
     return getattr(pending.args[0], "target_replica", None)
 
 
+def _in_replica() -> bool:
+    """Whether this request router runs in a Serve replica (an ingress). Only there does it report to the Router:
+    in a driver (a test or an operator's script holding an engine handle) every handle's router shares one loop
+    thread, and creating the Router's handle from that thread waits on the thread itself — a deadlock that hangs
+    every later handle of the process."""
+    from ray import serve
+
+    try:
+        serve.get_replica_context()
+    except Exception:  # noqa: BLE001 - RayServeException outside a replica
+        return False
+    return True
+
+
 class TargetReplicaRouter(RequestRouter):
     def initialize_state(self, router_app: str | None = None, engine_key: str | None = None, **_):
         self._router_app = router_app or self.app_name  # the Router deployment is in the engines' app
@@ -51,7 +65,7 @@ class TargetReplicaRouter(RequestRouter):
         self._sync([r.replica_id.unique_id for r in self.curr_replicas.values() if r.replica_id != replica_id])
 
     def _sync(self, ids: list[str]) -> None:
-        if not self._router_app or not self._engine_key:
+        if not self._router_app or not self._engine_key or not _in_replica():
             return
         try:
             if self._router_handle is None:

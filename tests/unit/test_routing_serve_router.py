@@ -9,6 +9,7 @@ from ray.serve.request_router import PendingRequest
 
 from serve_app.app import _engine_options
 from serve_app.engine.types import EngineRequest
+from serve_app.routing import serve_router
 from serve_app.routing.serve_router import TargetReplicaRouter
 from serve_app.settings import ModelConfig
 
@@ -40,8 +41,12 @@ class RouterHandle:
         self.calls.append((key, sorted(ids)))
 
 
+_REAL_IN_REPLICA = serve_router._in_replica
+
+
 def _router(monkeypatch, calls):
     handles = []
+    monkeypatch.setattr(serve_router, "_in_replica", lambda: True)  # as in an ingress replica
     monkeypatch.setattr(serve, "get_deployment_handle",
                         lambda name, app_name: handles.append((name, app_name)) or RouterHandle(calls))
     r = TargetReplicaRouter(DEP, DeploymentHandleSource.REPLICA)
@@ -80,3 +85,13 @@ def test_the_target_is_honoured_and_a_gone_target_falls_back_to_all(monkeypatch)
 
     to_b, fallback, a, b = asyncio.run(run())
     assert to_b == [[b]] and fallback == [[a, b]]
+
+
+def test_a_driver_handle_never_reports(monkeypatch):
+    """Outside a replica (a test's or a script's engine handle) reporting would create the Router's handle on the
+    driver's shared router thread and deadlock it; it is skipped."""
+    calls = []
+    r, handles = _router(monkeypatch, calls)
+    monkeypatch.setattr(serve_router, "_in_replica", _REAL_IN_REPLICA)  # this test process is a driver
+    r._sync(["a", "b"])
+    assert handles == [] and calls == []
