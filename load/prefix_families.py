@@ -14,35 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import socket
-import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-
-def _provenance(argv: list[str]) -> dict:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except OSError:
-            return ""
-
-    return {
-        "command": "python -m load.prefix_families " + " ".join(argv),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", "serve_app", "load")),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+from load.sim_router import _provenance  # noqa: E402 - the same provenance every load/ result records
 
 
 def _tokenizer_source() -> str:
@@ -99,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the README table")
     args = ap.parse_args(argv)
     rows = run()
-    result = {**_provenance(argv), "tokenizer": "SmolLM2-135M-Instruct + the family's markers as added tokens",
+    result = {**_provenance(argv), "command": "python -m load.prefix_families " + " ".join(argv),
+              "tokenizer": "SmolLM2-135M-Instruct + the family's markers as added tokens",
               "rows": rows, "all_ok": all(r["ok"] for r in rows)}
     Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     print(markdown(rows) if args.markdown else f"{len(rows)} turns, all ok: {result['all_ok']} → {args.json}")

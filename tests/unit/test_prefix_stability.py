@@ -22,20 +22,12 @@ import pytest
 from serve_app.conversation import GenerationOptions
 from serve_app.parsers import parse_complete
 from serve_app.prompt import PromptRenderer, load_tokenizer
+from tests.support.family_sessions import HEADER, SYSTEM, TOOLS  # the one scripted agent's prompt and tools
 from tests.support.stability import agent_request, api_conversation, api_next_turn, check_turn
 from serve_app.settings import ModelConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = b"prefix-stability-secret"
-HEADER = "x-anthropic-billing-header: cc_version=2.1.197.c0f; cc_entrypoint=cli;"
-SYSTEM = "You are a coding agent. Work in the repository and use the tools."
-TOOLS = [
-    ("ls", "List files in a directory.", {"type": "object", "properties": {"path": {"type": "string"}},
-                                          "required": ["path"]}),
-    ("read_file", "Read a file.", {"type": "object", "properties": {"path": {"type": "string"},
-                                                                    "limit": {"type": "integer"}},
-                                   "required": ["path"]}),
-]
 
 # What the model says over a three-turn chain: think + two parallel calls; think + answer.
 TURN1 = ("I should look at the files first.", "", [("ls", {"path": "."}), ("read_file", {"path": "README.md",
