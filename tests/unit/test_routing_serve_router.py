@@ -63,10 +63,12 @@ def test_live_replicas_and_dead_actors_are_reported_to_the_router(monkeypatch):
         r.update_replicas([a, b])
         r.on_replica_actor_died(b.replica_id)  # a call found b's actor dead before Serve's controller did
         r.update_replicas([a, Replica("c")])  # a replica joins
-        return handles
+        return r, handles
 
-    handles = asyncio.run(run())
-    assert handles == [("Router", "app1")]  # the Router of the engines' own app
+    r, handles = asyncio.run(run())
+    state = dict(router_app=r._router_app, engine_key=r._engine_key, handle=r._router_handle,
+                 in_replica=serve_router._in_replica(), same_module=r._sync.__globals__ is vars(serve_router))
+    assert handles == [("Router", "app1")], state  # the Router of the engines' own app
     assert calls == [("Engine-x", ["a", "b"]), ("Engine-x", ["a"]), ("Engine-x", ["a", "c"])]
 
 
