@@ -46,6 +46,7 @@ from serve_app.engine.provision import ensure_model
 from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong, ServiceError
 from serve_app.parsers import make_stream_parser, needs_special_tokens
+from serve_app.parsers import tool_grammar
 from serve_app.prompt import PromptRenderer, load_tokenizer
 from serve_app.routing.hashing import block_hashes
 from serve_app.routing.types import Decision, RouteRequest
@@ -79,6 +80,10 @@ class EngineClient(Protocol):
     """How the service reaches engines and the router; the Ray implementation is in serve_app/ingress/clients.py."""
 
     async def block_size(self, engine_key: str) -> int: ...
+
+    async def reasoning_gate(self, engine_key: str) -> bool:
+        """Whether the engine holds grammars back until a think block ends (vLLM's reasoning parser is on)."""
+        ...
 
     async def probe(self, engine_key: str) -> None:
         """Return once a replica of this engine answers (the caller bounds the wait); raise if it fails."""
@@ -215,6 +220,9 @@ class GenerationService:
 
     async def prepare(self, conv: Conversation, opts: GenerationOptions, model_id: str) -> PreparedRequest:
         renderer, model = await self.renderer_for(model_id)
+        wrong = tool_grammar.check_choice(conv.tool_choice, conv.tools)
+        if wrong:
+            raise InvalidRequest(wrong, param="tool_choice")
         tenant = tenants.CURRENT.get() or tenants.DEFAULT  # set by the route's key check
         tenants.check_model(self.settings.ingress, tenant, model)
         # The slot is taken before the first await: a burst whose checks all ran before any render finished
@@ -315,7 +323,20 @@ class GenerationService:
                     return rule.script
         return None
 
-    def _engine_request(self, prepared: PreparedRequest, renderer) -> EngineRequest:
+    def _constraint(self, prepared: PreparedRequest, reasoning_gate: bool) -> dict | None:
+        """The grammar for this request: the tool choice's (parsers/tool_grammar.py) where it forces or forbids
+        calls, else the requested output format's. A forced script is exact text already and takes none."""
+        conv, model = prepared.conversation, prepared.model
+        tag = tool_grammar.structural_tag(
+            model.tool_parser, conv.tools, conv.tool_choice, reasoning=model.reasoning_parser,
+            starts_in_reasoning=bool(prepared.starts_in_reasoning), reasoning_gate=reasoning_gate,
+        )
+        fmt = prepared.options.output_format
+        if tag is not None and (fmt is None or conv.tool_choice.mode in ("required", "tool")):
+            return tool_grammar.engine_constraint(tag)
+        return _engine_constraint(fmt)
+
+    def _engine_request(self, prepared: PreparedRequest, renderer, reasoning_gate: bool = False) -> EngineRequest:
         opts = prepared.options
         req = EngineRequest(
             request_id=prepared.request_id,
@@ -330,7 +351,6 @@ class GenerationService:
             skip_special_tokens=not needs_special_tokens(prepared.model.reasoning_parser, prepared.model.tool_parser),
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,
-            structured=_engine_constraint(opts.output_format),
             cache_salt=prepared.cache_salt,
         )
         script = self._forced_script(prepared)
@@ -338,6 +358,8 @@ class GenerationService:
             tok = renderer.tokenizer
             req.forced_token_ids = tok.encode(script, add_special_tokens=False)
             req.forced_eos_id = tok.eos_token_id
+        else:
+            req.structured = self._constraint(prepared, reasoning_gate)
         return req
 
     def stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
@@ -363,7 +385,9 @@ class GenerationService:
             )
             decision = await self.engines.choose(key, route)
 
-            engine_req = self._engine_request(prepared, renderer)
+            # vLLM's reasoning gate (engine-wide) decides whether a tool-choice grammar starts at the think block
+            gate = bool(model.reasoning_parser) and await self.engines.reasoning_gate(key)
+            engine_req = self._engine_request(prepared, renderer, gate)
             if decision is not None:
                 engine_req.target_replica = decision.replica_id
             parser = make_stream_parser(

@@ -70,7 +70,8 @@ class Engine:
             self._deltas.release(address)
 
     async def info(self) -> dict:
-        return {"replica_id": self.replica_id, "block_size": self.engine.block_size, "max_model_len": self.engine.max_model_len}
+        return {"replica_id": self.replica_id, "block_size": self.engine.block_size,
+                "max_model_len": self.engine.max_model_len, "reasoning_gate": self.engine.reasoning_gate}
 
     async def num_unfinished(self) -> int:
         return await self.engine.num_unfinished()

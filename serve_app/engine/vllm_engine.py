@@ -147,6 +147,7 @@ class VLLMEngine:
         self._reaper = None  # the watcher that stops vLLM's processes if this one is killed (reaper.py)
         self.block_size: int | None = None
         self.max_model_len: int = model.max_model_len
+        self.reasoning_gate = False  # vLLM holds grammars back until the think block ends
 
     def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -163,6 +164,7 @@ class VLLMEngine:
             kv_events_port=self.kv_events_port,
             kv_replay_port=self.kv_replay_port,
         )
+        self.reasoning_gate = bool(getattr(args, "reasoning_parser", None))
         before = reaper.children()
         self.engine = AsyncLLM.from_engine_args(args)
         self._reaper = reaper.guard(reaper.children() - before)

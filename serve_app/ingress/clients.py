@@ -26,16 +26,21 @@ class ServeEngineClient:
         self._engines = {key: h.options(_by_reference=False) for key, h in engines.items()}  # key -> handle
         self._router = router.options(_by_reference=False) if router is not None else None
         self._router_timeout_s = router_timeout_s
-        self._block_sizes: dict[str, int] = {}
+        self._infos: dict[str, dict] = {}  # engine key -> its `info()`: fixed for the engine's life
         self._receiver: DeltaReceiver | None = None
         self._leases: set[asyncio.Task] = set()
 
+    async def _info(self, engine_key: str) -> dict:
+        info = self._infos.get(engine_key)
+        if info is None:
+            info = self._infos[engine_key] = await self._engines[engine_key].info.remote()
+        return info
+
     async def block_size(self, engine_key: str) -> int:
-        size = self._block_sizes.get(engine_key)
-        if size is None:
-            info = await self._engines[engine_key].info.remote()
-            size = self._block_sizes[engine_key] = int(info["block_size"])
-        return size
+        return int((await self._info(engine_key))["block_size"])
+
+    async def reasoning_gate(self, engine_key: str) -> bool:
+        return bool((await self._info(engine_key)).get("reasoning_gate"))
 
     async def probe(self, engine_key: str) -> None:
         await self._engines[engine_key].info.remote()

@@ -243,3 +243,13 @@ def test_a_tool_result_must_answer_a_tool_use_of_the_message_just_before():
         assert e.value.status == 400 and e.value.param == where
         assert e.value.message.startswith(f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: toolu_")
         assert "must have a corresponding `tool_use` block in the previous message" in e.value.message
+
+
+@pytest.mark.parametrize("tc", [{"type": "any"}, {"type": "tool", "name": "Bash"}])
+def test_thinking_with_a_forced_tool_is_refused_as_the_api_does(tc):
+    body = {"messages": [{"role": "user", "content": "x"}], "tool_choice": tc, "max_tokens": 2048,
+            "tools": [{"name": "Bash", "input_schema": {"type": "object"}}]}
+    with pytest.raises(ServiceError) as e:
+        conv_of({**body, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+    assert e.value.status == 400 and e.value.message == "Thinking may not be enabled when tool_choice forces tool use."
+    assert conv_of({**body, "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 1024}})

@@ -58,9 +58,13 @@ class ReplayEngines:
         self.counts = {}  # what the Router is told: the engine's cached tokens and the output generated
         self.closed = False
         self.refuse = None  # an exception open() raises: the engine would not take the request
+        self.gate = False  # the engine's reasoning gate (vLLM's reasoning parser holds grammars back)
 
     async def block_size(self, key):
         return 16
+
+    async def reasoning_gate(self, key):
+        return self.gate
 
     async def choose(self, key, req):
         self.routes.append(req)
@@ -446,3 +450,49 @@ def test_the_rendered_prompt_decides_where_the_output_starts(reasoning, opens_th
     events = run(collect(svc, p))
     kinds = {type(e).__name__ for e in events if isinstance(e, (TextDelta, ReasoningDelta))}
     assert kinds == ({"ReasoningDelta"} if opens_think else {"TextDelta"})
+
+
+def _tools_conv(choice, *, tools=("get_weather",)):
+    from serve_app.conversation import ToolChoice, ToolSpec
+
+    return Conversation(messages=[Message("user", [TextPart("hi")])],
+                        tools=[ToolSpec(n, parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+                               for n in tools],
+                        tool_choice=choice)
+
+
+def test_tool_choice_reaches_the_engine_as_a_grammar_in_the_models_format():
+    import json
+
+    from serve_app.conversation import OutputFormat, ToolChoice
+
+    def engine_req(choice, opts=None, **settings):
+        engines = ReplayEngines([EngineChunk("a", [1], finish_reason="stop")])
+        svc = make_service(engines, **settings)
+        run(collect(svc, run(svc.prepare(_tools_conv(choice), opts or GenerationOptions(), "m"))))
+        return engines.requests[0]
+
+    forced = engine_req(ToolChoice("tool", name="get_weather"))
+    tag = json.loads(forced.structured["structural_tag"])
+    assert [t["begin"] for t in tag["format"]["tags"]] == ['<tool_call>\n{"name": "get_weather", "arguments": ']
+    assert engine_req(ToolChoice("auto")).structured is None  # auto with parallel calls: the model is free
+    assert "structural_tag" in engine_req(ToolChoice("auto", parallel=False)).structured
+    assert "structural_tag" in engine_req(ToolChoice("none")).structured
+    # a forced choice wins over an output format; otherwise the output format stays
+    schema = {"type": "object"}
+    assert "structural_tag" in engine_req(ToolChoice("required"), GenerationOptions(output_format=OutputFormat(schema))).structured
+    assert engine_req(ToolChoice("none"), GenerationOptions(output_format=OutputFormat(schema))).structured == {"json": schema}
+    # a forced script is exact text: no grammar fights it
+    script = engine_req(ToolChoice("required"), GenerationOptions(forced_script="x"), testing={"forced_scripts": True})
+    assert script.structured is None and script.forced_token_ids
+
+
+def test_a_tool_choice_that_names_no_given_tool_is_a_400():
+    from serve_app.conversation import ToolChoice
+
+    svc = make_service(ReplayEngines())
+    with pytest.raises(InvalidRequest) as e:
+        run(svc.prepare(_tools_conv(ToolChoice("tool", name="nope")), GenerationOptions(), "m"))
+    assert "'nope'" in e.value.message and e.value.param == "tool_choice"
+    with pytest.raises(InvalidRequest):
+        run(svc.prepare(_tools_conv(ToolChoice("required"), tools=()), GenerationOptions(), "m"))

@@ -244,6 +244,9 @@ def to_conversation(
     req: wire.CountTokensRequest, secret: bytes, headers: Mapping[str, str] | None = None
 ) -> tuple[Conversation, GenerationOptions]:
     conv = Conversation(messages=_messages(req, secret), tools=_tools(req), tool_choice=_tool_choice(req.tool_choice))
+    if thinking_on(req) and conv.tool_choice.mode in ("required", "tool"):
+        # The API's rule and wording (Claude Code demotes a forced tool to auto when thinking is on).
+        raise InvalidRequest("Thinking may not be enabled when tool_choice forces tool use.", param="tool_choice")
     nvext = req.nvext
     opts = GenerationOptions(
         thinking=thinking_on(req),

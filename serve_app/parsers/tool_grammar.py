@@ -1,0 +1,205 @@
+"""`tool_choice` as a grammar: the structural tag (xgrammar's, passed through vLLM's `structured_outputs`) that lets
+the model write only what the request's tool choice allows, in the model's own tool-call format.
+
+The calls stay in the family's wire format, so the same parser reads them and the assistant turn renders back into
+the next prompt byte for byte (docs/architecture.md, "prefix stability"); vLLM's own server instead switches
+forced calls to a JSON list the model never writes unforced.
+
+- `none`: the format's call markers cannot be written (the tools stay in the prompt, so the cached prefix of a
+  session does not change with the choice);
+- `required` / named: the answer is calls and only calls (the vendors' forced calls have no text before them),
+  with arguments valid against each tool's schema; named: exactly one call of that tool;
+- `auto` with parallel calls off: free text, then at most one call, schema-valid;
+- `auto` otherwise: no grammar.
+
+A thinking model reasons first: when vLLM's own reasoning gate holds the grammar back until the think block ends
+(`reasoning_gate`), the tag starts at the answer; without a gate the tag carries the think block itself.
+
+The shapes are data, one row per tool format (`SHAPES`, keyed like `formats.TOOL_PARSERS`); the writing matches
+the templates in serve_app/families, which the parsers read back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from serve_app.conversation import ToolChoice, ToolSpec
+from serve_app.parsers.formats import REASONING_PARSERS
+
+
+@dataclass(frozen=True, slots=True)
+class CallShape:
+    """How one tool format writes calls. `call_begin` holds `{name}`; `args` is xgrammar's JSON-schema style
+    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml") or "text" (free text up to `call_end`: the call
+    is forced, its arguments are not checked)."""
+
+    call_begin: str
+    call_end: str
+    args: str = "json"
+    triggers: tuple[str, ...] = ()  # a prefix of every call (or section) begin
+    separator: str = "\n"  # between calls of one answer
+    section_begin: str | None = None  # calls sit inside one section
+    section_end: str | None = None
+    index_regex: str | None = None  # after call_begin, before args_begin: a call index (Kimi's `:0`)
+    args_begin: str = ""
+    answer_prefix: str = ""  # fixed text the answer starts with before its calls (Harmony's channel header)
+    none_excludes: tuple[str, ...] | None = None  # what `none` forbids; None: the triggers
+
+
+_HERMES = CallShape('<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>", triggers=("<tool_call>",))
+_QWEN_XML = CallShape("<tool_call>\n<function={name}>\n", "</function>\n</tool_call>", args="qwen_xml",
+                      triggers=("<tool_call>",), none_excludes=("<tool_call>", "<function="))
+_GLM = CallShape("<tool_call>{name}\n", "</tool_call>", args="glm_xml", triggers=("<tool_call>",))
+_DS_SECTION = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+
+
+def _dsml(outer: str) -> CallShape:
+    d = "｜DSML｜"
+    return CallShape(f'<{d}invoke name="{{name}}">\n', f"</{d}invoke>\n", args="deepseek_xml",
+                     section_begin=f"<{d}{outer}>\n", section_end=f"</{d}{outer}>", separator="",
+                     triggers=(f"<{d}{outer}>",))
+
+
+SHAPES: dict[str, CallShape] = {
+    "hermes": _HERMES,
+    "qwen3_json": _HERMES,
+    "qwen3_coder": _QWEN_XML,
+    "qwen3_xml": _QWEN_XML,
+    "nemotron_nano": _QWEN_XML,
+    "llama3_json": CallShape('{{"name": "{name}", "parameters": ', "}", separator="; ", triggers=('{"name"',)),
+    "mistral": CallShape("[TOOL_CALLS]{name}[ARGS]", "", separator="", triggers=("[TOOL_CALLS]",)),
+    "deepseek_v3": CallShape("<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n", "\n```<｜tool▁call▁end｜>",
+                             section_begin=_DS_SECTION[0], section_end=_DS_SECTION[1], triggers=(_DS_SECTION[0],)),
+    "deepseek_v31": CallShape("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>", "<｜tool▁call▁end｜>", separator="",
+                              section_begin=_DS_SECTION[0], section_end=_DS_SECTION[1], triggers=(_DS_SECTION[0],)),
+    "deepseek_v32": _dsml("function_calls"),
+    "deepseek_v4": _dsml("tool_calls"),
+    "kimi_k2": CallShape("<|tool_call_begin|>functions.{name}:", "<|tool_call_end|>", separator="",
+                         index_regex=r"\d+", args_begin="<|tool_call_argument_begin|>",
+                         section_begin="<|tool_calls_section_begin|>", section_end="<|tool_calls_section_end|>",
+                         triggers=("<|tool_calls_section_begin|>",),
+                         none_excludes=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>",
+                                        "<|tool_call_begin|>")),
+    "glm45": _GLM,
+    "glm47": _GLM,
+    "minimax_m2": CallShape('<invoke name="{name}">\n', "</invoke>\n", args="minimax_xml", separator="",
+                            section_begin="<minimax:tool_call>\n", section_end="</minimax:tool_call>",
+                            triggers=("<minimax:tool_call>",)),
+    # Harmony: a call is its own commentary message, which ends the turn (`<|call|>` stops generation), so one call
+    # per answer; `none` forbids addressing a function.
+    "openai": CallShape("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>", "<|call|>",
+                        triggers=("<|channel|>commentary to=",), separator="", none_excludes=("to=functions.",)),
+    # Pythonic: Python call syntax has no xgrammar style; the call is forced, its arguments are free text.
+    "pythonic": CallShape("{name}(", ")", args="text", section_begin="[", section_end="]", separator=", ",
+                          triggers=("[",), none_excludes=()),
+}
+
+_HARMONY_ANALYSIS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
+_TRIVIAL = {"type": "object", "properties": {}}
+
+
+def _args_schema(tool: ToolSpec) -> dict[str, Any] | bool:
+    params = tool.parameters or _TRIVIAL
+    return params if isinstance(params, dict) else True
+
+
+def _call_tag(shape: CallShape, tool: ToolSpec) -> dict[str, Any]:
+    if shape.args == "text":
+        args: dict[str, Any] = {"type": "any_text"}
+    else:
+        args = {"type": "json_schema", "json_schema": _args_schema(tool), "style": shape.args}
+    parts: list[dict[str, Any]] = []
+    if shape.index_regex:
+        parts.append({"type": "regex", "pattern": shape.index_regex})
+    if shape.args_begin:
+        parts.append({"type": "const_string", "value": shape.args_begin})
+    content = {"type": "sequence", "elements": [*parts, args]} if parts else args
+    return {"type": "tag", "begin": shape.call_begin.format(name=tool.name), "content": content, "end": shape.call_end}
+
+
+def _calls(shape: CallShape, tools: list[ToolSpec], *, forced: bool, one: bool) -> dict[str, Any]:
+    """The tool part of the answer. Forced: calls only, at least one. Otherwise: text with calls in it."""
+    tags = [_call_tag(shape, t) for t in tools]
+    if shape.section_begin is not None:
+        inner = {"type": "tags_with_separator", "tags": tags, "separator": shape.separator,
+                 "at_least_one": True, "stop_after_first": one}
+        section = {"type": "tag", "begin": shape.section_begin, "content": inner, "end": shape.section_end}
+        if forced:
+            return section
+        return {"type": "triggered_tags", "triggers": list(shape.triggers), "tags": [section],
+                "stop_after_first": True}  # one section holds every call
+    if forced:
+        return {"type": "tags_with_separator", "tags": tags, "separator": shape.separator,
+                "at_least_one": True, "stop_after_first": one}
+    return {"type": "triggered_tags", "triggers": list(shape.triggers), "tags": tags, "stop_after_first": one}
+
+
+def _reasoning_prefix(reasoning: str | None, starts_in_reasoning: bool, gated: bool) -> dict[str, Any] | None:
+    fmt = REASONING_PARSERS.get(reasoning) if reasoning else None
+    if fmt is None or fmt.harmony or gated:
+        return None
+    if starts_in_reasoning:  # the prompt opened the think block: the answer begins inside it
+        return {"type": "tag", "begin": "", "content": {"type": "any_text"}, "end": fmt.end}
+    # the model may think first, or not
+    return {"type": "optional", "content": {"type": "tag", "begin": fmt.start, "content": {"type": "any_text"},
+                                            "end": fmt.end}}
+
+
+def structural_tag(
+    tool_format: str | None,
+    tools: list[ToolSpec],
+    choice: ToolChoice,
+    *,
+    reasoning: str | None = None,
+    starts_in_reasoning: bool = False,
+    reasoning_gate: bool = False,
+) -> dict[str, Any] | None:
+    """The structural tag enforcing `choice`, or None where nothing needs enforcing (or the format has no shape:
+    `tool_format` unknown). The caller checked that a named tool exists."""
+    shape = SHAPES.get(tool_format or "")
+    if shape is None or not tools:
+        return None
+    harmony = tool_format == "openai"
+    if choice.mode == "none":
+        excludes = list(shape.triggers if shape.none_excludes is None else shape.none_excludes)
+        if not excludes:
+            return None
+        body: dict[str, Any] = {"type": "any_text", "excludes": excludes}
+    elif choice.mode in ("required", "tool"):
+        chosen = [t for t in tools if t.name == choice.name] if choice.mode == "tool" else tools
+        body = _calls(shape, chosen, forced=True, one=choice.mode == "tool" or not choice.parallel or harmony)
+    elif not choice.parallel:
+        body = _calls(shape, tools, forced=False, one=True)
+    else:
+        return None
+    elements: list[dict[str, Any]] = []
+    if harmony:
+        if reasoning_gate:
+            return None  # vLLM's gpt-oss gate opens only at the final channel, after any call: nothing to enforce
+        elements.append({"type": "optional", "content": {"type": "tag", "begin": _HARMONY_ANALYSIS[0],
+                                                         "content": {"type": "any_text"}, "end": _HARMONY_ANALYSIS[1]}})
+    else:
+        prefix = _reasoning_prefix(reasoning, starts_in_reasoning, reasoning_gate)
+        if prefix is not None:
+            elements += [prefix, {"type": "regex", "pattern": r"\s{0,4}"}]  # the blank line after </think>
+    fmt = {"type": "sequence", "elements": [*elements, body]} if elements else body
+    return {"type": "structural_tag", "format": fmt}
+
+
+def engine_constraint(tag: dict[str, Any]) -> dict[str, Any]:
+    """vLLM StructuredOutputsParams fields for a structural tag (vLLM takes it as a JSON string)."""
+    return {"structural_tag": json.dumps(tag, ensure_ascii=False, separators=(",", ":"))}
+
+
+def check_choice(choice: ToolChoice, tools: list[ToolSpec]) -> str | None:
+    """What is wrong with a tool choice given the tools, as the 400's message, or None."""
+    if choice.mode == "tool" and choice.name not in {t.name for t in tools}:
+        return f"tool_choice names tool {choice.name!r}, which is not in tools"
+    if choice.mode in ("required", "tool") and not tools:
+        return "tool_choice requires a tool call, but no tools were given"
+    return None
+
+
+

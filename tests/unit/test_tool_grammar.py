@@ -1,0 +1,225 @@
+"""tool_choice grammars (serve_app/parsers/tool_grammar.py), checked with xgrammar's own matcher over SmolLM2's
+tokenizer — the grammar engine vLLM runs — and tied to this service's parsers: what a grammar lets the model write
+is what the format's parser reads as calls of the allowed tools, with arguments valid against their schemas."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import numpy as np
+import pytest
+import xgrammar as xgr
+
+from serve_app.conversation import ToolCallArgsDelta, ToolCallEnd, ToolCallStart, ToolChoice, ToolSpec
+from serve_app.parsers import make_stream_parser
+from serve_app.parsers.formats import TOOL_PARSERS
+from serve_app.parsers.tool_grammar import SHAPES, check_choice, engine_constraint, structural_tag
+from serve_app.prompt import load_tokenizer
+from test_prompt_render import smollm2_path
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOLS = [ToolSpec("get_weather", parameters=WEATHER),
+         ToolSpec("get_time", parameters={"type": "object", "properties": {"zone": {"type": "integer"}}})]
+# one call's arguments {"city": "Paris"} in each style xgrammar writes
+ARGS = {
+    "json": '{"city": "Paris"}',
+    "qwen_xml": "<parameter=city>\nParis\n</parameter>\n",
+    "minimax_xml": '<parameter name="city">Paris</parameter>\n',
+    "deepseek_xml": '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n',
+    "glm_xml": "<arg_key>city</arg_key><arg_value>Paris</arg_value>",
+    "text": 'city="Paris"',
+}
+REASONING = {"openai": "gpt_oss"}  # Harmony parses the whole stream: its tool format goes with its channels
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer(smollm2_path())
+
+
+@pytest.fixture(scope="module")
+def info(tok):
+    return xgr.TokenizerInfo.from_huggingface(tok)
+
+
+@pytest.fixture(scope="module")
+def compiler(info):
+    return xgr.GrammarCompiler(info)
+
+
+@pytest.fixture(scope="module")
+def solid(tok):
+    """Token ids whose text is not whitespace only."""
+    return {i for i in range(len(tok)) if tok.decode([i]).strip()}
+
+
+def matcher(compiler, tag):
+    return xgr.GrammarMatcher(compiler.compile_structural_tag(json.dumps(tag)))
+
+
+def allows(compiler, tok, tag, text: str) -> bool:
+    """Whether the grammar accepts exactly `text` and then the end of the answer."""
+    m = matcher(compiler, tag)
+    return m.accept_string(text) and (m.is_terminated() or m.accept_token(tok.eos_token_id))
+
+
+def one_call(fmt: str, name: str = "get_weather") -> str:
+    s = SHAPES[fmt]
+    return s.call_begin.format(name=name) + ("0" if s.index_regex else "") + s.args_begin + ARGS[s.args] + s.call_end
+
+
+def answer(fmt: str, calls: int = 1) -> str:
+    s = SHAPES[fmt]
+    sep = "" if fmt == "mistral" else s.separator
+    return (s.section_begin or "") + sep.join([one_call(fmt)] * calls) + (s.section_end or "")
+
+
+def calls_of(fmt: str, text: str) -> list[tuple[str, dict]]:
+    """(name, arguments) of every completed call the format's parser reads in `text`."""
+    schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in TOOLS]
+    p = make_stream_parser(reasoning=REASONING.get(fmt), tools=fmt, tool_schemas=schemas)
+    names, args, done = {}, {}, []
+    for ev in p.push(text) + p.finish():
+        if isinstance(ev, ToolCallStart):
+            names[ev.index], args[ev.index] = ev.name, ""
+        elif isinstance(ev, ToolCallArgsDelta):
+            args[ev.index] += ev.arguments
+        elif isinstance(ev, ToolCallEnd):
+            done.append((names[ev.index], json.loads(args[ev.index] or "{}")))
+    return done
+
+
+def test_every_tool_format_has_a_shape():
+    assert set(SHAPES) == set(TOOL_PARSERS)
+
+
+@pytest.mark.parametrize("fmt", sorted(SHAPES))
+def test_each_mode_allows_exactly_what_it_should(fmt, compiler, tok):
+    one, two = answer(fmt), answer(fmt, 2)
+    if SHAPES[fmt].section_begin is None and fmt != "mistral":
+        two = one + SHAPES[fmt].separator + one
+    if fmt == "mistral":
+        two = one + one
+    required = structural_tag(fmt, TOOLS, ToolChoice("required"))
+    assert allows(compiler, tok, required, one) and not allows(compiler, tok, required, "Sure, here it is.")
+    # Harmony's call ends the turn, so one call is all an answer can hold
+    assert allows(compiler, tok, required, two) == (fmt != "openai")
+    named = structural_tag(fmt, TOOLS, ToolChoice("tool", name="get_weather"))
+    assert allows(compiler, tok, named, one) and not allows(compiler, tok, named, two)
+    assert not allows(compiler, tok, named, answer(fmt).replace("get_weather", "get_time"))
+    single = structural_tag(fmt, TOOLS, ToolChoice("auto", parallel=False))
+    assert allows(compiler, tok, single, "No call needed.") and allows(compiler, tok, single, "Let me check. " + one)
+    assert not allows(compiler, tok, single, "Let me check. " + two)
+    none = structural_tag(fmt, TOOLS, ToolChoice("none"))
+    if fmt == "pythonic":  # its calls open with `[`: forbidding that would forbid brackets in prose
+        assert none is None
+    else:
+        assert allows(compiler, tok, none, "Paris is sunny.") and not allows(compiler, tok, none, one)
+
+
+@pytest.mark.parametrize("fmt", sorted(SHAPES))
+def test_the_parser_reads_what_the_grammar_writes(fmt):
+    assert calls_of(fmt, answer(fmt)) == [("get_weather", {"city": "Paris"})]
+
+
+def test_auto_with_parallel_calls_needs_no_grammar_and_unknown_formats_none():
+    assert structural_tag("hermes", TOOLS, ToolChoice("auto")) is None
+    assert structural_tag("hermes", [], ToolChoice("none")) is None
+    assert structural_tag(None, TOOLS, ToolChoice("required")) is None
+
+
+def test_a_thinking_model_reasons_before_its_forced_call(compiler, tok):
+    call = answer("hermes")
+    opened = structural_tag("hermes", TOOLS, ToolChoice("required"), reasoning="qwen3", starts_in_reasoning=True)
+    assert allows(compiler, tok, opened, "Weather means a call.</think>\n\n" + call)
+    assert not allows(compiler, tok, opened, call)  # the prompt opened the think block: it must close first
+    optional = structural_tag("hermes", TOOLS, ToolChoice("required"), reasoning="qwen3")
+    assert allows(compiler, tok, optional, "<think>Hmm.</think>\n" + call) and allows(compiler, tok, optional, call)
+    # with vLLM's gate the grammar starts after the think block: the tag is the answer alone
+    gated = structural_tag("hermes", TOOLS, ToolChoice("required"), reasoning="qwen3", starts_in_reasoning=True,
+                           reasoning_gate=True)
+    assert gated == structural_tag("hermes", TOOLS, ToolChoice("required"))
+    harmony = structural_tag("openai", TOOLS, ToolChoice("required"), reasoning="gpt_oss")
+    analysis = "<|channel|>analysis<|message|>Need weather.<|end|><|start|>assistant"
+    assert allows(compiler, tok, harmony, analysis + answer("openai"))
+
+
+def test_check_choice_names_what_is_wrong():
+    assert "'nope'" in check_choice(ToolChoice("tool", name="nope"), TOOLS)
+    assert "no tools" in check_choice(ToolChoice("required"), [])
+    assert check_choice(ToolChoice("none"), []) is None and check_choice(ToolChoice("tool", name="get_time"), TOOLS) is None
+
+
+def test_the_engine_gets_the_tag_as_json_text():
+    tag = structural_tag("hermes", TOOLS, ToolChoice("required"))
+    assert json.loads(engine_constraint(tag)["structural_tag"]) == tag
+
+
+# -- property: anything the grammar lets the model write parses as valid calls --------------------------------------
+
+BOUNDED = [  # finite values, so a random walk through the grammar ends
+    ToolSpec("get_weather", parameters={"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome", 'Quote"d', "Line\nbreak"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city", "days"],
+        "additionalProperties": False}),
+    ToolSpec("set_flag", parameters={"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"],
+                                     "additionalProperties": False}),
+]
+
+
+def _walk(compiler, info, tok, solid, tag, rng: random.Random, limit: int = 400) -> str | None:
+    """A random path through the grammar, one allowed token at a time (whitespace-only tokens made rare)."""
+    m = matcher(compiler, tag)
+    bitmask = xgr.allocate_token_bitmask(1, info.vocab_size)
+    ids: list[int] = []
+    for _ in range(limit):
+        if m.is_terminated():
+            return tok.decode(ids)
+        m.fill_next_token_bitmask(bitmask)
+        bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")[: len(tok)]
+        allowed = np.flatnonzero(bits).tolist()
+        if tok.eos_token_id in allowed and rng.random() < 0.5:
+            return tok.decode(ids)
+        firm = [i for i in allowed if i != tok.eos_token_id and i in solid]
+        pick = rng.choice(firm if firm and rng.random() < 0.95 else allowed)
+        if pick == tok.eos_token_id:
+            return tok.decode(ids)
+        assert m.accept_token(pick)
+        ids.append(pick)
+    return None
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47"])
+def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, compiler, info, tok, solid):
+    rng = random.Random(fmt)
+    schemas = {t.name: t.parameters for t in BOUNDED}
+    done = 0
+    for choice in (ToolChoice("required"), ToolChoice("tool", name="get_weather")):
+        tag = structural_tag(fmt, BOUNDED, choice)
+        for _ in range(3):
+            text = _walk(compiler, info, tok, solid, tag, rng)
+            if text is None:  # the walk ran long (whitespace); nothing to judge
+                continue
+            schemas_list = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in schemas.items()]
+            p = make_stream_parser(tools=fmt, tool_schemas=schemas_list)
+            calls, names, args = [], {}, {}
+            for ev in p.push(text) + p.finish():
+                if isinstance(ev, ToolCallStart):
+                    names[ev.index], args[ev.index] = ev.name, ""
+                elif isinstance(ev, ToolCallArgsDelta):
+                    args[ev.index] += ev.arguments
+                elif isinstance(ev, ToolCallEnd):
+                    calls.append((names[ev.index], json.loads(args[ev.index])))
+            assert calls, text
+            if choice.mode == "tool":
+                assert [n for n, _ in calls] == ["get_weather"], text
+            for name, arguments in calls:
+                if SHAPES[fmt].args != "json":
+                    # xgrammar's XML styles let whitespace pad a value ("<parameter=city> Paris\n</parameter>" is
+                    # "Paris" to it); the parser keeps what was written, minus the template's own newlines
+                    arguments = {k: v.strip() if isinstance(v, str) else v for k, v in arguments.items()}
+                jsonschema.validate(arguments, schemas[name])
+            done += 1
+    assert done >= 3
