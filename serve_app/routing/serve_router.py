@@ -39,6 +39,12 @@ def _in_replica() -> bool:
     return True
 
 
+def _router_handle(app_name: str):
+    from ray import serve
+
+    return serve.get_deployment_handle("Router", app_name=app_name)
+
+
 class TargetReplicaRouter(RequestRouter):
     def initialize_state(self, router_app: str | None = None, engine_key: str | None = None, **_):
         self._router_app = router_app or self.app_name  # the Router deployment is in the engines' app
@@ -69,9 +75,7 @@ class TargetReplicaRouter(RequestRouter):
             return
         try:
             if self._router_handle is None:
-                from ray import serve
-
-                self._router_handle = serve.get_deployment_handle("Router", app_name=self._router_app)
+                self._router_handle = _router_handle(self._router_app)
             self._router_handle.sync_replicas.remote(self._engine_key, ids)  # fire and forget
         except Exception as e:  # noqa: BLE001 - routing must go on; the next change of the set syncs again
             log.warning("could not report replicas to the Router: %s", e)

@@ -3,7 +3,6 @@ live replicas to the Router, so a dead one leaves its index. Ray's own RequestRo
 
 import asyncio
 
-from ray import serve
 from ray.serve._private.common import DeploymentHandleSource, DeploymentID, ReplicaID
 from ray.serve.request_router import PendingRequest
 
@@ -47,8 +46,10 @@ _REAL_IN_REPLICA = serve_router._in_replica
 def _router(monkeypatch, calls):
     handles = []
     monkeypatch.setattr(serve_router, "_in_replica", lambda: True)  # as in an ingress replica
-    monkeypatch.setattr(serve, "get_deployment_handle",
-                        lambda name, app_name: handles.append((name, app_name)) or RouterHandle(calls))
+    # the module's own seam, not `ray.serve.get_deployment_handle`: after the integration tests in one pytest
+    # process, `from ray import serve` inside the router no longer saw a patch of the test's `serve` module
+    monkeypatch.setattr(serve_router, "_router_handle",
+                        lambda app_name: handles.append(("Router", app_name)) or RouterHandle(calls))
     r = TargetReplicaRouter(DEP, DeploymentHandleSource.REPLICA)
     r.initialize_state(**_engine_options(ModelConfig(id="m"), "Engine-x")["request_router_config"].request_router_kwargs)
     return r, handles
