@@ -150,7 +150,7 @@ class IngressConfig(_Strict):
     max_body_bytes: int = 32 * 1024 * 1024
     max_decompressed_bytes: int = 64 * 1024 * 1024
     strip_preamble: bool = True
-    tool_dispatch: bool = False  # Chat Completions `event: tool_call_dispatch` side channel
+    tool_dispatch: bool = False  # Chat Completions `event: tool_call_dispatch` side channel, to requests with nvext.tool_dispatch
     ping_interval_s: float = 10.0
     render_timeout_s: float = 30.0
     max_inflight_requests: int = 256  # per ingress replica; beyond it requests get 529 overloaded at once

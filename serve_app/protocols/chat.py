@@ -73,6 +73,7 @@ class AgentHintsIn(OpenModel):
 class NvExt(OpenModel):
     agent_hints: AgentHintsIn | None = None
     forced_script: str | None = None
+    tool_dispatch: bool = False  # this client reads the `event: tool_call_dispatch` side channel
 
 
 class ChatCompletionRequest(OpenModel):

@@ -76,7 +76,7 @@ def test_forced_tool_call_streams_arguments_and_dispatches(client, serve_url):
     tools = [{"type": "function", "function": {"name": "write_file", "parameters": {
         "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
     body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "write"}], "tools": tools,
-            "max_tokens": 400, "nvext": {"forced_script": script}}
+            "max_tokens": 400, "nvext": {"forced_script": script, "tool_dispatch": True}}
     events = []
     with httpx.stream("POST", f"{serve_url}/v1/chat/completions", json=body, timeout=300) as resp:
         assert resp.status_code == 200

@@ -52,7 +52,9 @@ class ChatApi(AdapterDefaults):
         req = call.wire
         return ChatWire(req.model, request_id,
                         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                        dispatch=ctx.settings.ingress.tool_dispatch)
+                        # Only to a client that asks: the OpenAI SDK turns a named SSE event into a bogus chunk
+                        # (`choices` None), which breaks ordinary streaming code.
+                        dispatch=ctx.settings.ingress.tool_dispatch and bool(req.nvext and req.nvext.tool_dispatch))
 
 
 CHAT = ChatApi()
