@@ -38,7 +38,8 @@ class ServeEngineClient:
         return size
 
     async def probe(self, engine_key: str) -> None:
-        await self._engines[engine_key].info.remote()
+        # vLLM's own health check (raises once its engine core has died), not just "the replica's actor answers".
+        await self._engines[engine_key].check_health.remote()
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
         if self._router is None:

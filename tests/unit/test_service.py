@@ -392,7 +392,9 @@ def test_readiness_names_each_engine_that_does_not_answer():
     assert run(svc_ok.readiness(timeout_s=0.05)) == {ka: None, kb: None, kc: None}
 
 
-def test_ready_route_is_200_only_when_every_engine_answers():
+def test_health_is_200_only_when_every_engine_answers():
+    """`/health` (and `/health/ready`) is readiness: what a newcomer polls before the first request must not say
+    ok while an engine is still starting. `/health/live` answers whatever the engines do."""
     import httpx
     from fastapi import FastAPI
 
@@ -409,14 +411,16 @@ def test_ready_route_is_200_only_when_every_engine_answers():
                                        secret=b"s")
         app.include_router(models_routes.router)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            return await c.get("/health/ready"), await c.get("/health")
+            return [await c.get(path) for path in ("/health", "/health/ready", "/health/live")]
 
-    ready, live = run(get({ka: "ok", kb: "ok"}))
-    assert ready.status_code == 200 and ready.json() == {"status": "ready", "engines": {ka: "ok", kb: "ok"}}
-    not_ready, live = run(get({ka: "ok", kb: "fail"}))
-    assert not_ready.status_code == 503 and not_ready.json()["status"] == "not_ready"
-    assert not_ready.json()["engines"][ka] == "ok" and "replica died" in not_ready.json()["engines"][kb]
-    assert live.status_code == 200  # liveness does not depend on the engines
+    health, ready, live = run(get({ka: "ok", kb: "ok"}))
+    for r in (health, ready):
+        assert r.status_code == 200 and r.json() == {"status": "ready", "engines": {ka: "ok", kb: "ok"}}
+    health, ready, live = run(get({ka: "ok", kb: "fail"}))
+    for r in (health, ready):
+        assert r.status_code == 503 and r.json()["status"] == "not_ready"
+        assert r.json()["engines"][ka] == "ok" and "replica died" in r.json()["engines"][kb]
+    assert live.status_code == 200 and live.json()["status"] == "ok"  # liveness does not depend on the engines
 
 
 class PromptStateRenderer(StubRenderer):
