@@ -2,12 +2,14 @@
 subparser in `build_parser`.
 
     codex-config --base-url URL   print a Codex config.toml provider block and write the model catalog it names
+                                  (asks the running service for its models and whether it wants a key)
     families [--json]             the model-family catalog: templates (source, revision, license), parsers, thinking
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -25,25 +27,47 @@ def _load_settings(path: str):
 
 
 def _cmd_codex_config(args: argparse.Namespace) -> int:
-    from serve_app.codex import write_codex_config
+    from serve_app import tenants
+    from serve_app.codex import ask_service, codex_models_payload, write_codex_config
 
-    settings = _load_settings(args.config)
-    if args.model and settings.find_model(args.model) is None:
-        print(f"error: model {args.model!r} is not served by {args.config}", file=sys.stderr)
+    # The running service decides (its models, whether it wants a key): it may run another config than the one
+    # beside this command. The config is the fallback when the service cannot be asked.
+    answer = None if args.offline else ask_service(args.base_url, os.environ.get(ENV_KEY))
+    entries, source = (answer.entries, f"the service at {args.base_url}") if answer and answer.entries else (None, "")
+    settings = None
+    if entries is None:  # also whenever the service could not say whether it wants a key
+        settings = _load_settings(args.config)
+        entries, source = codex_models_payload(settings.models), args.config
+        if answer is not None and not answer.reachable:
+            print(f"# could not ask the service ({answer.detail}); using {args.config}", file=sys.stderr)
+        elif answer is not None and answer.key_required:
+            print(f"# the service wants a key to list its models: set ${ENV_KEY} to read them from it; "
+                  f"using {args.config}", file=sys.stderr)
+    slugs = [e["slug"] for e in entries]
+    if args.model and args.model not in slugs:
+        print(f"error: model {args.model!r} is not served by {source}", file=sys.stderr)
         return 2
-    env_key = None if args.no_env_key else args.env_key
-    if env_key is None and not args.no_env_key and settings.ingress.api_keys:
-        env_key = ENV_KEY
-    block = write_codex_config(settings.models, args.base_url, args.catalog_out, model=args.model, env_key=env_key)
+    if args.no_env_key:
+        env_key, why = None, "--no-env-key"
+    elif args.env_key:
+        env_key, why = args.env_key, "--env-key"
+    elif answer is not None and answer.key_required is not None:
+        env_key = ENV_KEY if answer.key_required else None
+        why = f"the service at {args.base_url} {'requires' if answer.key_required else 'does not require'} a key"
+    else:
+        required = tenants.key_required(settings.ingress.api_keys)
+        env_key = ENV_KEY if required else None
+        why = f"{args.config} {'requires' if required else 'does not require'} a key (ingress.api_keys)"
+    block = write_codex_config(entries, args.base_url, args.catalog_out, model=args.model, env_key=env_key)
     print(block, end="")
     if env_key is None:
         # Codex stops with "Missing environment variable" when a provider names an env_key that is unset, so a
         # service without keys gets a provider without one.
-        print(f"# {args.config} sets no ingress.api_keys: the provider has no env_key (pass --env-key to add one)",
-              file=sys.stderr)
+        print(f"# no env_key: {why} (pass --env-key NAME to name one)", file=sys.stderr)
     else:
-        print(f"# Codex reads the API key from ${env_key}", file=sys.stderr)
-    print(f"# model catalog written to {Path(args.catalog_out).expanduser().resolve()}", file=sys.stderr)
+        print(f"# Codex reads the API key from ${env_key} ({why})", file=sys.stderr)
+    print(f"# models from {source}; catalog written to {Path(args.catalog_out).expanduser().resolve()}",
+          file=sys.stderr)
     return 0
 
 
@@ -71,14 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     codex = sub.add_parser("codex-config", help="Codex CLI provider block + model catalog for this deployment")
     codex.add_argument("--base-url", required=True, help="the service's URL, e.g. http://host:8000 (/v1 is added)")
-    codex.add_argument("--config", default=DEFAULT_CONFIG, help="Serve config (or bare args) YAML with the models")
+    codex.add_argument("--config", default=DEFAULT_CONFIG,
+                       help="Serve config (or bare args) YAML with the models, used when the service cannot be asked")
     codex.add_argument("--catalog-out", default="~/.codex/serve_app_models.json",
                        help="where to write the model catalog JSON (config.toml's model_catalog_json)")
     codex.add_argument("--model", default=None, help="the model Codex uses by default (first served id if unset)")
     codex.add_argument("--env-key", default=None,
-                       help=f"env var holding the API key (default: {ENV_KEY} when the config sets ingress.api_keys, "
-                            "none otherwise)")
+                       help=f"env var holding the API key (default: {ENV_KEY} when the service answers GET /v1/models "
+                            "without a key with 401, none when it answers 200)")
     codex.add_argument("--no-env-key", action="store_true", help="never name an env var, even with API keys")
+    codex.add_argument("--offline", action="store_true",
+                       help="do not ask the service; take the models and the key rule from --config")
     codex.set_defaults(func=_cmd_codex_config)
 
     families = sub.add_parser("families", help="the model-family catalog (templates, parsers, thinking policy)")

@@ -8,13 +8,18 @@ reasoning summaries. So each served id gets its own full entry here, derived fro
 - `GET /v1/models` carries these entries as the `models` array (what Codex's `/models` refresh decodes);
 - `python -m serve_app codex-config --base-url URL` writes them to a catalog file for `model_catalog_json` and
   prints the provider block (plain `env_key` providers never call `/models`, so the file is what binds them).
+  It asks the running service (`ask_service`) which models it serves and whether it wants a key, because the
+  service may run another config than the one beside the command; the config is the fallback when it is down.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from serve_app.settings import ModelConfig
 
@@ -91,8 +96,52 @@ def codex_models_payload(models: list[ModelConfig]) -> list[dict[str, Any]]:
     return out
 
 
-def catalog_json(models: list[ModelConfig]) -> str:
-    return json.dumps({"models": codex_models_payload(models)}, indent=2) + "\n"
+def catalog_json(entries: list[dict[str, Any]]) -> str:
+    return json.dumps({"models": entries}, indent=2) + "\n"
+
+
+@dataclass
+class ServiceAnswer:
+    """What the running service says about itself (`ask_service`)."""
+
+    reachable: bool
+    key_required: bool | None = None  # None: not known (unreachable, or an unexpected answer)
+    entries: list[dict[str, Any]] | None = None  # its Codex catalog (`models` of GET /v1/models), when it gave one
+    detail: str = ""
+
+
+def ask_service(base_url: str, api_key: str | None = None, *, timeout_s: float = 5.0,
+                transport: httpx.BaseTransport | None = None) -> ServiceAnswer:
+    """GET /v1/models without a key: 200 means the service takes requests without one (none configured, or an
+    open `{tenant: default}` entry), 401 that it requires one. With a 401 and `api_key`, asks again with the key
+    for the catalog. The service is the authority: the config file beside this command may not be what it runs."""
+    base = base_url.rstrip("/")
+    url = (base if base.endswith("/v1") else base + "/v1") + "/models"
+    try:
+        with httpx.Client(timeout=timeout_s, transport=transport) as client:
+            r = client.get(url)
+            if r.status_code == 401:
+                entries = None
+                if api_key:
+                    keyed = client.get(url, headers={"authorization": f"Bearer {api_key}"})
+                    entries = _entries(keyed)
+                return ServiceAnswer(True, key_required=True, entries=entries)
+            if r.status_code == 200:
+                return ServiceAnswer(True, key_required=False, entries=_entries(r))
+            return ServiceAnswer(True, detail=f"GET {url} answered {r.status_code}")
+    except httpx.HTTPError as e:
+        return ServiceAnswer(False, detail=f"GET {url}: {type(e).__name__}: {e}")
+
+
+def _entries(r: httpx.Response) -> list[dict[str, Any]] | None:
+    if r.status_code != 200:
+        return None
+    try:
+        models = r.json().get("models")
+    except (ValueError, AttributeError):
+        return None
+    return models if isinstance(models, list) and models and all(isinstance(m, dict) and "slug" in m
+                                                                  for m in models) else None
 
 
 def _toml_str(s: str) -> str:
@@ -124,11 +173,12 @@ def provider_toml(base_url: str, model: str, catalog_path: str | None, *, provid
     return "\n".join(lines) + "\n"
 
 
-def write_codex_config(models: list[ModelConfig], base_url: str, catalog_out: str | Path, *,
+def write_codex_config(entries: list[dict[str, Any]], base_url: str, catalog_out: str | Path, *,
                        model: str | None = None, env_key: str | None = ENV_KEY) -> str:
-    """Write the catalog file and return the provider block that points at it."""
+    """Write the catalog file (Codex entries, `codex_models_payload`) and return the provider block that points at
+    it; the default model is the first entry's."""
     path = Path(catalog_out).expanduser().resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(catalog_json(models))
-    chosen = model or models[0].id
+    path.write_text(catalog_json(entries))
+    chosen = model or entries[0]["slug"]
     return provider_toml(base_url, chosen, str(path), env_key=env_key)

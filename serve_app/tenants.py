@@ -60,6 +60,11 @@ def resolve(headers: Mapping[str, str], api_keys: list[str | ApiKey]) -> str:
     raise ServiceError("authentication", "invalid API key")
 
 
+def key_required(api_keys: list[str | ApiKey]) -> bool:
+    """Whether a request without a key is refused (401): keys are configured and none is an open entry."""
+    return bool(api_keys) and all(isinstance(e, str) or e.key is not None for e in api_keys)
+
+
 def config_of(ingress: IngressConfig, tenant: str | None) -> TenantConfig:
     return ingress.tenants.get(tenant or DEFAULT, _UNLIMITED)
 

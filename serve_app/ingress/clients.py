@@ -43,7 +43,8 @@ class ServeEngineClient:
         return bool((await self._info(engine_key)).get("reasoning_gate"))
 
     async def probe(self, engine_key: str) -> None:
-        await self._engines[engine_key].info.remote()
+        # vLLM's own health check (raises once its engine core has died), not just "the replica's actor answers".
+        await self._engines[engine_key].check_health.remote()
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
         if self._router is None:

@@ -1,5 +1,5 @@
-"""GET /health, GET /v1/models, GET /v1/models/{id} (OpenAI shape, Anthropic shape with `anthropic-version`,
-plus Codex's `models` array)."""
+"""GET /health (readiness; also /health/ready), GET /health/live, GET /v1/models, GET /v1/models/{id} (OpenAI
+shape, Anthropic shape with `anthropic-version`, plus Codex's `models` array)."""
 
 from __future__ import annotations
 
@@ -49,17 +49,19 @@ def _served(ctx: IngressContext) -> list[tuple[str, ModelConfig]]:
     return [(mid, m) for m in ctx.settings.models for mid in m.all_ids]
 
 
-@router.get("/health")
-async def health(ctx: IngressContext = Depends(get_ctx)):
-    """Liveness: this ingress replica answers."""
+@router.get("/health/live")
+async def live(ctx: IngressContext = Depends(get_ctx)):
+    """Liveness: this ingress replica answers (whatever the engines are doing)."""
     return {"status": "ok", "models": [m.id for m in ctx.settings.models]}
 
 
+@router.get("/health")
 @router.get("/health/ready")
 async def ready(ctx: IngressContext = Depends(get_ctx)):
-    """Readiness: 200 only when every engine deployment has a replica that answers; 503 naming the ones that
-    don't. For load balancers and Kubernetes probes in front of the service (Serve's own `/-/healthz` says only
-    that the proxy is up)."""
+    """Readiness: 200 only when every engine deployment has a replica whose vLLM engine answers its health check;
+    503 naming the ones that don't. `/health` is this check, not liveness, because that is what a newcomer and a
+    load balancer poll before the first request: the ingress starts in seconds, the engines in minutes, and a
+    request sent in between waits for them. Serve's own `/-/healthz` says only that an ingress replica is up."""
     engines = await ctx.service.readiness()
     ok = all(v is None for v in engines.values())
     body = {"status": "ready" if ok else "not_ready",

@@ -38,11 +38,13 @@ def codex() -> Path:
 
 @pytest.fixture(scope="module")
 def codex_home(serve_url, tmp_path_factory) -> Path:
-    """A fresh CODEX_HOME whose config.toml and catalog come from `python -m serve_app codex-config`."""
+    """A fresh CODEX_HOME whose config.toml and catalog come from `python -m serve_app codex-config`, run as the
+    README shows it: the test server takes requests without a key (its open `{tenant: default}` entry), so the
+    command, asking it, names no env_key, and Codex starts without one."""
     home = tmp_path_factory.mktemp("codex-home")
     r = subprocess.run([sys.executable, "-m", "serve_app", "codex-config", "--base-url", serve_url,
                         "--config", str(ROOT / "tests" / "configs" / "test.yaml"),
-                        "--catalog-out", str(home / "catalog.json"), "--model", MODEL, "--no-env-key"],
+                        "--catalog-out", str(home / "catalog.json"), "--model", MODEL],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     (home / "config.toml").write_text(r.stdout)

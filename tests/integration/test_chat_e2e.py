@@ -145,15 +145,20 @@ def test_models_endpoints(client, serve_url):
 
 
 def test_ready_only_with_every_engine_answering(serve_url, serve_config):
-    """/health/ready asks each engine deployment (the 8K and the 32K engine here) for an answer."""
+    """/health (and /health/ready) asks each engine deployment (the 8K and the 32K engine here) for vLLM's own
+    health check; /health/live only that the ingress answers."""
     from serve_app.service import engine_key
     from serve_app.settings import AppSettings
 
     settings = AppSettings.model_validate(serve_config["applications"][0]["args"])
     keys = {engine_key(m) for m in settings.models}
-    r = httpx.get(f"{serve_url}/health/ready", timeout=30)
-    assert r.status_code == 200, r.text
-    assert r.json() == {"status": "ready", "engines": {k: "ok" for k in sorted(keys)}} and len(keys) == 2
+    assert len(keys) == 2
+    for path in ("/health", "/health/ready"):
+        r = httpx.get(f"{serve_url}{path}", timeout=30)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"status": "ready", "engines": {k: "ok" for k in sorted(keys)}}
+    live = httpx.get(f"{serve_url}/health/live", timeout=30)
+    assert live.status_code == 200 and live.json()["status"] == "ok"
 
 
 def test_a_model_id_containing_a_slash_is_served(client, serve_url):

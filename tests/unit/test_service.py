@@ -317,6 +317,48 @@ def test_osl_from_the_wire_reaches_the_router():
     assert engines.routes[-1].expected_output_tokens == 77
 
 
+class RoutedEngines(ReplayEngines):
+    """Engines placed by a real RouterCore; nothing is reported back, so every request stays in flight."""
+
+    def __init__(self, policy: str):
+        from serve_app.routing.core import RouterCore
+
+        super().__init__([EngineChunk("", [1], finish_reason="stop")])
+        self.core = RouterCore(policy, 16, seed=1)
+        self.core.sync_replicas(["r1", "r2"])
+        self.placed = []
+
+    async def choose(self, key, req):
+        decision = self.core.choose(req)
+        self.placed.append(decision.replica_id)
+        return decision
+
+    def prefilled(self, key, request_id, cached_tokens=None):
+        pass
+
+    def release(self, key, request_id, output_tokens=None):
+        pass
+
+
+def test_osl_changes_where_the_router_places_the_next_request():
+    """Behaviour, not only plumbing: with two requests in flight, one announcing a long answer (osl 2000, though
+    its max_tokens is only 50) and one a one-token answer (max_tokens 250), the next request goes beside the short
+    one. Were `osl` ignored, the caps (50 vs 250) would stand in and it would go beside the first."""
+    from serve_app.conversation import AgentHints
+
+    engines = RoutedEngines("least_loaded")
+    svc = make_service(engines)
+    for opts in (GenerationOptions(max_tokens=50, hints=AgentHints(osl=2000)),
+                 GenerationOptions(max_tokens=250, hints=AgentHints(osl=1)),
+                 GenerationOptions()):
+        run(collect(svc, run(svc.prepare(conv(), opts, "m"))))
+    long_answer, short_answer, nxt = engines.placed
+    assert long_answer != short_answer
+    assert nxt == short_answer
+    loads = engines.core.loads
+    assert loads[long_answer].active_decode_tokens == 2000 and loads[short_answer].active_decode_tokens == 1 + 300
+
+
 async def collect_and_settle(svc, prepared):
     """The stream's events, then whatever the service started in the background once it finished."""
     events = await collect(svc, prepared)
@@ -365,6 +407,40 @@ def test_no_speculative_prefill_without_the_hint_or_after_a_failed_turn():
     assert events[-1].reason == "error" and len(failing.requests) == 1
 
 
+def _wire_to_ir(api: str, hints: dict):
+    """(Conversation, GenerationOptions) of a minimal request of `api` carrying `nvext.agent_hints`."""
+    nvext = {"agent_hints": hints}
+    if api == "chat":
+        from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+        _, c, opts = chat_request_to_conversation({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                  "nvext": nvext})
+        return c, opts
+    if api == "anthropic":
+        from serve_app.ingress.anthropic.convert import messages_request, to_conversation
+
+        return to_conversation(messages_request({"model": "m", "max_tokens": 200, "nvext": nvext,
+                                                 "messages": [{"role": "user", "content": "hi"}]}), b"s")
+    from serve_app.ingress.responses.convert import parse_responses_request, responses_to_conversation
+
+    return responses_to_conversation(parse_responses_request({"model": "m", "input": "hi", "nvext": nvext}))
+
+
+@pytest.mark.parametrize("api", ["chat", "anthropic", "responses"])
+def test_agent_hints_act_on_every_api(api):
+    """`nvext.agent_hints` from each API's wire body: `osl` is the Router's expected output, `speculative_prefill`
+    warms the next turn on the same replica, `priority` orders the engine's queue."""
+    engines = ReplayEngines([EngineChunk("a", [5]), EngineChunk("", [6], finish_reason="stop")],
+                            decision=Decision("r2", "kv", cached_blocks=0))
+    svc = make_service(engines)
+    c, opts = _wire_to_ir(api, {"osl": 700, "speculative_prefill": True, "priority": 2})
+    run(collect_and_settle(svc, run(svc.prepare(c, opts, "m"))))
+    assert [r.expected_output_tokens for r in engines.routes] == [700]
+    main, warm = engines.requests
+    assert main.priority == -2 and warm.max_tokens == 1 and warm.target_replica == "r2"
+    assert warm.prompt_token_ids == main.prompt_token_ids + [5, 6]
+
+
 class ProbedEngines(ReplayEngines):
     """Engines whose probe answers, fails or hangs, by engine key."""
 
@@ -396,7 +472,9 @@ def test_readiness_names_each_engine_that_does_not_answer():
     assert run(svc_ok.readiness(timeout_s=0.05)) == {ka: None, kb: None, kc: None}
 
 
-def test_ready_route_is_200_only_when_every_engine_answers():
+def test_health_is_200_only_when_every_engine_answers():
+    """`/health` (and `/health/ready`) is readiness: what a newcomer polls before the first request must not say
+    ok while an engine is still starting. `/health/live` answers whatever the engines do."""
     import httpx
     from fastapi import FastAPI
 
@@ -413,14 +491,16 @@ def test_ready_route_is_200_only_when_every_engine_answers():
                                        secret=b"s")
         app.include_router(models_routes.router)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://t") as c:
-            return await c.get("/health/ready"), await c.get("/health")
+            return [await c.get(path) for path in ("/health", "/health/ready", "/health/live")]
 
-    ready, live = run(get({ka: "ok", kb: "ok"}))
-    assert ready.status_code == 200 and ready.json() == {"status": "ready", "engines": {ka: "ok", kb: "ok"}}
-    not_ready, live = run(get({ka: "ok", kb: "fail"}))
-    assert not_ready.status_code == 503 and not_ready.json()["status"] == "not_ready"
-    assert not_ready.json()["engines"][ka] == "ok" and "replica died" in not_ready.json()["engines"][kb]
-    assert live.status_code == 200  # liveness does not depend on the engines
+    health, ready, live = run(get({ka: "ok", kb: "ok"}))
+    for r in (health, ready):
+        assert r.status_code == 200 and r.json() == {"status": "ready", "engines": {ka: "ok", kb: "ok"}}
+    health, ready, live = run(get({ka: "ok", kb: "fail"}))
+    for r in (health, ready):
+        assert r.status_code == 503 and r.json()["status"] == "not_ready"
+        assert r.json()["engines"][ka] == "ok" and "replica died" in r.json()["engines"][kb]
+    assert live.status_code == 200 and live.json()["status"] == "ok"  # liveness does not depend on the engines
 
 
 class PromptStateRenderer(StubRenderer):
