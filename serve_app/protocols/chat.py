@@ -24,6 +24,7 @@ class ContentPart(OpenModel):
     type: str
     text: str | None = None
     image_url: dict[str, Any] | str | None = None
+    refusal: str | None = None
 
 
 class ChatMessage(OpenModel):

@@ -32,6 +32,9 @@ def _content_parts(msg: ChatMessage, where: str) -> list[Part]:
     for i, p in enumerate(msg.content):
         if p.type in ("text", "input_text", "output_text"):
             parts.append(TextPart(p.text or ""))
+        elif p.type == "refusal" and msg.role == "assistant":
+            # An earlier answer's refusal part (assistant history): it is what the model said.
+            parts.append(TextPart(p.refusal or ""))
         elif p.type == "image_url":
             url = p.image_url.get("url") if isinstance(p.image_url, dict) else p.image_url
             parts.append(ImagePart(url=url))
@@ -61,6 +64,24 @@ def _message(msg: ChatMessage, i: int) -> Message:
     return Message(msg.role, parts)
 
 
+def _check_tool_pairing(messages: list[ChatMessage]) -> None:
+    """The API's rule, in its own words: a `tool` message answers a call of the assistant message with `tool_calls`
+    it follows (only other tool messages may come between)."""
+    calls: set[str] | None = None  # the open assistant turn's call ids; None when no such turn is open
+    for i, msg in enumerate(messages):
+        if msg.role == "tool":
+            if calls is None:
+                raise InvalidRequest("Invalid parameter: messages with role 'tool' must be a response to a "
+                                     "preceeding message with 'tool_calls'.", param=f"messages.[{i}].role")
+            if msg.tool_call_id not in calls:
+                raise InvalidRequest(f"Invalid parameter: 'tool_call_id' of '{msg.tool_call_id}' not found in "
+                                     "'tool_calls' of previous message.", param=f"messages.[{i}].tool_call_id")
+        elif msg.role == "assistant" and msg.tool_calls:
+            calls = {c.id for c in msg.tool_calls}
+        else:
+            calls = None
+
+
 def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
     parallel = req.parallel_tool_calls if req.parallel_tool_calls is not None else True
     tc = req.tool_choice
@@ -78,8 +99,10 @@ def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
 
 def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRequest, Conversation, GenerationOptions]:
     req = parse_model(ChatCompletionRequest, body)
+    messages = [_message(m, i) for i, m in enumerate(req.messages)]
+    _check_tool_pairing(req.messages)
     conv = Conversation(
-        messages=[_message(m, i) for i, m in enumerate(req.messages)],
+        messages=messages,
         tools=[
             ToolSpec(
                 name=t.function.name,
