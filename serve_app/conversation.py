@@ -128,6 +128,9 @@ class GenerationOptions:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    frequency_penalty: float | None = None  # Chat's sampling penalties and token biases, as vLLM applies them
+    presence_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
     stop: list[str] = field(default_factory=list)
     thinking: bool | None = None  # None = the model's default; False = the client disabled thinking
     reasoning_effort: str | None = None

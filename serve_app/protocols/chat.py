@@ -87,6 +87,9 @@ class ChatCompletionRequest(OpenModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = None
     seed: int | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[int, float] | None = None  # token id (a string on the wire) -> bias in [-100, 100]
     n: int = Field(default=1, ge=1, le=1)
     stop: Union[str, list[str], None] = None
     tools: list[Tool] | None = None

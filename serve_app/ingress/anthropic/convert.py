@@ -342,9 +342,30 @@ def _part_kind(part: Part) -> str:
     return {ToolCallPart: "tool_use block", ReasoningPart: "thinking block"}.get(type(part), "non-text block")
 
 
+# Request fields the current SDK can send (betas included) that ask for machinery this server does not have, where
+# ignoring them would answer a different question than the one asked. Every other field is accepted; the ones
+# without effect are listed, with the reason, in docs/anthropic.md.
+_UNSERVED_FIELDS = {
+    "compaction": "compaction requests are not supported by this server (it cannot produce a `compaction` block); "
+                  "summarize the conversation with an ordinary request instead",
+    "mcp_servers": "this server connects to no MCP servers; declare their tools in `tools` and run them client-side",
+    "thread": "this server holds no conversation state; send the whole conversation in `messages`",
+}
+
+
+def _check_unserved_fields(req: wire.CountTokensRequest) -> None:
+    extra = req.model_extra or {}
+    for name, why in _UNSERVED_FIELDS.items():
+        if name == "compaction" and not isinstance(req, wire.MessagesRequest):
+            continue  # count_tokens accepts it and counts the conversation as sent, as the API does
+        if extra.get(name):  # null or an empty list asks for nothing
+            raise InvalidRequest(f"{name}: {why}", param=name)
+
+
 def to_conversation(
     req: wire.CountTokensRequest, secret: bytes, headers: Mapping[str, str] | None = None
 ) -> tuple[Conversation, GenerationOptions]:
+    _check_unserved_fields(req)
     _check_thinking_budget(req)
     messages = _messages(req, secret)
     continue_final = _prefill(req, messages)

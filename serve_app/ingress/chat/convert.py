@@ -97,8 +97,32 @@ def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
     return ToolChoice("tool", name=name, parallel=parallel)
 
 
+# Fields of the current SDK's create() that ask for output this server cannot produce: answering without them
+# would look like success and be something else. Every other field is accepted (docs/anthropic.md lists the ones
+# without effect and why).
+def _unserved(req: ChatCompletionRequest) -> tuple[str, str] | None:
+    extra = req.model_extra or {}
+    if extra.get("functions") or extra.get("function_call"):
+        name = "functions" if extra.get("functions") else "function_call"
+        return name, "the deprecated function-calling fields are not supported by this server; send `tools`"
+    if extra.get("audio") or "audio" in (extra.get("modalities") or []):
+        return ("audio" if extra.get("audio") else "modalities"), "this server generates text only"
+    if extra.get("web_search_options") is not None:
+        return "web_search_options", "this server has no web search; give the model a search tool in `tools`"
+    if extra.get("logprobs"):
+        return "logprobs", "log probabilities are not returned by this server"
+    return None
+
+
 def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRequest, Conversation, GenerationOptions]:
     req = parse_model(ChatCompletionRequest, body)
+    unserved = _unserved(req)
+    if unserved is not None:
+        raise InvalidRequest(f"{unserved[0]}: {unserved[1]}", param=unserved[0])
+    for token, bias in (req.logit_bias or {}).items():
+        if not -100 <= bias <= 100:
+            raise InvalidRequest(f"logit_bias: the bias of token {token} must be between -100 and 100",
+                                 param="logit_bias")
     messages = [_message(m, i) for i, m in enumerate(req.messages)]
     _check_tool_pairing(req.messages)
     conv = Conversation(
@@ -127,6 +151,9 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
         top_p=req.top_p,
         top_k=req.top_k,
         seed=req.seed,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        logit_bias=req.logit_bias or None,
         stop=stop,
         thinking=thinking,
         reasoning_effort=req.reasoning_effort,
