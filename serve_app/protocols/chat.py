@@ -104,3 +104,5 @@ class ChatCompletionRequest(OpenModel):
     # vLLM's sampling extensions, accepted so benchmarks can ask both servers for exactly N tokens.
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
+    # vLLM's extension: continue the final assistant message instead of starting a new one (a prefill).
+    continue_final_message: bool = False

@@ -251,3 +251,16 @@ def test_an_assistant_refusal_part_in_history_is_its_text():
         chat_request_to_conversation({"model": "m", "messages": [
             {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]})
     assert e.value.param == "messages.0.content.0.type"
+
+
+def test_continue_final_message_is_vllms_prefill():
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is ("}]
+    _, _, opts = chat_request_to_conversation({"model": "m", "messages": msgs})
+    assert opts.continue_final is False  # OpenAI's own semantics: a new assistant turn
+    _, _, opts = chat_request_to_conversation({"model": "m", "messages": msgs, "continue_final_message": True})
+    assert opts.continue_final is True
+    with pytest.raises(InvalidRequest) as e:
+        chat_request_to_conversation({"model": "m", "messages": msgs[:1], "continue_final_message": True})
+    assert e.value.param == "continue_final_message"

@@ -119,6 +119,9 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
     unserved = _unserved(req)
     if unserved is not None:
         raise InvalidRequest(f"{unserved[0]}: {unserved[1]}", param=unserved[0])
+    if req.continue_final_message and req.messages[-1].role != "assistant":
+        raise InvalidRequest("continue_final_message: the last message must be an assistant message to continue",
+                             param="continue_final_message")
     for token, bias in (req.logit_bias or {}).items():
         if not -100 <= bias <= 100:
             raise InvalidRequest(f"logit_bias: the bias of token {token} must be between -100 and 100",
@@ -164,5 +167,6 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
         output_format=output_format.from_chat(req.response_format),
+        continue_final=req.continue_final_message,
     )
     return req, conv, opts
