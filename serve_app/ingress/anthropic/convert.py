@@ -319,7 +319,9 @@ def _check_thinking_budget(req: wire.CountTokensRequest) -> None:
 
 def _prefill(req: wire.CountTokensRequest, messages: list[Message]) -> bool:
     """Whether the request ends with an assistant turn to continue (the API's prefill). An empty final assistant
-    message (the API allows one) is no prefill: it is dropped and the model starts a new turn."""
+    message (the API allows one) is no prefill: it is dropped and the model starts a new turn. count_tokens never
+    refuses one: Claude Code counts conversations that end with its own answer or tool call (`/context`), and a
+    failed count only makes it estimate locally; a tail that cannot be continued is counted as a complete turn."""
     if not req.messages or req.messages[-1].role != "assistant":
         return False
     where = f"messages.{len(req.messages) - 1}"
@@ -330,10 +332,13 @@ def _prefill(req: wire.CountTokensRequest, messages: list[Message]) -> bool:
         messages.pop()
         return False
     tail = last.parts[-1]
+    counting = not isinstance(req, wire.MessagesRequest)
     if not isinstance(tail, TextPart):
+        if counting:
+            return False
         raise InvalidRequest(f"{where}: a final assistant message is continued from its text (prefill); this server "
                              f"cannot continue one that ends with a {_part_kind(tail)}", param=where)
-    if tail.text != tail.text.rstrip():
+    if tail.text != tail.text.rstrip() and not counting:
         raise InvalidRequest("messages: final assistant content cannot end with trailing whitespace", param=where)
     return True
 
