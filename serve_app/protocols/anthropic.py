@@ -183,7 +183,8 @@ class ToolChoiceSpec(OpenModel):
 
 
 class ThinkingConfig(OpenModel):
-    # between_tools: the 2026 SDK's "think only between tool calls"; served as thinking on (see docs/anthropic.md).
+    # between_tools: the 2026 SDK's "thinking off, progress notes between tool calls as thinking blocks"; served as
+    # thinking off (docs/anthropic.md).
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = None
     display: str | None = None  # "summarized" | "omitted": thinking is always returned in full (docs)

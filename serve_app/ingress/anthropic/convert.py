@@ -289,9 +289,9 @@ def session_key(metadata: wire.Metadata | None, headers: Mapping[str, str] | Non
 
 
 def thinking_on(req: wire.CountTokensRequest) -> bool:
-    # Absent means off: a model must not think unasked (ollama#15287). between_tools is on: this server does not
-    # hold thinking back until a tool call.
-    return req.thinking is not None and req.thinking.type in ("enabled", "adaptive", "between_tools")
+    # Absent means off: a model must not think unasked (ollama#15287). between_tools is thinking off, as the API
+    # defines it (the progress notes it would return as thinking blocks come back as text here).
+    return req.thinking is not None and req.thinking.type in ("enabled", "adaptive")
 
 
 MIN_THINKING_BUDGET = 1024
