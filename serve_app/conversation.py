@@ -57,9 +57,15 @@ class ImagePart:
 
 @dataclass(slots=True)
 class DocumentPart:
+    """A document (or an Anthropic search result): `text` renders into the prompt after the header lines its
+    `title`, `source` and `context` give, when present; binary `data` only reaches models that take it."""
+
     media_type: str | None = None
     data: str | None = None
     text: str | None = None
+    title: str | None = None
+    source: str | None = None
+    context: str | None = None
 
 
 Part = Union[TextPart, ReasoningPart, ToolCallPart, ToolResultPart, ImagePart, DocumentPart]
@@ -122,6 +128,9 @@ class GenerationOptions:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    frequency_penalty: float | None = None  # Chat's sampling penalties and token biases, as vLLM applies them
+    presence_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
     stop: list[str] = field(default_factory=list)
     thinking: bool | None = None  # None = the model's default; False = the client disabled thinking
     reasoning_effort: str | None = None
@@ -132,6 +141,9 @@ class GenerationOptions:
     ignore_eos: bool = False  # vLLM extension: generate exactly max_tokens (benchmarks)
     min_tokens: int = 0
     output_format: OutputFormat | None = None  # None = free text
+    # The last message is an assistant turn to continue (Anthropic prefill): the prompt ends with its text, with
+    # no end of turn and no new generation prompt, and the output is only the continuation.
+    continue_final: bool = False
 
 
 # --------------------------------------------------------------------------------------------------------------

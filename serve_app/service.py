@@ -285,6 +285,8 @@ class GenerationService:
     async def _prepare_admitted(self, renderer, model, conv, opts, model_id) -> PreparedRequest:
         started = time.monotonic()
         rendered = await renderer.render(conv, opts)
+        if opts.logit_bias:
+            _check_logit_bias(opts.logit_bias, renderer.vocab_size)
         n = len(rendered.token_ids)
         if n >= model.max_model_len:
             raise PromptTooLong(n, model.max_model_len)
@@ -346,6 +348,9 @@ class GenerationService:
             top_p=opts.top_p,
             top_k=opts.top_k,
             seed=opts.seed,
+            frequency_penalty=opts.frequency_penalty,
+            presence_penalty=opts.presence_penalty,
+            logit_bias=opts.logit_bias,
             stop=list(opts.stop),
             priority=-(opts.hints.priority or 0),  # hints: higher = more important; vLLM: lower runs first
             skip_special_tokens=not needs_special_tokens(prepared.model.reasoning_parser, prepared.model.tool_parser),
@@ -525,6 +530,14 @@ class GenerationService:
     async def complete(self, prepared: PreparedRequest) -> list[Event]:
         """The whole stream, minus abandoned calls, which a non-streaming response must not contain."""
         return drop_abandoned_calls([ev async for ev in self.stream(prepared)])
+
+
+def _check_logit_bias(bias: dict[int, float] | None, vocab_size: int) -> None:
+    """A bias on a token the model does not have is the client's error (vLLM would fail the request later)."""
+    for token in bias or {}:
+        if not 0 <= token < vocab_size:
+            raise InvalidRequest(f"logit_bias: token id {token} is not in the model's vocabulary (0..{vocab_size - 1})",
+                                 param="logit_bias")
 
 
 def _engine_constraint(fmt: OutputFormat | None) -> dict | None:

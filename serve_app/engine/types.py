@@ -17,6 +17,9 @@ class EngineRequest:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
     stop: list[str] = field(default_factory=list)
     priority: int = 0
     skip_special_tokens: bool = True

@@ -198,6 +198,10 @@ class VLLMEngine:
             params["top_k"] = req.top_k
         if req.seed is not None:
             params["seed"] = req.seed
+        for name in ("frequency_penalty", "presence_penalty", "logit_bias"):
+            value = getattr(req, name)
+            if value is not None:
+                params[name] = value
         if req.forced_token_ids is not None:
             params["temperature"] = 0.0
         elif req.structured is not None:  # a forced script is exact text already; a grammar would fight it

@@ -31,12 +31,20 @@ from serve_app.prompt.policy import ReplayPolicy
 _JOIN = "\n"
 
 
+def _document_text(doc: DocumentPart) -> str:
+    """A text document as prompt text: its provenance first (title, source, context: what a reader of the document
+    would see around it), then the text. Without any, the text alone."""
+    head = [f"{label}: {value}" for label, value in (("Title", doc.title), ("Source", doc.source),
+                                                       ("Context", doc.context)) if value]
+    return _JOIN.join([*head, doc.text or ""])
+
+
 def _text_of(part: Part, where: str) -> str:
     if isinstance(part, TextPart):
         return part.text
     if isinstance(part, DocumentPart):
         if part.text is not None:
-            return part.text
+            return _document_text(part)
         raise InvalidRequest(f"{where}: this model takes text only; a {part.media_type or 'binary'} document "
                              "cannot be rendered into its prompt", param=where)
     if isinstance(part, ImagePart):

@@ -417,6 +417,8 @@ class PromptRenderer:
 
     def render_sync(self, conv: Conversation, opts: GenerationOptions, *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False) -> RenderedPrompt:
+        # A prefill (opts.continue_final) renders the same way for generation and for every token count.
+        continue_final_message = continue_final_message or opts.continue_final
         text = self.render_text(conv, opts, add_generation_prompt=add_generation_prompt,
                                 continue_final_message=continue_final_message)
         # The template writes BOS and other special tokens itself; adding them again would double them.

@@ -1,8 +1,9 @@
 """Anthropic Messages API wire models (request side).
 
 Permissive where Claude Code and OpenClaw send extras (harness-contracts A3): unknown top-level fields, unknown
-block keys, `cache_control` on any block or tool, extra tool keys and unknown block types are all accepted.
-Strict on types: a field that is present must have the right type, and a wrong one becomes a 400 naming it.
+block keys, `cache_control` on any block or tool and extra tool keys are accepted. Strict on types: a field that is
+present must have the right type, and a wrong one becomes a 400 naming it. A block whose `type` is not modelled
+here parses as `UnknownBlock` so that the adapter can refuse it with the API's own wording (never drop it).
 """
 
 from __future__ import annotations
@@ -81,13 +82,22 @@ class ToolUseBlock(OpenModel):
     cache_control: CacheControl | None = None
 
 
+class SearchResultBlock(OpenModel):
+    type: Literal["search_result"]
+    source: str
+    title: str
+    content: list[TextBlock]
+    citations: dict[str, Any] | None = None  # accepted; this server never cites
+    cache_control: CacheControl | None = None
+
+
 class UnknownBlock(OpenModel):
-    """A block type this server does not know (e.g. a future Claude Code block): accepted and skipped."""
+    """A block type this server does not model: the adapter refuses it with a 400 naming the type."""
 
     type: str
 
 
-_result_block_tag = type_discriminator(("text", "image", "document"), "unknown")
+_result_block_tag = type_discriminator(("text", "image", "document", "search_result"), "unknown")
 
 
 ToolResultContentBlock = Annotated[
@@ -95,6 +105,7 @@ ToolResultContentBlock = Annotated[
         Annotated[TextBlock, Tag("text")],
         Annotated[ImageBlock, Tag("image")],
         Annotated[DocumentBlock, Tag("document")],
+        Annotated[SearchResultBlock, Tag("search_result")],
         Annotated[UnknownBlock, Tag("unknown")],
     ],
     Discriminator(_result_block_tag),
@@ -123,7 +134,7 @@ class RedactedThinkingBlock(OpenModel):
 
 
 _block_tag = type_discriminator(
-    ("text", "image", "document", "tool_use", "tool_result", "thinking", "redacted_thinking"),
+    ("text", "image", "document", "search_result", "tool_use", "tool_result", "thinking", "redacted_thinking"),
     "unknown",
     aliases={"server_tool_use": "tool_use"},
 )
@@ -134,6 +145,7 @@ ContentBlock = Annotated[
         Annotated[TextBlock, Tag("text")],
         Annotated[ImageBlock, Tag("image")],
         Annotated[DocumentBlock, Tag("document")],
+        Annotated[SearchResultBlock, Tag("search_result")],
         Annotated[ToolUseBlock, Tag("tool_use")],
         Annotated[ToolResultBlock, Tag("tool_result")],
         Annotated[ThinkingBlock, Tag("thinking")],
@@ -171,8 +183,11 @@ class ToolChoiceSpec(OpenModel):
 
 
 class ThinkingConfig(OpenModel):
-    type: Literal["enabled", "disabled", "adaptive"]
+    # between_tools: the 2026 SDK's "thinking off, progress notes between tool calls as thinking blocks"; served as
+    # thinking off (docs/anthropic.md).
+    type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = None
+    display: str | None = None  # "summarized" | "omitted": thinking is always returned in full (docs)
 
 
 class OutputConfig(OpenModel):

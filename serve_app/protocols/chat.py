@@ -24,6 +24,7 @@ class ContentPart(OpenModel):
     type: str
     text: str | None = None
     image_url: dict[str, Any] | str | None = None
+    refusal: str | None = None
 
 
 class ChatMessage(OpenModel):
@@ -87,6 +88,9 @@ class ChatCompletionRequest(OpenModel):
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = None
     seed: int | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[int, float] | None = None  # token id (a string on the wire) -> bias in [-100, 100]
     n: int = Field(default=1, ge=1, le=1)
     stop: Union[str, list[str], None] = None
     tools: list[Tool] | None = None
@@ -101,3 +105,5 @@ class ChatCompletionRequest(OpenModel):
     # vLLM's sampling extensions, accepted so benchmarks can ask both servers for exactly N tokens.
     ignore_eos: bool = False
     min_tokens: int = Field(default=0, ge=0)
+    # vLLM's extension: continue the final assistant message instead of starting a new one (a prefill).
+    continue_final_message: bool = False

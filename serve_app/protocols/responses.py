@@ -163,7 +163,7 @@ class NamedToolChoice(OpenModel):
 
 
 class ReasoningParam(OpenModel):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: Literal["auto", "concise", "detailed", "none"] | None = None
 
 

@@ -81,7 +81,7 @@ def test_count_tokens_equals_the_prompt_the_engine_saw(client):
               messages=[{"role": "user", "content": [{"type": "text", "text": "Say ok.",
                                                       "cache_control": {"type": "ephemeral"}}]}])
     counted = client.messages.count_tokens(**kw)
-    m = client.messages.create(max_tokens=5, extra_body=forced("ok"), **kw)
+    m = client.messages.create(max_tokens=1025, extra_body=forced("ok"), **kw)  # budget_tokens < max_tokens
     assert counted.input_tokens == m.usage.input_tokens + m.usage.cache_read_input_tokens
     # System and tools are counted, not just the messages (CLIProxyAPI#679's undercount).
     no_tools = client.messages.count_tokens(**{k: v for k, v in kw.items() if k != "tools"})
@@ -239,3 +239,58 @@ def test_models_in_anthropic_shape_and_head(client, serve_url):
     assert set(raw) >= {"data", "has_more", "first_id", "last_id"} and raw["has_more"] is True
     assert raw["data"][0]["max_input_tokens"] > 0 and raw["data"][0]["max_tokens"] > 0
     assert httpx.head(f"{serve_url}/", timeout=60).status_code == 200
+
+
+def test_invalid_input_is_refused_in_the_apis_words(client):
+    """Validation parity (issue 14): each of these was accepted before; all are refused before the engine."""
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]}
+    cases = [
+        (dict(messages=[*USER, use, {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "x"}]}]),
+         "messages.2.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_2."),
+        (dict(messages=[{"role": "user", "content": [{"type": "hologram", "data": "x"}]}]),
+         "messages.0.content.0: Input tag 'hologram' found using 'type' does not match any of the expected tags:"),
+        (dict(messages=USER, max_tokens=2, thinking={"type": "enabled", "budget_tokens": 100}),
+         "`max_tokens` must be greater than `thinking.budget_tokens`."),
+        (dict(messages=USER, thinking={"type": "enabled", "budget_tokens": 100}),
+         "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+    ]
+    for kw, wording in cases:
+        with pytest.raises(anthropic.BadRequestError) as e:
+            client.messages.create(**{"model": PLAIN, "max_tokens": 4096, **kw})
+        assert e.value.body["error"]["type"] == "invalid_request_error"
+        assert e.value.body["error"]["message"].startswith(wording), e.value.body
+        if "thinking" not in kw:  # count_tokens checks the same messages
+            with pytest.raises(anthropic.BadRequestError):
+                client.messages.count_tokens(model=PLAIN, messages=kw["messages"])
+
+
+def test_a_search_result_reaches_the_prompt(client):
+    sr = {"type": "search_result", "source": "https://example.com/paris", "title": "Paris weather",
+          "content": [{"type": "text", "text": "Sunny and 21 degrees in Paris today."}]}
+    question = {"type": "text", "text": "What is the weather?"}
+    bare = client.messages.count_tokens(model=PLAIN, messages=[{"role": "user", "content": [question]}])
+    with_sr = [{"role": "user", "content": [sr, question]}]
+    counted = client.messages.count_tokens(model=PLAIN, messages=with_sr)
+    assert counted.input_tokens >= bare.input_tokens + 12  # title, source and text all count
+    m = client.messages.create(model=PLAIN, max_tokens=20, messages=with_sr, extra_body=forced("Sunny."))
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == counted.input_tokens
+
+
+def test_a_final_assistant_message_is_continued(client, serve_url):
+    prefill = "The best answer is ("
+    messages = [{"role": "user", "content": "Greek name for the Sun? (A) Sol (B) Helios"},
+                {"role": "assistant", "content": prefill}]
+    m = client.messages.create(model=PLAIN, max_tokens=20, messages=messages, extra_body=forced("B) Helios"))
+    assert [b.text for b in m.content] == ["B) Helios"]  # only the continuation, as the API answers
+    with client.messages.stream(model=PLAIN, max_tokens=20, messages=messages, extra_body=forced("B) Helios")) as s:
+        assert "".join(s.text_stream) == "B) Helios"
+    # The engine saw the history then the prefill text, with no end of turn and no new generation prompt:
+    # exactly the prompt vLLM's continue_final_message renders.
+    tok = httpx.post(f"{serve_url}/v1/tokenize", json={"model": PLAIN, "messages": messages,
+                                                       "continue_final_message": True}, timeout=60).json()
+    assert m.usage.input_tokens + m.usage.cache_read_input_tokens == tok["count"]
+    assert client.messages.count_tokens(model=PLAIN, messages=messages).input_tokens == tok["count"]
+    new_turn = httpx.post(f"{serve_url}/v1/tokenize", json={"model": PLAIN, "messages": messages},
+                          timeout=60).json()
+    assert new_turn["count"] > tok["count"]

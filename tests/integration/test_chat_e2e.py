@@ -201,3 +201,25 @@ def test_disconnect_mid_stream_aborts_the_engine_request(serve_url, engine_handl
     while _running(engine_handles) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _running(engine_handles) == 0
+
+
+def test_a_tool_message_answering_no_call_is_refused(client):
+    call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[
+            {"role": "user", "content": "list"}, {"role": "assistant", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_9", "content": "a.py"}])
+    assert e.value.body["message"] == ("Invalid parameter: 'tool_call_id' of 'call_9' not found in 'tool_calls' "
+                                       "of previous message.")
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user"}])
+    assert e.value.body["param"] == "messages.0"
+
+
+def test_logit_bias_and_penalties_reach_the_engine(client, serve_url):
+    bang = httpx.post(f"{serve_url}/v1/tokenize", json={"model": MODEL, "prompt": "!", "add_special_tokens": False},
+                      timeout=60).json()["tokens"]
+    assert len(bang) == 1
+    r = ask(client, "What is the capital of France?", max_tokens=5, logit_bias={str(bang[0]): 100},
+            frequency_penalty=0.0, presence_penalty=0.0)
+    assert r.choices[0].message.content == "!!!!!"  # +100 on one token: greedy picks it every step

@@ -164,10 +164,133 @@ def test_images_and_documents_become_parts():
     ]
 
 
-def test_unknown_block_types_are_skipped():
-    conv, _ = conv_of({"messages": [{"role": "user", "content": [{"type": "future_block", "x": 1},
-                                                                 {"type": "text", "text": "hi"}]}]})
-    assert conv.messages[0].parts == [TextPart("hi")]
+def refusal(body, count=False):
+    with pytest.raises(ServiceError) as e:
+        if count:
+            to_conversation(count_tokens_request({"model": "m", **body}), SECRET)
+        else:
+            conv_of(body)
+    assert e.value.status == 400 and e.value.kind == "invalid_request"
+    return e.value
+
+
+@pytest.mark.parametrize("count", [False, True])
+def test_an_unknown_block_type_is_a_400_in_the_apis_words_never_dropped(count):
+    err = refusal({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"},
+                                                             {"type": "future_block", "x": 1}]}]}, count)
+    assert err.param == "messages.0.content.1.type"
+    assert err.message.startswith("messages.0.content.1: Input tag 'future_block' found using 'type' does not match "
+                                  "any of the expected tags: ")
+    assert "'search_result'" in err.message and "'tool_result'" in err.message
+    # Inside a tool_result too: the list is the one tool_result content allows.
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]}
+    err = refusal({"messages": [{"role": "user", "content": "go"}, use, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [{"type": "video", "url": "x"}]}]}]}, count)
+    assert err.message == ("messages.2.content.0.content.0: Input tag 'video' found using 'type' does not match any "
+                           "of the expected tags: 'browser_state', 'document', 'image', 'search_result', 'text', "
+                           "'tool_reference'")
+
+
+@pytest.mark.parametrize("block", [
+    {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+    {"type": "container_upload", "file_id": "f"},
+    {"type": "mcp_tool_use", "id": "m", "name": "x", "server_name": "s", "input": {}},
+    {"type": "compaction", "content": "summary"},
+])
+def test_documented_server_side_blocks_are_refused_by_name(block):
+    err = refusal({"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": [block]}]})
+    assert err.message.startswith(f"messages.1.content.0: `{block['type']}` blocks are not supported by this server")
+
+
+def test_a_search_result_renders_with_its_title_and_source():
+    sr = {"type": "search_result", "source": "https://example.com/paris", "title": "Paris weather",
+          "content": [{"type": "text", "text": "Sunny."}, {"type": "text", "text": "21 C."}],
+          "citations": {"enabled": True}, "cache_control": {"type": "ephemeral"}}
+    conv, _ = conv_of({"messages": [{"role": "user", "content": [sr, {"type": "text", "text": "Weather?"}]}]})
+    assert conv.messages[0].parts == [
+        DocumentPart(media_type="text/plain", text="Sunny.\n21 C.", title="Paris weather",
+                     source="https://example.com/paris"), TextPart("Weather?")]
+    use = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "search", "input": {}}]}
+    conv, _ = conv_of({"messages": [{"role": "user", "content": "go"}, use, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": [sr]}]}]})
+    assert conv.messages[-1].parts[0].content[0].title == "Paris weather"
+
+
+def test_text_documents_keep_title_and_context_and_content_sources_keep_their_images():
+    doc = {"type": "document", "title": "Notes", "context": "from the wiki",
+           "source": {"type": "content", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"},
+                                                     {"type": "image", "source": {"type": "url", "url": "u"}}]}}
+    conv, _ = conv_of({"messages": [{"role": "user", "content": [doc]}]})
+    assert conv.messages[0].parts == [DocumentPart(media_type="text/plain", text="a\nb", title="Notes",
+                                                   context="from the wiki"), ImagePart(url="u")]
+    doc["source"]["content"].append({"type": "audio"})
+    assert refusal({"messages": [{"role": "user", "content": [doc]}]}).param == "messages.0.content.0.source.content.3.type"
+
+
+@pytest.mark.parametrize("thinking,max_tokens,param,message", [
+    ({"type": "enabled"}, 4096, "thinking.budget_tokens", "thinking.enabled.budget_tokens: Field required"),
+    ({"type": "enabled", "budget_tokens": 100}, 4096, "thinking.budget_tokens",
+     "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+    ({"type": "enabled", "budget_tokens": 100}, 2, "max_tokens",
+     "`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our documentation at "
+     "https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size"),
+    ({"type": "enabled", "budget_tokens": 2048}, 2048, "max_tokens", "`max_tokens` must be greater than"),
+])
+def test_thinking_budget_rules(thinking, max_tokens, param, message):
+    with pytest.raises(ServiceError) as e:
+        conv_of({"max_tokens": max_tokens, "thinking": thinking, "messages": [{"role": "user", "content": "x"}]})
+    assert e.value.status == 400 and e.value.param == param and e.value.message.startswith(message)
+
+
+@pytest.mark.parametrize("thinking,max_tokens", [
+    ({"type": "enabled", "budget_tokens": 1024}, 1025),
+    ({"type": "enabled", "budget_tokens": 31999}, 32000),  # Claude Code: min(budget, max_tokens - 1)
+    ({"type": "enabled", "budget_tokens": 511}, 512),  # the same with CLAUDE_CODE_MAX_OUTPUT_TOKENS=512
+    ({"type": "adaptive", "display": "summarized"}, 1),  # OpenClaw and Claude Code's default: no budget
+    ({"type": "between_tools"}, 100),
+    ({"type": "disabled", "budget_tokens": 5}, 100),
+])
+def test_thinking_requests_harnesses_send_are_accepted(thinking, max_tokens):
+    _, opts = conv_of({"max_tokens": max_tokens, "thinking": thinking, "messages": [{"role": "user", "content": "x"}]})
+    assert opts.thinking is (thinking["type"] in ("enabled", "adaptive"))  # between_tools is thinking off
+
+
+def test_count_tokens_applies_the_budget_minimum_but_has_no_max_tokens():
+    body = {"messages": [{"role": "user", "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1024}}
+    to_conversation(count_tokens_request({"model": "m", **body}), SECRET)  # Claude Code's count_tokens body
+    body["thinking"]["budget_tokens"] = 1023
+    assert refusal(body, count=True).param == "thinking.budget_tokens"
+
+
+@pytest.mark.parametrize("count", [False, True])
+def test_a_final_assistant_message_is_continued(count):
+    body = {"messages": [{"role": "user", "content": "Greek name for the Sun? (A) Sol (B) Helios"},
+                         {"role": "assistant", "content": "The best answer is ("}]}
+    conv, opts = (to_conversation(count_tokens_request({"model": "m", **body}), SECRET) if count else conv_of(body))
+    assert opts.continue_final is True
+    assert conv.messages[-1].role == "assistant" and conv.messages[-1].parts == [TextPart("The best answer is (")]
+    body["messages"][-1]["content"] = [{"type": "text", "text": "The best answer is "}]
+    if count:  # Claude Code counts conversations ending with its own answers: never a 400 there
+        assert to_conversation(count_tokens_request({"model": "m", **body}), SECRET)[1].continue_final is True
+    else:
+        assert refusal(body).message == "messages: final assistant content cannot end with trailing whitespace"
+
+
+def test_an_empty_final_assistant_message_starts_a_new_turn():
+    for empty in ("", []):
+        conv, opts = conv_of({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": empty}]})
+        assert opts.continue_final is False and [m.role for m in conv.messages] == ["user"]
+    _, opts = conv_of({"messages": [{"role": "user", "content": "hi"}]})
+    assert opts.continue_final is False
+
+
+def test_a_final_assistant_message_ending_in_a_tool_use_is_refused_and_counted():
+    body = {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": [
+        {"type": "text", "text": "Running it."}, {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}]}]}
+    err = refusal(body)
+    assert err.param == "messages.1" and "ends with a tool_use block" in err.message
+    conv, opts = to_conversation(count_tokens_request({"model": "m", **body}), SECRET)
+    assert opts.continue_final is False and conv.messages[-1].role == "assistant"  # counted as a complete turn
 
 
 @pytest.mark.parametrize("tc,mode,name,parallel", [

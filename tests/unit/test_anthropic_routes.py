@@ -238,7 +238,7 @@ async def test_thinking_is_dropped_when_not_requested():
 
 async def test_interleaved_tools_stream_in_order_through_the_sdk():
     app, _ = make_app()
-    async with sdk(app).messages.stream(model="test-model", max_tokens=5, messages=USER, thinking={"type": "enabled",
+    async with sdk(app).messages.stream(model="test-model", max_tokens=2048, messages=USER, thinking={"type": "enabled",
                                         "budget_tokens": 1024}, extra_body={"nvext": {"forced_script": "interleaved"}}) as s:
         kinds = [ev.type async for ev in s]
         m = await s.get_final_message()

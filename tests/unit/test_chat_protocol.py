@@ -207,3 +207,60 @@ def test_a_message_without_content_is_a_400_except_an_assistants_with_tool_calls
     chat_request_to_conversation({"model": "m", "messages": [{"role": "user", "content": "x"},
                                                               {"role": "assistant", "tool_calls": [call]},
                                                               {"role": "tool", "tool_call_id": "c1", "content": "ok"}]})
+
+
+def test_a_tool_message_must_answer_a_call_of_the_assistant_turn_it_follows():
+    from serve_app.errors import ServiceError
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    def call(cid):
+        return {"id": cid, "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+    def tool(cid):
+        return {"role": "tool", "tool_call_id": cid, "content": "ok"}
+
+    user = {"role": "user", "content": "x"}
+    asked = {"role": "assistant", "tool_calls": [call("c1"), call("c2")]}
+    _, conv, _ = chat_request_to_conversation({"model": "m", "messages": [user, asked, tool("c2"), tool("c1")]})
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "tool"]
+    cases = [
+        ([user, tool("c1")], 1, "role", "messages with role 'tool' must be a response to a preceeding message "
+                                        "with 'tool_calls'."),
+        ([user, asked, tool("c1"), user, tool("c2")], 4, "role", "must be a response to a preceeding message"),
+        ([user, {"role": "assistant", "content": "no calls"}, tool("c1")], 2, "role", "preceeding message"),
+        ([user, asked, tool("c3")], 2, "tool_call_id",
+         "Invalid parameter: 'tool_call_id' of 'c3' not found in 'tool_calls' of previous message."),
+    ]
+    for messages, at, field, wording in cases:
+        with pytest.raises(ServiceError) as e:
+            chat_request_to_conversation({"model": "m", "messages": messages})
+        assert (e.value.status, e.value.kind, e.value.param) == (400, "invalid_request", f"messages.[{at}].{field}")
+        assert e.value.message.startswith("Invalid parameter: ") and wording in e.value.message
+
+
+def test_an_assistant_refusal_part_in_history_is_its_text():
+    from serve_app.conversation import TextPart
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    _, conv, _ = chat_request_to_conversation({"model": "m", "messages": [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't help with that."}]},
+        {"role": "user", "content": "ok"}]})
+    assert conv.messages[1].parts == [TextPart("I can't help with that.")]
+    with pytest.raises(InvalidRequest) as e:  # a user cannot send one
+        chat_request_to_conversation({"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]})
+    assert e.value.param == "messages.0.content.0.type"
+
+
+def test_continue_final_message_is_vllms_prefill():
+    from serve_app.ingress.chat.convert import chat_request_to_conversation
+
+    msgs = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "The answer is ("}]
+    _, _, opts = chat_request_to_conversation({"model": "m", "messages": msgs})
+    assert opts.continue_final is False  # OpenAI's own semantics: a new assistant turn
+    _, _, opts = chat_request_to_conversation({"model": "m", "messages": msgs, "continue_final_message": True})
+    assert opts.continue_final is True
+    with pytest.raises(InvalidRequest) as e:
+        chat_request_to_conversation({"model": "m", "messages": msgs[:1], "continue_final_message": True})
+    assert e.value.param == "continue_final_message"

@@ -374,3 +374,17 @@ def test_no_argument_call_is_expressed_as_the_catalog_says(tokenizer_path, name)
     text, in_reasoning = emitted(r, fam, original, GenerationOptions(thinking=False))
     parts = fold_complete(parse(fam, text, in_reasoning))
     assert (semantic(parts) == semantic(original)) is fam.no_argument_calls, text
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("thinking", [True, False])
+def test_a_prefill_ends_the_prompt_with_the_assistant_text(tokenizer_path, name, thinking):
+    """Anthropic's prefill on each real template: the prompt is the history, then the final assistant message's
+    text with no end of turn; the model continues it as answer text."""
+    r = renderer(tokenizer_path, name)
+    conv = base_conv()
+    conv.messages.append(Message("assistant", [TextPart("The file is")]))
+    out = r.render_sync(conv, GenerationOptions(thinking=thinking, continue_final=True))
+    assert out.text.endswith("The file is"), f"{name}: {out.text[-200:]!r}"
+    assert out.starts_in_reasoning is False
+    assert "Write the file, refresh, store the blob." in out.text

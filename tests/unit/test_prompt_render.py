@@ -13,6 +13,7 @@ import pytest
 
 from serve_app.conversation import (
     Conversation,
+    DocumentPart,
     GenerationOptions,
     ImagePart,
     Message,
@@ -222,6 +223,37 @@ def test_images_are_refused_with_a_400_naming_the_part(tok):
     with pytest.raises(InvalidRequest) as e:
         r.render_sync(conv(Message("user", [TextPart("see"), ImagePart(data="AAAA")])), GenerationOptions())
     assert e.value.status == 400 and e.value.param == "messages.0.content.1"
+
+
+def test_text_documents_render_with_their_provenance_and_plain_ones_as_before(tok):
+    r = renderer(tok, "qwen3_like.jinja")
+    doc = DocumentPart(media_type="text/plain", text="Sunny.", title="Paris weather", source="https://example.com")
+    msgs = r.template_messages(conv(Message("user", [doc, TextPart("Weather?")])))
+    assert msgs[0]["content"] == "Title: Paris weather\nSource: https://example.com\nSunny.\nWeather?"
+    plain = r.template_messages(conv(Message("user", [DocumentPart(media_type="text/plain", text="Sunny.")])))
+    assert plain[0]["content"] == "Sunny."  # unchanged for documents without a title, source or context
+    ids = [len(r.render_sync(conv(Message("user", parts)), GenerationOptions()).token_ids)
+           for parts in ([TextPart("Weather?")], [doc, TextPart("Weather?")])]
+    assert ids[1] > ids[0]
+
+
+@pytest.mark.parametrize("template,reasoning", [("qwen3_like.jinja", "qwen3"), ("content_only.jinja", "qwen3"),
+                                                ("r1_like.jinja", "deepseek_r1"), (None, None)])
+@pytest.mark.parametrize("thinking", [None, False])
+def test_a_prefill_continues_the_final_assistant_text(tok, template, reasoning, thinking):
+    r = renderer(tok, template, reasoning)
+    prefill = "The best answer is ("
+    c = conv(USER, Message("assistant", [TextPart(prefill)]))
+    out = r.render_sync(c, GenerationOptions(thinking=thinking, continue_final=True))
+    assert out.text.endswith(prefill), out.text[-80:]  # no end of turn, no new generation prompt
+    assert out.starts_in_reasoning is False  # the continuation is answer text
+    assert out.token_ids == r.encode_prompt(out.text)
+    # The same conversation without the prefill flag is a new turn after that message (what used to happen).
+    new_turn = r.render_sync(c, GenerationOptions(thinking=thinking)).text
+    assert new_turn.startswith(out.text) and len(new_turn) > len(out.text)
+    # And the prompt up to the prefill is the one a plain request renders (the prefix cache holds).
+    plain = r.render_sync(conv(USER), GenerationOptions(thinking=thinking)).text
+    assert out.text.startswith(plain[:plain.rfind("<|im_start|>assistant")])
 
 
 # -- template kwargs and starts_in_reasoning ------------------------------------------------------------------------

@@ -576,3 +576,22 @@ def test_a_tool_choice_that_names_no_given_tool_is_a_400():
     assert "'nope'" in e.value.message and e.value.param == "tool_choice"
     with pytest.raises(InvalidRequest):
         run(svc.prepare(_tools_conv(ToolChoice("required"), tools=()), GenerationOptions(), "m"))
+
+
+def test_sampling_penalties_and_token_biases_reach_vllms_sampling_params():
+    from types import SimpleNamespace
+
+    from serve_app.engine.vllm_engine import VLLMEngine
+
+    engines = ReplayEngines([EngineChunk("", [1], finish_reason="stop")])
+    svc = make_service(engines)
+    opts = GenerationOptions(frequency_penalty=0.5, presence_penalty=-0.25, logit_bias={7: -100.0})
+    svc._renderers["m"].vocab_size = 100
+    run(collect(svc, run(svc.prepare(conv(), opts, "m"))))
+    req = engines.requests[-1]
+    assert (req.frequency_penalty, req.presence_penalty, req.logit_bias) == (0.5, -0.25, {7: -100.0})
+    params = VLLMEngine.sampling_params(SimpleNamespace(forced_scripts=False), req)
+    assert (params.frequency_penalty, params.presence_penalty, params.logit_bias) == (0.5, -0.25, {7: -100.0})
+    with pytest.raises(InvalidRequest) as e:  # a token the model does not have is the client's error
+        run(svc.prepare(conv(), GenerationOptions(logit_bias={100: 1.0}), "m"))
+    assert e.value.param == "logit_bias" and "not in the model's vocabulary" in e.value.message

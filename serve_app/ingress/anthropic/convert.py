@@ -76,20 +76,66 @@ def _image(block: wire.ImageBlock, where: str) -> ImagePart:
     raise InvalidRequest(f"{where}.source: file sources are not supported by this server", param=f"{where}.source")
 
 
-def _document(block: wire.DocumentBlock, where: str) -> DocumentPart:
+# -- block types ------------------------------------------------------------------------------------------------
+# Every content block type the API documents (the current SDK's ContentBlockParam, betas included): the list the
+# API's own 400 names when a block's `type` is none of them.
+_DOCUMENTED_BLOCKS = (
+    "advisor_tool_result", "bash_code_execution_tool_result", "code_execution_tool_result", "compaction",
+    "container_upload", "document", "fallback", "image", "mcp_tool_listing", "mcp_tool_result", "mcp_tool_use",
+    "redacted_thinking", "search_result", "server_tool_use", "text", "text_editor_code_execution_tool_result",
+    "thinking", "tool_addition", "tool_removal", "tool_result", "tool_search_tool_result", "tool_use",
+    "web_fetch_tool_result", "web_search_tool_result",
+)
+_DOCUMENTED_RESULT_BLOCKS = ("browser_state", "document", "image", "search_result", "text", "tool_reference")
+# What the rest are: blocks that only the API's own server-side machinery produces or consumes (server tools, MCP
+# connectors, containers, compaction, tool search, model fallbacks). This server runs none of it, so it cannot act
+# on them, and dropping them would hide part of the conversation from the model: refused, naming the type.
+_SERVER_SIDE = "this server runs no server tools, MCP connectors, containers, compaction, tool search or fallbacks"
+
+
+def _refuse_block(block_type: str, where: str, documented: tuple[str, ...]) -> InvalidRequest:
+    if block_type in documented:
+        return InvalidRequest(f"{where}: `{block_type}` blocks are not supported by this server ({_SERVER_SIDE})",
+                              param=f"{where}.type")
+    # The API's own wording (pydantic's tagged-union error), so clients that match on it recognise it.
+    tags = ", ".join(f"'{t}'" for t in documented)
+    return InvalidRequest(f"{where}: Input tag '{block_type}' found using 'type' does not match any of the "
+                          f"expected tags: {tags}", param=f"{where}.type")
+
+
+def _document(block: wire.DocumentBlock, where: str) -> list[Part]:
+    """A document's text reaches the prompt with its title and context; a PDF stays binary (models that cannot
+    take it refuse it when rendering); an image inside a content source follows the document as an image."""
     src = block.source
+    meta = {"title": block.title, "context": block.context}
     if isinstance(src, wire.Base64Source):
-        return DocumentPart(media_type=src.media_type, data=src.data)
+        return [DocumentPart(media_type=src.media_type, data=src.data, **meta)]
     if isinstance(src, wire.TextSource):
-        return DocumentPart(media_type=src.media_type or "text/plain", text=src.data)
+        return [DocumentPart(media_type=src.media_type or "text/plain", text=src.data, **meta)]
     if isinstance(src, wire.ContentSource):
         if isinstance(src.content, str):
-            return DocumentPart(media_type="text/plain", text=src.content)
-        texts = [b.get("text", "") for b in src.content if isinstance(b, dict) and b.get("type") == "text"]
-        return DocumentPart(media_type="text/plain", text="\n".join(texts))
+            return [DocumentPart(media_type="text/plain", text=src.content, **meta)]
+        texts: list[str] = []
+        images: list[Part] = []
+        for k, raw in enumerate(src.content):
+            bw = f"{where}.source.content.{k}"
+            kind = raw.get("type") if isinstance(raw, dict) else None
+            if kind == "text" and isinstance(raw.get("text"), str):
+                texts.append(raw["text"])
+            elif kind == "image":
+                images.append(_image(parse_model(wire.ImageBlock, raw), bw))
+            else:
+                raise _refuse_block(str(kind), bw, ("image", "text"))
+        return [DocumentPart(media_type="text/plain", text="\n".join(texts), **meta), *images]
     raise InvalidRequest(
         f"{where}.source: {src.type} document sources are not supported by this server", param=f"{where}.source"
     )
+
+
+def _search_result(block: wire.SearchResultBlock) -> DocumentPart:
+    # Rendered like a text document: its title and source, then its text blocks (citations are never produced).
+    return DocumentPart(media_type="text/plain", text="\n".join(b.text for b in block.content),
+                        title=block.title, source=block.source)
 
 
 def _tool_result(block: wire.ToolResultBlock, where: str) -> ToolResultPart:
@@ -106,7 +152,11 @@ def _tool_result(block: wire.ToolResultBlock, where: str) -> ToolResultPart:
             elif isinstance(b, wire.ImageBlock):
                 parts.append(_image(b, f"{where}.content.{j}"))
             elif isinstance(b, wire.DocumentBlock):
-                parts.append(_document(b, f"{where}.content.{j}"))
+                parts.extend(_document(b, f"{where}.content.{j}"))
+            elif isinstance(b, wire.SearchResultBlock):
+                parts.append(_search_result(b))
+            else:
+                raise _refuse_block(b.type, f"{where}.content.{j}", _DOCUMENTED_RESULT_BLOCKS)
         # One text block is the common case; a plain string renders the same way in every template.
         content = parts[0].text if len(parts) == 1 and isinstance(parts[0], TextPart) else parts
     return ToolResultPart(tool_call_id=ir_tool_id(block.tool_use_id), content=content, is_error=bool(block.is_error))
@@ -154,7 +204,9 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
             elif isinstance(block, wire.ImageBlock):
                 pending.append(_image(block, bw))
             elif isinstance(block, wire.DocumentBlock):
-                pending.append(_document(block, bw))
+                pending.extend(_document(block, bw))
+            elif isinstance(block, wire.SearchResultBlock):
+                pending.append(_search_result(block))
             elif isinstance(block, wire.ToolUseBlock):
                 if msg.role != "assistant":
                     raise InvalidRequest(f"{bw}: tool_use blocks belong in assistant messages", param=bw)
@@ -184,8 +236,9 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
                     part = _thinking(block, bw, secret)
                     if part is not None:
                         pending.append(part)
+            elif isinstance(block, wire.UnknownBlock):
+                raise _refuse_block(block.type, bw, _DOCUMENTED_BLOCKS)
             # redacted_thinking: accepted and not rendered (this server never emits it; its data is opaque).
-            # Unknown block types (future Claude Code blocks) are skipped rather than refused.
         flush()
     return out
 
@@ -236,14 +289,92 @@ def session_key(metadata: wire.Metadata | None, headers: Mapping[str, str] | Non
 
 
 def thinking_on(req: wire.CountTokensRequest) -> bool:
-    # Absent means off: a model must not think unasked (ollama#15287).
+    # Absent means off: a model must not think unasked (ollama#15287). between_tools is thinking off, as the API
+    # defines it (the progress notes it would return as thinking blocks come back as text here).
     return req.thinking is not None and req.thinking.type in ("enabled", "adaptive")
+
+
+MIN_THINKING_BUDGET = 1024
+_BUDGET_DOC = "https://docs.claude.com/en/docs/build-with-claude/extended-thinking#max-tokens-and-context-window-size"
+
+
+def _check_thinking_budget(req: wire.CountTokensRequest) -> None:
+    """The API's rules for manual thinking, in its own words: `budget_tokens` is required, at least 1024 and below
+    `max_tokens`. One exception keeps Claude Code working: with an output cap of 1024 or less no budget can meet
+    both rules, and Claude Code then sends `max_tokens - 1` (CLAUDE_CODE_MAX_OUTPUT_TOKENS <= 1024 with manual
+    thinking); the API refuses that, this server accepts it."""
+    t = req.thinking
+    if t is None or t.type != "enabled":
+        return
+    if t.budget_tokens is None:
+        raise InvalidRequest("thinking.enabled.budget_tokens: Field required", param="thinking.budget_tokens")
+    max_tokens = req.max_tokens if isinstance(req, wire.MessagesRequest) else None
+    if t.budget_tokens < MIN_THINKING_BUDGET and (max_tokens is None or max_tokens > MIN_THINKING_BUDGET):
+        raise InvalidRequest(f"thinking.enabled.budget_tokens: Input should be greater than or equal to "
+                             f"{MIN_THINKING_BUDGET}", param="thinking.budget_tokens")
+    if max_tokens is not None and t.budget_tokens >= max_tokens:
+        raise InvalidRequest(f"`max_tokens` must be greater than `thinking.budget_tokens`. Please consult our "
+                             f"documentation at {_BUDGET_DOC}", param="max_tokens")
+
+
+def _prefill(req: wire.CountTokensRequest, messages: list[Message]) -> bool:
+    """Whether the request ends with an assistant turn to continue (the API's prefill). An empty final assistant
+    message (the API allows one) is no prefill: it is dropped and the model starts a new turn. count_tokens never
+    refuses one: Claude Code counts conversations that end with its own answer or tool call (`/context`), and a
+    failed count only makes it estimate locally; a tail that cannot be continued is counted as a complete turn."""
+    if not req.messages or req.messages[-1].role != "assistant":
+        return False
+    where = f"messages.{len(req.messages) - 1}"
+    if not messages or messages[-1].role != "assistant":
+        return False  # nothing of it renders (e.g. only unsigned thinking): a new turn
+    last = messages[-1]
+    if not last.parts:
+        messages.pop()
+        return False
+    tail = last.parts[-1]
+    counting = not isinstance(req, wire.MessagesRequest)
+    if not isinstance(tail, TextPart):
+        if counting:
+            return False
+        raise InvalidRequest(f"{where}: a final assistant message is continued from its text (prefill); this server "
+                             f"cannot continue one that ends with a {_part_kind(tail)}", param=where)
+    if tail.text != tail.text.rstrip() and not counting:
+        raise InvalidRequest("messages: final assistant content cannot end with trailing whitespace", param=where)
+    return True
+
+
+def _part_kind(part: Part) -> str:
+    return {ToolCallPart: "tool_use block", ReasoningPart: "thinking block"}.get(type(part), "non-text block")
+
+
+# Request fields the current SDK can send (betas included) that ask for machinery this server does not have, where
+# ignoring them would answer a different question than the one asked. Every other field is accepted; the ones
+# without effect are listed, with the reason, in docs/anthropic.md.
+_UNSERVED_FIELDS = {
+    "compaction": "compaction requests are not supported by this server (it cannot produce a `compaction` block); "
+                  "summarize the conversation with an ordinary request instead",
+    "mcp_servers": "this server connects to no MCP servers; declare their tools in `tools` and run them client-side",
+    "thread": "this server holds no conversation state; send the whole conversation in `messages`",
+}
+
+
+def _check_unserved_fields(req: wire.CountTokensRequest) -> None:
+    extra = req.model_extra or {}
+    for name, why in _UNSERVED_FIELDS.items():
+        if name == "compaction" and not isinstance(req, wire.MessagesRequest):
+            continue  # count_tokens accepts it and counts the conversation as sent, as the API does
+        if extra.get(name):  # null or an empty list asks for nothing
+            raise InvalidRequest(f"{name}: {why}", param=name)
 
 
 def to_conversation(
     req: wire.CountTokensRequest, secret: bytes, headers: Mapping[str, str] | None = None
 ) -> tuple[Conversation, GenerationOptions]:
-    conv = Conversation(messages=_messages(req, secret), tools=_tools(req), tool_choice=_tool_choice(req.tool_choice))
+    _check_unserved_fields(req)
+    _check_thinking_budget(req)
+    messages = _messages(req, secret)
+    continue_final = _prefill(req, messages)
+    conv = Conversation(messages=messages, tools=_tools(req), tool_choice=_tool_choice(req.tool_choice))
     if thinking_on(req) and conv.tool_choice.mode in ("required", "tool"):
         # The API's rule and wording (Claude Code demotes a forced tool to auto when thinking is on).
         raise InvalidRequest("Thinking may not be enabled when tool_choice forces tool use.", param="tool_choice")
@@ -254,6 +385,7 @@ def to_conversation(
         session_key=session_key(req.metadata, headers),
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
+        continue_final=continue_final,
     )
     if req.output_config is not None and req.output_config.format is not None:
         opts.output_format = output_format.from_anthropic(req.output_config.format, "output_config.format")

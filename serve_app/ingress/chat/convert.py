@@ -32,6 +32,9 @@ def _content_parts(msg: ChatMessage, where: str) -> list[Part]:
     for i, p in enumerate(msg.content):
         if p.type in ("text", "input_text", "output_text"):
             parts.append(TextPart(p.text or ""))
+        elif p.type == "refusal" and msg.role == "assistant":
+            # An earlier answer's refusal part (assistant history): it is what the model said.
+            parts.append(TextPart(p.refusal or ""))
         elif p.type == "image_url":
             url = p.image_url.get("url") if isinstance(p.image_url, dict) else p.image_url
             parts.append(ImagePart(url=url))
@@ -61,6 +64,24 @@ def _message(msg: ChatMessage, i: int) -> Message:
     return Message(msg.role, parts)
 
 
+def _check_tool_pairing(messages: list[ChatMessage]) -> None:
+    """The API's rule, in its own words: a `tool` message answers a call of the assistant message with `tool_calls`
+    it follows (only other tool messages may come between)."""
+    calls: set[str] | None = None  # the open assistant turn's call ids; None when no such turn is open
+    for i, msg in enumerate(messages):
+        if msg.role == "tool":
+            if calls is None:
+                raise InvalidRequest("Invalid parameter: messages with role 'tool' must be a response to a "
+                                     "preceeding message with 'tool_calls'.", param=f"messages.[{i}].role")
+            if msg.tool_call_id not in calls:
+                raise InvalidRequest(f"Invalid parameter: 'tool_call_id' of '{msg.tool_call_id}' not found in "
+                                     "'tool_calls' of previous message.", param=f"messages.[{i}].tool_call_id")
+        elif msg.role == "assistant" and msg.tool_calls:
+            calls = {c.id for c in msg.tool_calls}
+        else:
+            calls = None
+
+
 def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
     parallel = req.parallel_tool_calls if req.parallel_tool_calls is not None else True
     tc = req.tool_choice
@@ -76,10 +97,39 @@ def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
     return ToolChoice("tool", name=name, parallel=parallel)
 
 
+# Fields of the current SDK's create() that ask for output this server cannot produce: answering without them
+# would look like success and be something else. Every other field is accepted (docs/anthropic.md lists the ones
+# without effect and why).
+def _unserved(req: ChatCompletionRequest) -> tuple[str, str] | None:
+    extra = req.model_extra or {}
+    if extra.get("functions") or extra.get("function_call"):
+        name = "functions" if extra.get("functions") else "function_call"
+        return name, "the deprecated function-calling fields are not supported by this server; send `tools`"
+    if extra.get("audio") or "audio" in (extra.get("modalities") or []):
+        return ("audio" if extra.get("audio") else "modalities"), "this server generates text only"
+    if extra.get("web_search_options") is not None:
+        return "web_search_options", "this server has no web search; give the model a search tool in `tools`"
+    if extra.get("logprobs"):
+        return "logprobs", "log probabilities are not returned by this server"
+    return None
+
+
 def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRequest, Conversation, GenerationOptions]:
     req = parse_model(ChatCompletionRequest, body)
+    unserved = _unserved(req)
+    if unserved is not None:
+        raise InvalidRequest(f"{unserved[0]}: {unserved[1]}", param=unserved[0])
+    if req.continue_final_message and req.messages[-1].role != "assistant":
+        raise InvalidRequest("continue_final_message: the last message must be an assistant message to continue",
+                             param="continue_final_message")
+    for token, bias in (req.logit_bias or {}).items():
+        if not -100 <= bias <= 100:
+            raise InvalidRequest(f"logit_bias: the bias of token {token} must be between -100 and 100",
+                                 param="logit_bias")
+    messages = [_message(m, i) for i, m in enumerate(req.messages)]
+    _check_tool_pairing(req.messages)
     conv = Conversation(
-        messages=[_message(m, i) for i, m in enumerate(req.messages)],
+        messages=messages,
         tools=[
             ToolSpec(
                 name=t.function.name,
@@ -104,6 +154,9 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
         top_p=req.top_p,
         top_k=req.top_k,
         seed=req.seed,
+        frequency_penalty=req.frequency_penalty,
+        presence_penalty=req.presence_penalty,
+        logit_bias=req.logit_bias or None,
         stop=stop,
         thinking=thinking,
         reasoning_effort=req.reasoning_effort,
@@ -114,5 +167,6 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
         output_format=output_format.from_chat(req.response_format),
+        continue_final=req.continue_final_message,
     )
     return req, conv, opts

@@ -175,9 +175,23 @@ def items_to_messages(
     return messages
 
 
+# Fields of the current SDK's create() that refer to server-side objects this server does not keep: ignoring them
+# would answer without the input they stand for. Every other field is accepted (docs/anthropic.md, "OpenAI APIs").
+_UNSERVED_FIELDS = {
+    "conversation": "this server keeps no conversation objects; send the history in `input` (or use "
+                    "`previous_response_id` with `store`)",
+    "prompt": "this server keeps no prompt templates; send the prompt in `instructions` and `input`",
+}
+
+
 def parse_responses_request(body: Any) -> ResponsesRequest:
     """Validate a request body; errors name the offending field (`input.3.call_id`), as a 400."""
-    return parse_model(ResponsesRequest, body)
+    req = parse_model(ResponsesRequest, body)
+    extra = req.model_extra or {}
+    for name, why in _UNSERVED_FIELDS.items():
+        if extra.get(name):
+            raise InvalidRequest(f"{name}: {why}", param=name)
+    return req
 
 
 def responses_to_conversation(
