@@ -118,6 +118,26 @@ async def test_stream_with_sdk_and_get_from_other_replica(replicas):
         await client(b).responses.delete(final.id)
 
 
+@pytest.mark.parametrize("reasoning,channel", [
+    (None, "content"), ({"summary": "none"}, "content"), ({"effort": "low"}, "content"),
+    ({"summary": "auto"}, "summary"), ({"summary": "concise"}, "summary"), ({"summary": "detailed"}, "summary"),
+    ({"generate_summary": "auto"}, "summary"),  # the deprecated name the SDK still declares
+])
+async def test_reasoning_goes_out_on_the_channel_asked_for(replicas, reasoning, channel):
+    app, _ = replicas[0]
+    extra = {"nvext": {"forced_script": "think_call"}, **({"reasoning": reasoning} if reasoning else {})}
+    events = [e async for e in await client(app).responses.create(model="m1", input="q", stream=True,
+                                                                   extra_body=extra)]
+    deltas = [e for e in events if e.type in ("response.reasoning_text.delta",
+                                               "response.reasoning_summary_text.delta")]
+    assert "".join(e.delta for e in deltas) == "I should run ls."
+    assert {e.type for e in deltas} == {"response.reasoning_summary_text.delta" if channel == "summary"
+                                        else "response.reasoning_text.delta"}
+    item = events[-1].response.output[0]
+    texts = [p.text for p in item.summary] + [p.text for p in item.content or []]
+    assert texts == ["I should run ls."] and bool(item.summary) == (channel == "summary")
+
+
 async def test_previous_response_id_across_replicas(replicas):
     (a, _), (b, svc_b) = replicas
     first = await client(a).responses.create(model="m1", input="first question", instructions="sys")

@@ -105,7 +105,7 @@ class ResponsesApi(AdapterDefaults):
             model=req.model,
             echo=echo_fields(req),
             custom_tools=custom_tool_names(req),
-            summaries=bool(req.reasoning and req.reasoning.summary and req.reasoning.summary != "none"),
+            summaries=wants_summary(req),
             seal=sealer(ctx.secret).seal if req.wants_encrypted_reasoning() else None,
         ))
 
@@ -128,6 +128,15 @@ class ResponsesApi(AdapterDefaults):
 
 
 RESPONSES = ResponsesApi()
+
+
+def wants_summary(req: ResponsesRequest) -> bool:
+    """`reasoning.summary` (or its deprecated name `generate_summary`) asks for one: the reasoning then goes out
+    as the summary instead of as raw text (docs/codex.md, "Reasoning")."""
+    r = req.reasoning
+    if r is None:
+        return False
+    return (r.summary or (r.model_extra or {}).get("generate_summary")) in ("auto", "concise", "detailed")
 
 
 def _dump_items(req: ResponsesRequest) -> list[dict[str, Any]]:
