@@ -129,8 +129,8 @@ def test_prompt_too_long_says_both_numbers(client):
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, "word " * 9000, max_tokens=5)
     assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
-    assert e.value.message.startswith("This model's maximum context length is 8192 tokens. However, your messages "
-                                      "resulted in 9")
+    assert e.value.body["message"].startswith("This model's maximum context length is 8192 tokens. However, your "
+                                              "messages resulted in 9")
 
 
 def test_context_full_is_length(client):
