@@ -191,7 +191,10 @@ class Usage:
     estimated: bool = False
 
 
-FinishReason = Literal["stop", "length", "tool_calls", "stop_sequence", "error", "abort"]
+# "length": the client's max_tokens (or the model's output cap) was reached. "context_window": generation stopped
+# because the context window was full, before either of those (max_tokens was clamped to the room left); each API
+# reports the two as its vendor does (docs/limits.md).
+FinishReason = Literal["stop", "length", "context_window", "tool_calls", "stop_sequence", "error", "abort"]
 
 
 @dataclass(slots=True)

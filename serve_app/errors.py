@@ -65,6 +65,9 @@ class ModelNotFound(ServiceError):
 
 
 class PromptTooLong(ServiceError):
+    """A prompt that alone fills the context. `message` is Anthropic's wording (Claude Code compacts on it);
+    `openai_message` OpenAI's, which the OpenAI envelope uses with the code `context_length_exceeded`."""
+
     def __init__(self, prompt_tokens: int, max_tokens: int):
         super().__init__(
             "invalid_request",
@@ -74,6 +77,9 @@ class PromptTooLong(ServiceError):
         )
         self.prompt_tokens = prompt_tokens
         self.max_model_len = max_tokens
+        self.openai_message = (f"This model's maximum context length is {max_tokens} tokens. However, your "
+                               f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the "
+                               f"messages.")
 
 
 class Overloaded(ServiceError):

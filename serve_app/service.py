@@ -64,6 +64,9 @@ class PreparedRequest:
     options: GenerationOptions
     prompt_token_ids: list[int]
     max_tokens: int  # clamped to what fits in the context
+    # max_tokens is the room left in the context, less than both what the client asked and the model's output
+    # cap: a length stop then means the context window filled (Finish "context_window"), not the client's limit
+    context_bound: bool = False
     starts_in_reasoning: bool | None = None  # the rendered prompt ends inside an open think block
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style function schemas for the parser
     created: float = 0.0  # time.monotonic() at admission, for TTFT
@@ -119,9 +122,9 @@ def tool_schemas(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def _map_finish(chunk: EngineChunk, saw_tool_call: bool) -> Finish:
+def _map_finish(chunk: EngineChunk, saw_tool_call: bool, context_bound: bool = False) -> Finish:
     if chunk.finish_reason == "length":
-        return Finish("length")
+        return Finish("context_window" if context_bound else "length")
     if chunk.finish_reason == "abort":
         return Finish("abort")
     if chunk.finish_reason == "error":
@@ -294,7 +297,8 @@ class GenerationService:
         wanted = opts.max_tokens if opts.max_tokens is not None else model.max_output_tokens
         if wanted < 1:
             raise InvalidRequest("max_tokens must be at least 1", param="max_tokens")
-        max_tokens = min(wanted, room, model.max_output_tokens)  # too large a request is clamped, not refused
+        limit = min(wanted, model.max_output_tokens)  # too large a request is clamped to the cap, not refused
+        max_tokens = min(limit, room)  # and to the room left; if that binds, the stop is the context's
         prepared = PreparedRequest(
             request_id=uuid.uuid4().hex,
             model_id=model_id,
@@ -303,6 +307,7 @@ class GenerationService:
             options=opts,
             prompt_token_ids=rendered.token_ids,
             max_tokens=max_tokens,
+            context_bound=room < limit,
             # the rendered prompt decides (it ends inside an open think block or not), not the parser's default
             starts_in_reasoning=rendered.starts_in_reasoning,
             tool_schemas=tool_schemas(conv.tools),
@@ -440,7 +445,7 @@ class GenerationService:
                 outcome["finish"] = "error"
                 yield Finish("error", error="the engine ended the stream without finishing", error_kind="api_error")
             else:
-                fin = _map_finish(last, saw_tool)
+                fin = _map_finish(last, saw_tool, prepared.context_bound)
                 outcome["finish"] = fin.reason
                 yield fin
                 if warm and last.finish_reason in ("stop", "length"):

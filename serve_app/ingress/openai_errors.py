@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from serve_app.errors import ServiceError
+from serve_app.errors import PromptTooLong, ServiceError
 
 ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -31,5 +31,6 @@ def error_response(exc: ServiceError) -> JSONResponse:
     headers = {}
     if exc.retry_after is not None:  # rounded up: a client that waits what it is told is never early
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
-    return JSONResponse(error_body(exc.kind, exc.message, exc.param, exc.code), status_code=exc.status,
+    message = exc.openai_message if isinstance(exc, PromptTooLong) else exc.message  # the words OpenAI clients match
+    return JSONResponse(error_body(exc.kind, message, exc.param, exc.code), status_code=exc.status,
                         headers=headers)

@@ -152,6 +152,21 @@ def test_max_tokens(client):
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
 
 
+def test_context_full_is_model_context_window_exceeded(client):
+    """About 8130 prompt tokens of the 8K engine's 8192 and max_tokens 200: the context fills first, streamed and
+    not; the client's own max_tokens, below the room left, is still max_tokens (docs/limits.md)."""
+    args = dict(model=PLAIN, max_tokens=200, messages=[{"role": "user", "content": "hi " * 8100}],
+                extra_body=forced("story " * 300))
+    with client.messages.stream(**args) as s:
+        streamed = s.get_final_message()
+    created = client.messages.create(**args)
+    for m in (streamed, created):
+        assert m.stop_reason == "model_context_window_exceeded" and m.content[0].text.startswith("story story")
+        assert m.usage.output_tokens == 8192 - (m.usage.input_tokens + m.usage.cache_read_input_tokens) < 200
+    m = client.messages.create(**{**args, "max_tokens": 5})
+    assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 5
+
+
 def test_huge_max_tokens_is_clamped_not_refused(client):
     m = client.messages.create(model=PLAIN, max_tokens=128000, messages=USER, extra_body=forced("fine"))
     assert m.content[0].text == "fine" and m.stop_reason == "end_turn"

@@ -128,8 +128,16 @@ def test_errors_in_openai_envelope(client, serve_url):
 def test_prompt_too_long_says_both_numbers(client):
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, "word " * 9000, max_tokens=5)
-    msg = str(e.value)
-    assert "8192" in msg and "tokens >" in msg
+    assert e.value.code == "context_length_exceeded" and e.value.param == "messages"
+    assert e.value.body["message"].startswith("This model's maximum context length is 8192 tokens. However, your "
+                                              "messages resulted in 9")
+
+
+def test_context_full_is_length(client):
+    """About 8130 prompt tokens of the 8K engine's 8192 and max_tokens 200: the context fills first."""
+    r = ask(client, "hi " * 8100, max_tokens=200, extra_body={"nvext": {"forced_script": "story " * 300}})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 8192 - r.usage.prompt_tokens < 200
 
 
 def test_max_tokens_beyond_the_context_is_clamped(client):

@@ -58,13 +58,13 @@ def test_stream_reasoning_and_function_call(client):
         streamed = s.get_final_response()
     assert types[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
     assert types[-1] == "response.completed" and types.count("response.completed") == 1
-    for t in ("response.reasoning_text.delta", "response.reasoning_summary_text.delta",
-              "response.function_call_arguments.delta", "response.function_call_arguments.done"):
+    for t in ("response.reasoning_summary_text.delta", "response.function_call_arguments.delta",
+              "response.function_call_arguments.done"):
         assert t in types
+    assert "response.reasoning_text.delta" not in types  # a summary was asked for: the reasoning goes out once
     for r in (created, streamed):
         assert [o.type for o in r.output] == ["reasoning", "function_call"]
-        assert r.output[0].content[0].text == "List the files first."
-        assert r.output[0].summary[0].text == "List the files first."
+        assert r.output[0].summary[0].text == "List the files first." and not r.output[0].content
         fc = r.output[1]
         assert fc.name == "exec_command" and json.loads(fc.arguments) == {"cmd": "ls"} and fc.call_id
         assert r.reasoning.effort == "medium" and r.tools[0].name == "exec_command"
@@ -156,10 +156,23 @@ def test_unknown_ids_and_zstd_body(serve_url):
         assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == "zstd ok"
 
 
-def test_context_overflow_is_response_failed(client):
-    events = list(client.responses.create(model=PLAIN, input="word " * 9000, stream=True))
-    assert events[-1].type == "response.failed"
-    assert events[-1].response.error.code == "context_length_exceeded"
+def test_prompt_too_long_is_a_400_before_the_stream(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model=PLAIN, input="word " * 9000, stream=True)
+    assert e.value.code == "context_length_exceeded" and "maximum context length is 8192 tokens" in e.value.message
+
+
+def test_context_full_is_incomplete_and_so_is_the_message_it_cut(client):
+    """About 8130 prompt tokens of the 8K engine's 8192 and max_output_tokens 200: the context fills first, and the
+    API reports that as it reports max_output_tokens (docs/limits.md)."""
+    events = list(client.responses.create(model=PLAIN, input="hi " * 8100, max_output_tokens=200, stream=True,
+                                          extra_body=forced("story " * 300)))
+    assert events[-1].type == "response.incomplete"
+    r = events[-1].response
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.status) for o in r.output] == [("message", "incomplete")]
+    assert r.output[0].content[0].text.startswith("story story")
+    assert r.usage.output_tokens == 8192 - r.usage.input_tokens < 200
 
 
 def test_models_list_has_codex_entries(serve_url):

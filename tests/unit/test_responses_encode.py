@@ -5,12 +5,14 @@ items) run on our stream."""
 from __future__ import annotations
 
 import json
+import typing
 
 import httpx
 import openai
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from openai.types.responses import Response, ResponseError
 
 from serve_app.conversation import (
     Finish,
@@ -21,7 +23,8 @@ from serve_app.conversation import (
     ToolCallStart,
     Usage,
 )
-from serve_app.ingress.responses.encode import ResponsesEncoder, _JsonStringValue, fold
+from serve_app.errors import ErrorKind
+from serve_app.ingress.responses.encode import ERROR_CODES, ResponsesEncoder, _JsonStringValue, error_code, fold
 
 ECHO = {"instructions": None, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "metadata": {},
         "store": False, "temperature": 1.0, "top_p": 1.0, "text": {"format": {"type": "text"}}}
@@ -93,7 +96,7 @@ def test_reasoning_then_call_then_text_keeps_order_and_ids():
     events, final = sdk_stream(body)
     assert [o.type for o in final.output] == ["reasoning", "function_call", "reasoning", "message"]
     rs, fc = final.output[0], final.output[1]
-    assert rs.content[0].text == "think more" and rs.summary[0].text == "think more"
+    assert rs.summary[0].text == "think more" and rs.content is None  # the summary channel only, never both
     assert fc.arguments == '{"cmd": "ls"}' and fc.call_id == "call_1" and fc.name == "shell"
     assert final.usage.output_tokens_details.reasoning_tokens == 4
     # One id per item, identical in every event that names it and in response.completed.
@@ -107,9 +110,9 @@ def test_reasoning_then_call_then_text_keeps_order_and_ids():
     types = [e["type"] for e in raw]
     for t in ("response.reasoning_summary_part.added", "response.reasoning_summary_text.delta",
               "response.reasoning_summary_text.done", "response.reasoning_summary_part.done",
-              "response.reasoning_text.delta", "response.reasoning_text.done",
               "response.function_call_arguments.delta", "response.function_call_arguments.done"):
         assert t in types
+    assert not [t for t in types if t.startswith("response.reasoning_text")]
     fdone = next(e for e in raw if e["type"] == "response.function_call_arguments.done")
     assert fdone["arguments"] == '{"cmd": "ls"}'
     assert types[-1] == "response.completed" and types.count("response.completed") == 1
@@ -120,6 +123,31 @@ def test_no_summary_events_unless_requested():
     assert not [e for e in raw if "summary" in e["type"]]
     rs = next(e["item"] for e in raw if e["type"] == "response.output_item.done")
     assert rs["summary"] == [] and rs["content"] == [{"type": "reasoning_text", "text": "x"}]
+    assert "status" not in rs  # a reasoning item that finished carries no status, as the API's
+
+
+REASONING_DELTAS = ("response.reasoning_text.delta", "response.reasoning_summary_text.delta")
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.text(min_size=1), min_size=1, max_size=6), st.booleans(), st.booleans(),
+       st.sampled_from(["stop", "length", "context_window"]))
+def test_each_reasoning_token_goes_out_once_per_channel(pieces, summaries, sealed, reason):
+    """Streamed, the reasoning's text leaves exactly once (as summary when asked for one, else as raw text); the
+    finished item and the folded response carry it once on that channel, and sealed once more when asked."""
+    thought = "".join(pieces)
+    evs = [*[ReasoningDelta(p) for p in pieces], TextDelta("a"), *usage(), Finish(reason)]
+    seal = (lambda t: f"S({t})") if sealed else None
+    raw = raw_events(encode(evs, summaries=summaries, seal=seal))
+    deltas = [e for e in raw if e["type"] in REASONING_DELTAS]
+    assert "".join(e["delta"] for e in deltas) == thought
+    assert {e["type"] for e in deltas} == {REASONING_DELTAS[summaries]}
+    done = next(e["item"] for e in raw if e["type"] == "response.output_item.done")
+    folded = fold(ResponsesEncoder(response_id="r", model="m", echo=ECHO, summaries=summaries, seal=seal), evs)
+    for item in (done, raw[-1]["response"]["output"][0], folded["output"][0]):
+        texts = [p["text"] for p in item["summary"] + (item.get("content") or [])]
+        assert texts == [thought]
+        assert item.get("encrypted_content") == (f"S({thought})" if sealed else None)
 
 
 def test_parallel_calls_become_separate_items():
@@ -161,23 +189,64 @@ def test_json_string_value_split_invariance(value, cuts):
     assert "".join(dec.push(p) for p in pieces) == value
 
 
+SDK_ERROR_CODES = set(typing.get_args(ResponseError.model_fields["code"].annotation))
+
+
+@pytest.mark.parametrize("kind", typing.get_args(ErrorKind))
+def test_every_error_kind_maps_into_the_sdks_error_code_enum(kind):
+    assert error_code(kind) in SDK_ERROR_CODES
+    assert set(ERROR_CODES.values()) <= SDK_ERROR_CODES
+
+
 def test_engine_error_becomes_response_failed_with_code():
     body = encode([TextDelta("partial"), Finish("error", error="queue full", error_kind="overloaded")])
     raw = raw_events(body)
     assert raw[-1]["type"] == "response.failed"
     err = raw[-1]["response"]["error"]
-    assert err == {"code": "server_is_overloaded", "message": "queue full"}
+    assert err == {"code": "server_error", "message": "queue full"}  # which Codex retries with backoff
     assert raw[-1]["response"]["status"] == "failed"
-    # the partial message was still closed as an item before the failure
-    assert "response.output_item.done" in [e["type"] for e in raw]
+    # the partial message was still closed as an item before the failure, as one the failure cut off
+    done = [e["item"] for e in raw if e["type"] == "response.output_item.done"]
+    assert [(i["type"], i["status"]) for i in done] == [("message", "incomplete")]
     events = list(sdk_client(body).responses.create(model="m", input="x", stream=True))
-    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_is_overloaded"
+    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_error"
+    Response.model_validate(raw[-1]["response"])  # strictly: the code is a member of the SDK's enum
 
 
-def test_length_becomes_incomplete():
-    raw = raw_events(encode([TextDelta("cut"), *usage(), Finish("length")]))
+@pytest.mark.parametrize("reason", ["length", "context_window"])
+def test_a_token_limit_leaves_the_cut_item_and_the_response_incomplete(reason):
+    """The client's max_output_tokens and a context that filled end alike, as the API reports both: status
+    incomplete, reason max_output_tokens, and the item the limit cut off says incomplete; items finished before
+    it stay completed. Streamed and folded agree."""
+    evs = [ToolCallStart(0, "c1", "f"), ToolCallArgsDelta(0, "{}"), ToolCallEnd(0), TextDelta("cut"),
+           *usage(), Finish(reason)]
+    body = encode(evs)
+    raw = raw_events(body)
     assert raw[-1]["type"] == "response.incomplete"
-    assert raw[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    streamed = raw[-1]["response"]
+    assert streamed["status"] == "incomplete" and streamed["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert [(i["type"], i["status"]) for i in streamed["output"]] == [("function_call", "completed"),
+                                                                     ("message", "incomplete")]
+    done = [e["item"]["status"] for e in raw if e["type"] == "response.output_item.done"]
+    assert done == ["completed", "incomplete"]
+    Response.model_validate(streamed)
+    # (the SDK's `stream` helper only returns a final response for response.completed, as against the API)
+    events = list(sdk_client(body).responses.create(model="m", input="x", stream=True))
+    final = events[-1].response
+    assert events[-1].type == "response.incomplete" and final.status == "incomplete"
+    assert final.output[1].status == "incomplete" and final.incomplete_details.reason == "max_output_tokens"
+    folded = fold(ResponsesEncoder(response_id="resp_x", model="m", echo=ECHO, created_at=1), evs)
+    assert [(i["type"], i["status"]) for i in folded["output"]] == [("function_call", "completed"),
+                                                                   ("message", "incomplete")]
+    assert folded["status"] == "incomplete" and folded["incomplete_details"] == streamed["incomplete_details"]
+
+
+def test_reasoning_and_a_call_cut_off_by_the_limit_are_incomplete():
+    raw = raw_events(encode([ReasoningDelta("hmm"), *usage(), Finish("length")]))
+    assert raw[-1]["response"]["output"][0]["status"] == "incomplete"
+    raw = raw_events(encode([ToolCallStart(0, "c", "f"), ToolCallArgsDelta(0, '{"a": '), *usage(),
+                             Finish("context_window")]))
+    assert [(i["type"], i["status"]) for i in raw[-1]["response"]["output"]] == [("function_call", "incomplete")]
 
 
 def test_fold_equals_streamed_final_response():

@@ -34,6 +34,8 @@ def script(name: str, n: int) -> list:
                 ToolCallArgsDelta(0, '{"cmd": "ls"}'), ToolCallEnd(0), *end, Finish("tool_calls")]
     if name == "error":
         return [TextDelta("par"), Finish("error", error="engine died", error_kind="api_error")]
+    if name == "engine_full":  # the engine refused it: its queue is full
+        return [Finish("error", error="the engine queue is full, retry shortly", error_kind="overloaded")]
     raise KeyError(name)
 
 
@@ -116,6 +118,26 @@ async def test_stream_with_sdk_and_get_from_other_replica(replicas):
         await client(b).responses.delete(final.id)
 
 
+@pytest.mark.parametrize("reasoning,channel", [
+    (None, "content"), ({"summary": "none"}, "content"), ({"effort": "low"}, "content"),
+    ({"summary": "auto"}, "summary"), ({"summary": "concise"}, "summary"), ({"summary": "detailed"}, "summary"),
+    ({"generate_summary": "auto"}, "summary"),  # the deprecated name the SDK still declares
+])
+async def test_reasoning_goes_out_on_the_channel_asked_for(replicas, reasoning, channel):
+    app, _ = replicas[0]
+    extra = {"nvext": {"forced_script": "think_call"}, **({"reasoning": reasoning} if reasoning else {})}
+    events = [e async for e in await client(app).responses.create(model="m1", input="q", stream=True,
+                                                                   extra_body=extra)]
+    deltas = [e for e in events if e.type in ("response.reasoning_text.delta",
+                                               "response.reasoning_summary_text.delta")]
+    assert "".join(e.delta for e in deltas) == "I should run ls."
+    assert {e.type for e in deltas} == {"response.reasoning_summary_text.delta" if channel == "summary"
+                                        else "response.reasoning_text.delta"}
+    item = events[-1].response.output[0]
+    texts = [p.text for p in item.summary] + [p.text for p in item.content or []]
+    assert texts == ["I should run ls."] and bool(item.summary) == (channel == "summary")
+
+
 async def test_previous_response_id_across_replicas(replicas):
     (a, _), (b, svc_b) = replicas
     first = await client(a).responses.create(model="m1", input="first question", instructions="sys")
@@ -178,14 +200,34 @@ async def test_decompressed_size_cap(replicas):
     assert r.status_code == 413
 
 
-@pytest.mark.parametrize("forced,code", [("raise:too_long", "context_length_exceeded"),
-                                         ("raise:overloaded", "server_is_overloaded")])
-async def test_prepare_failures_stream_as_response_failed(replicas, forced, code):
+@pytest.mark.parametrize("forced,retry_after", [("raise:overloaded", "2"), ("engine_full", "1")])
+async def test_overload_streams_as_response_failed_and_is_http_529_otherwise(replicas, forced, retry_after):
+    """A refusal (by the admission cap, or by the engine) reaches a streaming client in-stream, with a code from
+    the SDK's enum that Codex retries (`server_error`); not streaming, it is the OpenAI envelope's 529 with
+    retry-after."""
     app, _ = replicas[0]
-    events = [e async for e in await client(app).responses.create(
-        model="m1", input="x", stream=True, extra_body={"nvext": {"forced_script": forced}})]
-    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
-    assert events[-1].response.error.code == code
+    nvext = {"nvext": {"forced_script": forced}}
+    events = [e async for e in await client(app).responses.create(model="m1", input="x", stream=True,
+                                                                   extra_body=nvext)]
+    assert [e.type for e in events][-1] == "response.failed"
+    assert events[-1].response.error.code == "server_error" and "retry" in events[-1].response.error.message
+    async with raw(app) as c:
+        r = await c.post("/v1/responses", json={"model": "m1", "input": "x", **nvext})
+    assert r.status_code == 529 and r.headers["retry-after"] == retry_after
+    assert r.json()["error"]["code"] == "server_is_overloaded"
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_prompt_too_long_is_a_400_in_the_openai_envelope(replicas, stream):
+    """As the API answers an input that does not fit the context window: a 400 before any event, code
+    `context_length_exceeded` (the SDK's `ResponseError` enum has no such member for `response.failed`)."""
+    app, _ = replicas[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        await client(app).responses.create(model="m1", input="x", stream=stream,
+                                           extra_body={"nvext": {"forced_script": "raise:too_long"}})
+    assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
+    assert e.value.body["type"] == "invalid_request_error"
+    assert "8192" in e.value.message and "9000" in e.value.message
 
 
 async def test_midstream_error_is_response_failed_and_non_stream_is_http_error(replicas):

@@ -130,11 +130,31 @@ def test_max_tokens_is_clamped_to_what_fits():
     assert run(svc.prepare(conv(), GenerationOptions(), "m")).max_tokens == 300  # the model's output cap
 
 
+@pytest.mark.parametrize("prompt,asked,max_tokens,cut", [
+    (900, 10**6, 100, "context_window"),  # asked for more than fits: the context filled first
+    (800, None, 200, "context_window"),  # the default (the model's cap) does not fit either
+    (900, 50, 50, "length"),  # the client's own max_tokens
+    (900, 100, 100, "length"),  # the client's limit and the context's at once: the client got what it asked for
+    (10, 10**6, 300, "length"),  # the model's output cap
+    (10, None, 300, "length"),
+])
+def test_a_length_stop_says_whose_limit_it_was(prompt, asked, max_tokens, cut):
+    """max_tokens is clamped to min(asked, cap, room); a length stop is the context's only when the room left was
+    below both the client's max_tokens and the model's cap (docs/limits.md)."""
+    for engine_finish, expected in (("length", cut), ("stop", "stop")):
+        svc = make_service(ReplayEngines([EngineChunk("a", [1], finish_reason=engine_finish)]), n_tokens=prompt)
+        p = run(svc.prepare(conv(), GenerationOptions(max_tokens=asked), "m"))
+        assert p.max_tokens == max_tokens
+        assert run(collect(svc, p))[-1] == Finish(expected)
+
+
 def test_prompt_too_long_names_both_numbers():
     svc = make_service(ReplayEngines(), n_tokens=1200)
     with pytest.raises(PromptTooLong) as e:
         run(svc.prepare(conv(), GenerationOptions(), "m"))
     assert e.value.message == "prompt is too long: 1200 tokens > 1000 maximum"
+    assert e.value.openai_message == ("This model's maximum context length is 1000 tokens. However, your messages "
+                                      "resulted in 1200 tokens. Please reduce the length of the messages.")
 
 
 def test_stream_order_usage_and_finish():

@@ -36,6 +36,7 @@ StreamEvent = tuple[str, dict[str, Any]]  # (SSE event name, data)
 STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
+    "context_window": "model_context_window_exceeded",  # the context filled before max_tokens (docs/limits.md)
     "tool_calls": "tool_use",
     "stop_sequence": "stop_sequence",
     "abort": "end_turn",

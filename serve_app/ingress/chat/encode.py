@@ -24,7 +24,9 @@ from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.openai_errors import error_body
 
-FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "tool_calls": "tool_calls", "abort": "stop"}
+# Chat has one reason for every token limit, the client's or the context's (docs/limits.md).
+FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "context_window": "length",
+          "tool_calls": "tool_calls", "abort": "stop"}
 
 def usage_dict(u: Usage) -> dict[str, Any]:
     return {

@@ -9,8 +9,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from serve_app.conversation import Event
+from serve_app.conversation import Event, Finish
 from serve_app.errors import ServiceError
+from serve_app.ingress import sse
 from serve_app.ingress.context import IngressContext, RecordStore
 from serve_app.ingress.responses.convert import (
     custom_tool_names,
@@ -26,8 +27,10 @@ from serve_app.protocols.responses import INPUT_ITEMS, ResponsesRequest
 log = logging.getLogger(__name__)
 
 KEEPALIVE = b": keep-alive\n\n"
-# Failures a streaming client should get in-protocol (`response.failed` with a code Codex acts on), not as HTTP.
-STREAMED_FAILURES = ("context_length_exceeded", "rate_limit_exceeded", "server_is_overloaded")
+# Refusals a streaming client gets in-protocol (`response.failed`, which Codex retries: `rate_limit_exceeded` after
+# the delay in the message, `server_error` with backoff), not as HTTP. Everything else raised before generation,
+# a prompt too long for the context included, is an HTTP error in the OpenAI envelope, as the API answers it.
+STREAMED_FAILURES = ("rate_limit", "overloaded")
 
 
 @functools.lru_cache(maxsize=4)
@@ -64,18 +67,18 @@ class ResponsesWire:
         return KEEPALIVE
 
     def fail(self, err: ServiceError) -> bytes:
-        code = error_code(err.kind, err.code)
+        code = error_code(err.kind)
         message = err.message
         if code == "rate_limit_exceeded" and err.retry_after:
             message = f"{message}. Please try again in {err.retry_after:.1f}s."  # the words Codex reads a delay from
-        return b"".join(self.encoder.fail(code, message))
+        return b"".join(self.encoder.fail(code, message, err.kind))
 
     def fold(self, events: list[Event]) -> dict[str, Any]:
         response = fold(self.encoder, events)
-        if response["status"] == "failed":
-            err = response["error"] or {}
-            raise ServiceError("overloaded" if err.get("code") == "server_is_overloaded" else "api_error",
-                               err.get("message") or "generation failed", code=err.get("code"))
+        if response["status"] == "failed":  # not a stream: the failure is an HTTP error in the OpenAI envelope,
+            err = response["error"] or {}  # with the status (and retry-after) the other APIs answer it with
+            raise sse.refusal(Finish("error", error=err.get("message") or "generation failed",
+                                     error_kind=self.encoder.error_kind or "api_error"))
         return response
 
 
@@ -102,12 +105,12 @@ class ResponsesApi(AdapterDefaults):
             model=req.model,
             echo=echo_fields(req),
             custom_tools=custom_tool_names(req),
-            summaries=bool(req.reasoning and req.reasoning.summary and req.reasoning.summary != "none"),
+            summaries=wants_summary(req),
             seal=sealer(ctx.secret).seal if req.wants_encrypted_reasoning() else None,
         ))
 
     def fails_in_stream(self, call: Call, err: ServiceError) -> bool:
-        return error_code(err.kind, err.code) in STREAMED_FAILURES
+        return err.kind in STREAMED_FAILURES
 
     async def finished(self, call: Call, encoder: ResponsesWire, ctx: IngressContext) -> None:
         """Store the response (unless `store: false`), so a follow-up that names it finds it on any replica."""
@@ -125,6 +128,15 @@ class ResponsesApi(AdapterDefaults):
 
 
 RESPONSES = ResponsesApi()
+
+
+def wants_summary(req: ResponsesRequest) -> bool:
+    """`reasoning.summary` (or its deprecated name `generate_summary`) asks for one: the reasoning then goes out
+    as the summary instead of as raw text (docs/codex.md, "Reasoning")."""
+    r = req.reasoning
+    if r is None:
+        return False
+    return (r.summary or (r.model_extra or {}).get("generate_summary")) in ("auto", "concise", "detailed")
 
 
 def _dump_items(req: ResponsesRequest) -> list[dict[str, Any]]:

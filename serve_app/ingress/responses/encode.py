@@ -6,14 +6,19 @@ the same in `output_item.added`, its deltas, its `*.done` events, `output_item.d
 
     message    output_item.added, content_part.added, output_text.delta*, output_text.done, content_part.done,
                output_item.done
-    reasoning  output_item.added, [reasoning_summary_part.added], content_part.added(reasoning_text),
-               (reasoning_text.delta [reasoning_summary_text.delta])*, reasoning_text.done, content_part.done,
-               [reasoning_summary_text.done, reasoning_summary_part.done], output_item.done
+    reasoning  output_item.added, then on one channel: the summary when `reasoning.summary` asks for one
+               (reasoning_summary_part.added, reasoning_summary_text.delta*, reasoning_summary_text.done,
+               reasoning_summary_part.done), else the raw text (content_part.added, reasoning_text.delta*,
+               reasoning_text.done, content_part.done); then output_item.done
     function   output_item.added, function_call_arguments.delta*, function_call_arguments.done, output_item.done
     custom     output_item.added, custom_tool_call_input.delta*, custom_tool_call_input.done, output_item.done
 
 and the response: response.created, response.in_progress, items…, then exactly one of response.completed /
-response.incomplete (max_output_tokens) / response.failed (with `error.code` Codex understands).
+response.incomplete (a token limit: `incomplete_details.reason` "max_output_tokens", and the item it cut off
+says `status: "incomplete"`) / response.failed (an `error.code` from the SDK's `ResponseError` enum).
+Each reasoning token goes out once per channel the client asked for (docs/codex.md, "Reasoning"): the service has
+no summarizer, so a requested summary is the reasoning itself, sent as the summary instead of as raw text, never as
+both; `encrypted_content` (on `include`) seals the same text into the finished item.
 
 Freeform (`custom`) tools are shown to the model as a function with one string parameter; the encoder turns their
 calls back into `custom_tool_call` items, decoding the JSON string incrementally so the raw input streams O(Δ).
@@ -38,10 +43,13 @@ from serve_app.conversation import (
 )
 from serve_app.ingress import sse
 
-# serve_app.errors kind → Responses `error.code` (the ones Codex acts on: context window, retry delay, overload).
+# serve_app.errors kind → `response.error.code` in `response.failed`: only members of the SDK's `ResponseError.code`
+# enum (tests/unit/test_responses_encode.py checks them against it). Codex retries `server_error` with backoff and
+# `rate_limit_exceeded` after the delay it reads from "try again in Ns" in the message. A prompt that does not fit
+# never gets here: it is a 400 with `context_length_exceeded` in the OpenAI envelope (docs/limits.md).
 ERROR_CODES = {
     "rate_limit": "rate_limit_exceeded",
-    "overloaded": "server_is_overloaded",
+    "overloaded": "server_error",
     "invalid_request": "invalid_prompt",
     "not_found": "invalid_prompt",
     "timeout": "server_error",
@@ -49,9 +57,7 @@ ERROR_CODES = {
 }
 
 
-def error_code(kind: str | None, code: str | None = None) -> str:
-    if code in ("context_length_exceeded", "rate_limit_exceeded", "server_is_overloaded", "invalid_encrypted_content"):
-        return code
+def error_code(kind: str | None) -> str:
     return ERROR_CODES.get(kind or "api_error", "server_error")
 
 
@@ -191,6 +197,7 @@ class ResponsesEncoder:
         self._calls: dict[int, dict[str, Any]] = {}  # open tool calls by parser index
         self.usage: Usage | None = None
         self.finished = False
+        self.error_kind: str | None = None  # the serve_app.errors kind of a failed response
         self.response: dict[str, Any] = {
             "id": response_id,
             "object": "response",
@@ -241,16 +248,20 @@ class ResponsesEncoder:
 
     def _open_reasoning(self, out: list[bytes]) -> dict[str, Any]:
         item_id = new_id("rs")
-        index, frame = self._add_item({"type": "reasoning", "id": item_id, "summary": [], "content": []})
-        out.append(frame)
         if self.summaries:
+            index, frame = self._add_item({"type": "reasoning", "id": item_id, "summary": []})
+            out.append(frame)
             out.append(self._ev("response.reasoning_summary_part.added", item_id=item_id, output_index=index,
                                 summary_index=0, part={"type": "summary_text", "text": ""}))
-        out.append(self._ev("response.content_part.added", item_id=item_id, output_index=index, content_index=0,
-                            part={"type": "reasoning_text", "text": ""}))
+        else:
+            index, frame = self._add_item({"type": "reasoning", "id": item_id, "summary": [], "content": []})
+            out.append(frame)
+            out.append(self._ev("response.content_part.added", item_id=item_id, output_index=index, content_index=0,
+                                part={"type": "reasoning_text", "text": ""}))
         return {"kind": "reasoning", "id": item_id, "index": index, "text": []}
 
-    def _close_open(self, out: list[bytes]) -> None:
+    def _close_open(self, out: list[bytes], status: str = "completed") -> None:
+        """Finish the open message or reasoning item; `status` "incomplete" when a limit or failure cut it off."""
         cur, self._open = self._open, None
         if cur is None:
             return
@@ -261,22 +272,24 @@ class ResponsesEncoder:
                                 text=text, logprobs=[]))
             out.append(self._ev("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
                                 part=part))
-            item = {"type": "message", "id": item_id, "role": "assistant", "status": "completed", "content": [part]}
+            item = {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": [part]}
         else:
-            out.append(self._ev("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0,
-                                text=text))
-            out.append(self._ev("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
-                                part={"type": "reasoning_text", "text": text}))
-            summary: list[dict[str, str]] = []
             if self.summaries:
                 part = {"type": "summary_text", "text": text}
                 out.append(self._ev("response.reasoning_summary_text.done", item_id=item_id, output_index=index,
                                     summary_index=0, text=text))
                 out.append(self._ev("response.reasoning_summary_part.done", item_id=item_id, output_index=index,
                                     summary_index=0, part=part))
-                summary = [part]
-            item = {"type": "reasoning", "id": item_id, "summary": summary,
-                    "content": [{"type": "reasoning_text", "text": text}]}
+                item = {"type": "reasoning", "id": item_id, "summary": [part]}
+            else:
+                part = {"type": "reasoning_text", "text": text}
+                out.append(self._ev("response.reasoning_text.done", item_id=item_id, output_index=index,
+                                    content_index=0, text=text))
+                out.append(self._ev("response.content_part.done", item_id=item_id, output_index=index,
+                                    content_index=0, part=part))
+                item = {"type": "reasoning", "id": item_id, "summary": [], "content": [part]}
+            if status != "completed":  # reasoning items carry a status only when cut off, as the API's do
+                item["status"] = status
             if self.seal is not None:
                 item["encrypted_content"] = self.seal(text)
         out.append(self._done_item(index, item))
@@ -303,11 +316,12 @@ class ResponsesEncoder:
                 self._open = self._open_reasoning(out)
             cur = self._open
             cur["text"].append(ev.text)
-            out.append(self._ev("response.reasoning_text.delta", item_id=cur["id"], output_index=cur["index"],
-                                content_index=0, delta=ev.text))
             if self.summaries:
                 out.append(self._ev("response.reasoning_summary_text.delta", item_id=cur["id"],
                                     output_index=cur["index"], summary_index=0, delta=ev.text))
+            else:
+                out.append(self._ev("response.reasoning_text.delta", item_id=cur["id"], output_index=cur["index"],
+                                    content_index=0, delta=ev.text))
         elif isinstance(ev, ToolCallStart):
             self._close_open(out)  # text/reasoning before a call is finished: order is kept on the wire
             custom = ev.name in self.custom_tools
@@ -345,7 +359,7 @@ class ResponsesEncoder:
             out.extend(self.finish(ev))
         return out
 
-    def _end_call(self, index: int, out: list[bytes]) -> None:
+    def _end_call(self, index: int, out: list[bytes], status: str = "completed") -> None:
         call = self._calls.pop(index, None)
         if call is None:
             return
@@ -355,34 +369,38 @@ class ResponsesEncoder:
             out.append(self._ev("response.custom_tool_call_input.done", item_id=call["id"],
                                 output_index=call["index"], input=raw))
             item = {"type": "custom_tool_call", "id": call["id"], "call_id": call["call_id"], "name": call["name"],
-                    "input": raw, "status": "completed"}
+                    "input": raw, "status": status}
         else:
             out.append(self._ev("response.function_call_arguments.done", item_id=call["id"],
                                 output_index=call["index"], name=call["name"], arguments=args))
             item = {"type": "function_call", "id": call["id"], "call_id": call["call_id"], "name": call["name"],
-                    "arguments": args, "status": "completed"}
+                    "arguments": args, "status": status}
         out.append(self._done_item(call["index"], item))
 
-    def _end(self) -> list[bytes] | None:
-        """Close every open item and fill in the output and usage; None if the response had already ended."""
+    def _end(self, status: str = "completed") -> list[bytes] | None:
+        """Close every open item with `status` and fill in the output and usage; None if the response had already
+        ended. An item still open at the end was cut off unless the generation finished on its own."""
         if self.finished:
             return None
         self.finished = True
         out: list[bytes] = []
-        self._close_open(out)
+        self._close_open(out, status)
         for index in sorted(self._calls):  # a call cut off by EOF still ends as an item the client can pair
-            self._end_call(index, out)
+            self._end_call(index, out, status)
         self.response["output"] = [it for it in self._items if it is not None]
         self.response["usage"] = usage_object(self.usage)
         return out
 
     def finish(self, fin: Finish) -> list[bytes]:
         if fin.reason == "error":
-            return self.fail(error_code(fin.error_kind), fin.error or "engine error")
-        out = self._end()
+            return self.fail(error_code(fin.error_kind), fin.error or "engine error", fin.error_kind)
+        # The client's max_output_tokens, the model's cap and a full context all end the same way: OpenAI reports
+        # a context that fills during generation as `max_output_tokens` too (docs/limits.md).
+        cut = fin.reason in ("length", "context_window")
+        out = self._end("incomplete" if cut else "completed")
         if out is None:
             return []
-        if fin.reason == "length":
+        if cut:
             self.response["status"] = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
             out.append(self._ev("response.incomplete", response=self.response))
@@ -392,11 +410,12 @@ class ResponsesEncoder:
             out.append(self._ev("response.completed", response=self.response))
         return out
 
-    def fail(self, code: str, message: str) -> list[bytes]:
+    def fail(self, code: str, message: str, kind: str | None = None) -> list[bytes]:
         """End the stream with `response.failed` (an engine error, or one raised outside the event stream)."""
-        out = self._end()
+        out = self._end("incomplete")
         if out is None:
             return []
+        self.error_kind = kind
         self.response["status"] = "failed"
         self.response["error"] = {"code": code, "message": message}
         out.append(self._ev("response.failed", response=self.response))
