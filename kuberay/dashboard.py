@@ -50,8 +50,8 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict]]]]] = [
          "chose.",
          [_q(f"sum by (policy, outcome) (rate(ray_serve_app_router_decisions_total[{R}]))",
              "{{policy}} {{outcome}}")]),
-        ("Ingress admission", "short", "Requests holding an admission slot in the ingress replicas.",
-         [_q('sum(ray_serve_app_queue_depth{component="ingress"})', "admitted")]),
+        ("Ingress admission per replica", "short", "Requests holding an admission slot in each ingress replica.",
+         [_q('sum by (replica) (ray_serve_app_queue_depth{component="ingress"})', "{{replica}}")]),
     ]),
     ("Engines (vLLM), per replica", [
         ("Engine queue per replica", "short", "Requests waiting for and running in each engine replica's batch.",

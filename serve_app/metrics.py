@@ -50,6 +50,21 @@ def in_ray_worker() -> bool:
         return False
 
 
+REPLICA_LABEL = "replica"
+
+
+def _replica_id() -> str:
+    """This process's Serve replica id (the one the router and vLLM's `ReplicaId` use), else its Ray worker id."""
+    import ray
+
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - not a Serve replica (a Ray task or actor of a benchmark)
+        return ray.get_runtime_context().get_worker_id()
+
+
 class _Metric:
     """One metric; it records into Ray's metrics in a Ray worker and into `REGISTRY` everywhere else.
 
@@ -79,13 +94,24 @@ class _Metric:
         extra = {"buckets": self.buckets} if self.buckets is not None else {}
         self._local = cls(PREFIX + self.name, self.doc, self.labels, registry=REGISTRY, **extra)
 
+    @property
+    def exported_labels(self) -> tuple[str, ...]:
+        """The labels of this metric as Ray's agent exports it (beside Ray's own: SessionName, NodeAddress...).
+
+        A gauge is one value per process, and the agent drops Ray's per-worker label and keeps one value per
+        remaining label set, so each replica's gauge carries its replica id (`replica`, as Ray Serve's metrics
+        do); counters and histograms are summed across processes, as Prometheus would."""
+        return self.labels + (REPLICA_LABEL,) if self.kind == "gauge" else self.labels
+
     def _make_ray(self):
         from ray.util import metrics as rm
 
         if self.kind == "counter":
             return rm.Counter(PREFIX + self.name, self.doc, tag_keys=self.labels)
         if self.kind == "gauge":
-            return rm.Gauge(PREFIX + self.name, self.doc, tag_keys=self.labels)
+            gauge = rm.Gauge(PREFIX + self.name, self.doc, tag_keys=self.exported_labels)
+            gauge.set_default_tags({REPLICA_LABEL: _replica_id()})
+            return gauge
         # Ray needs strictly positive, increasing boundaries.
         bounds = [b for b in self.buckets if b > 0]
         return rm.Histogram(PREFIX + self.name, self.doc, boundaries=bounds, tag_keys=self.labels)

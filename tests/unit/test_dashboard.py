@@ -32,9 +32,9 @@ def exported_names() -> dict[str, set[str]]:
         base = metrics.RAY_EXPORT_PREFIX + metrics.PREFIX + m.name
         if m.kind == "histogram":
             for suffix in HISTOGRAM_SUFFIXES:
-                out[base + suffix] = set(m.labels) | ({"le"} if suffix == "_bucket" else set())
+                out[base + suffix] = set(m.exported_labels) | ({"le"} if suffix == "_bucket" else set())
         else:
-            out[base] = set(m.labels)
+            out[base] = set(m.exported_labels)
     source = (Path(vllm.__file__).parent / "v1" / "metrics" / "loggers.py").read_text()
     for kind, name in re.findall(r'_(gauge|counter|histogram)_cls\(\s*name="(vllm:[a-z_]+)"', source):
         # vLLM's Ray wrappers turn `vllm:` into `vllm_` (Ray's metric names allow no colon).
@@ -79,7 +79,7 @@ def test_every_query_reads_metrics_and_labels_that_exist():
     ("sum(rate(ray_serve_app_ttft_second_bucket[5m]))", "is not a metric"),
     ('sum by (tenant) (rate(ray_serve_app_ttft_seconds_bucket{api="chat"}[5m]))', "has no label tenant"),
     ("sum by (ReplicaId) (ray_vllm_num_requests_waiting_total)", "is not a metric"),
-    ("sum(ray_serve_app_queue_depth{replica=\"x\"})", "has no label replica"),
+    ("sum by (replica) (ray_serve_app_requests_total)", "has no label replica"),
 ])
 def test_the_check_catches_a_wrong_name_or_label(bad_expr, complaint):
     bad = {"panels": [{"type": "timeseries", "title": "t", "targets": [{"expr": bad_expr, "refId": "A"}]}]}
@@ -98,6 +98,7 @@ def test_the_panels_the_issue_asks_for():
     assert ("ray_serve_app_router_decisions_total", "outcome") in grouped  # fallbacks: policy "fallback"
     assert ("ray_vllm_num_requests_waiting", "ReplicaId") in grouped
     assert ("ray_vllm_kv_cache_usage_perc", "ReplicaId") in grouped
+    assert ("ray_serve_app_queue_depth", "replica") in grouped
     assert ("ray_serve_app_requests_total", "status", "429|529") in used
     assert ("ray_serve_app_requests_total", "tenant") in grouped
 
