@@ -4,6 +4,9 @@
     python kuberay/generate.py --check    # exit 1 if a manifest on disk differs from what would be generated
     python kuberay/generate.py --image registry.example.com/serve-app:0.1.0
 
+It also writes what Prometheus and Grafana need to watch a RayService (kuberay/monitoring/): a PodMonitor and a
+plain Prometheus scrape job for every Ray pod's metrics port, and the Grafana dashboard (kuberay/dashboard.py).
+
 Two variants of the same service:
   rayservice-b200-tp4.yaml     one TP=4 engine replica per 4-GPU worker pod (scales one pod per replica)
   rayservice-b200-2x-tp4.yaml  two TP=4 engine replicas per 8-GPU worker pod (a whole B200 node per pod)
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 SERVE_CONFIG = ROOT / "deployments" / "b200-tp4.yaml"
 OUT_DIR = ROOT / "kuberay"
+MONITORING_DIR = OUT_DIR / "monitoring"
+# Ray's metrics agent on every node exports Ray's, Serve's, the app's and vLLM's metrics here (serve_app/metrics.py).
+METRICS_PORT = 8080
+# On every Ray pod (KubeRay adds its own `ray.io/*` labels): what the PodMonitor selects this app's pods by.
+POD_LABELS = {"app.kubernetes.io/name": "serve-app"}
 RAY_VERSION = "2.60.0"
 DEFAULT_IMAGE = "ghcr.io/example/serve-app:0.1.0-ray2.60.0-cu128"
 HEADER = (
@@ -112,14 +121,15 @@ def manifest(variant: dict[str, Any], image: str) -> dict:
     head = {
         # The head runs the GCS, Serve controller, one HTTP proxy and the dashboard; no replicas (num-cpus 0),
         # so a busy ingress or engine can never starve the cluster's control plane.
-        "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0"},
-        "template": {"spec": {
+        "rayStartParams": {"num-cpus": "0", "num-gpus": "0", "dashboard-host": "0.0.0.0",
+                           "metrics-export-port": str(METRICS_PORT)},
+        "template": {"metadata": {"labels": dict(POD_LABELS)}, "spec": {
             "containers": [_container("ray-head", image, {"cpu": "8", "memory": "32Gi"}, ports=[
                 {"containerPort": 6379, "name": "gcs-server"},
                 {"containerPort": 8265, "name": "dashboard"},
                 {"containerPort": 10001, "name": "client"},
                 {"containerPort": 8000, "name": "serve"},
-                {"containerPort": 8080, "name": "metrics"},
+                {"containerPort": METRICS_PORT, "name": "metrics"},
             ])],
             "volumes": _volumes(None),
         }},
@@ -130,10 +140,10 @@ def manifest(variant: dict[str, Any], image: str) -> dict:
         "replicas": 1,
         "minReplicas": 1,
         "maxReplicas": 8,
-        "rayStartParams": {"num-gpus": "0"},
-        "template": {"spec": {
+        "rayStartParams": {"num-gpus": "0", "metrics-export-port": str(METRICS_PORT)},
+        "template": {"metadata": {"labels": dict(POD_LABELS)}, "spec": {
             "containers": [_container("ray-worker", image, {"cpu": "16", "memory": "64Gi"},
-                                      ports=[{"containerPort": 8080, "name": "metrics"}])],
+                                      ports=[{"containerPort": METRICS_PORT, "name": "metrics"}])],
             "volumes": _volumes(None),
         }},
     }
@@ -145,15 +155,16 @@ def manifest(variant: dict[str, Any], image: str) -> dict:
         "numOfHosts": 1,
         "rayStartParams": {
             "num-gpus": str(gpus),
+            "metrics-export-port": str(METRICS_PORT),
             # Engine placement groups ask for `accelerator_type:B200`; declaring it lets the autoscaler know that
             # this group satisfies them before any pod of it exists.
             "resources": '"{\\"accelerator_type:B200\\": 1}"',
         },
-        "template": {"spec": {
+        "template": {"metadata": {"labels": dict(POD_LABELS)}, "spec": {
             "containers": [_container(
                 "ray-worker", image,
                 {"cpu": str(12 * gpus), "memory": f"{200 * gpus}Gi", "nvidia.com/gpu": str(gpus)},
-                ports=[{"containerPort": 8080, "name": "metrics"}], shm=True,
+                ports=[{"containerPort": METRICS_PORT, "name": "metrics"}], shm=True,
             )],
             "volumes": _volumes(16 * gpus),
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
@@ -192,19 +203,75 @@ def render(variant: dict[str, Any], image: str) -> str:
     return HEADER + yaml.dump(manifest(variant, image), Dumper=_Dumper, sort_keys=False, width=120)
 
 
+# Every Ray pod of every RayService of this app: KubeRay labels its pods `ray.io/is-ray-node: "yes"` and
+# `ray.io/cluster: <RayCluster name>`; the cluster label is kept on each series, so an upgrade's new cluster
+# (upgradeStrategy NewCluster) and the old one stay apart while both run. Scraping every pod, not the Serve
+# Service: each node's agent exports only the replicas on that node, and Prometheus sums them.
+RAY_POD_LABELS = {"ray.io/is-ray-node": "yes", **POD_LABELS}
+
+
+def pod_monitor() -> dict:
+    """For the Prometheus Operator (kube-prometheus-stack)."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": "serve-app-ray", "labels": {"app.kubernetes.io/name": "serve-app"}},
+        "spec": {
+            "jobLabel": "serve-app-ray",
+            "selector": {"matchLabels": RAY_POD_LABELS},
+            "podMetricsEndpoints": [{
+                "port": "metrics",
+                "interval": "15s",
+                "relabelings": [
+                    {"sourceLabels": ["__meta_kubernetes_pod_label_ray_io_cluster"], "targetLabel": "ray_io_cluster"},
+                    {"sourceLabels": ["__meta_kubernetes_pod_label_ray_io_node_type"],
+                     "targetLabel": "ray_io_node_type"},
+                    {"sourceLabels": ["__meta_kubernetes_pod_name"], "targetLabel": "pod"},
+                ],
+            }],
+        },
+    }
+
+
+def scrape_config() -> dict:
+    """The same as a plain Prometheus `scrape_configs` entry (no operator)."""
+    keep = [{"sourceLabels": [f"__meta_kubernetes_pod_label_{k.replace('.', '_').replace('/', '_').replace('-', '_')}"],
+             "regex": v, "action": "keep"} for k, v in RAY_POD_LABELS.items()]
+    relabel = keep + [
+        {"sourceLabels": ["__meta_kubernetes_pod_container_port_name"], "regex": "metrics", "action": "keep"},
+    ] + pod_monitor()["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    snake = [{("source_labels" if k == "sourceLabels" else "target_label" if k == "targetLabel" else k): v
+              for k, v in r.items()} for r in relabel]
+    return {"scrape_configs": [{"job_name": "serve-app-ray", "scrape_interval": "15s",
+                                "kubernetes_sd_configs": [{"role": "pod"}], "relabel_configs": snake}]}
+
+
+def monitoring_files() -> dict[Path, str]:
+    spec = importlib.util.spec_from_file_location("kuberay_dashboard", OUT_DIR / "dashboard.py")
+    dashboard = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dashboard)
+    header = ("# GENERATED by kuberay/generate.py: do not edit by hand. What to scrape: kuberay/README.md, Monitoring.\n")
+    return {
+        MONITORING_DIR / "podmonitor.yaml": header + yaml.dump(pod_monitor(), Dumper=_Dumper, sort_keys=False),
+        MONITORING_DIR / "prometheus-scrape.yaml": header + yaml.dump(scrape_config(), Dumper=_Dumper, sort_keys=False),
+        MONITORING_DIR / "grafana-dashboard.json": dashboard.render(),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if a manifest on disk is stale")
     ap.add_argument("--image", default=DEFAULT_IMAGE)
     args = ap.parse_args(argv)
     stale = []
-    for filename, variant in VARIANTS.items():
-        path = OUT_DIR / filename
-        text = render(variant, args.image)
+    files = {OUT_DIR / filename: render(variant, args.image) for filename, variant in VARIANTS.items()}
+    files.update(monitoring_files())
+    for path, text in files.items():
         if args.check:
             if not path.exists() or path.read_text() != text:
-                stale.append(filename)
+                stale.append(str(path.relative_to(OUT_DIR)))
         else:
+            path.parent.mkdir(exist_ok=True)
             path.write_text(text)
             print(f"wrote {path.relative_to(ROOT)}")
     if stale:

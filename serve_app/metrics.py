@@ -1,12 +1,15 @@
 """Prometheus metrics of the service: requests, TTFT and inter-token latency, cached-token fraction, router
 decisions and queue depth.
 
-Every observation goes to two places:
-- a process-local `prometheus_client` registry (`REGISTRY`), served by `GET /metrics` of the ingress replica
-  that answers (`serve_app/ingress/metrics_routes.py`) and readable in unit tests without Ray;
-- when running inside a Ray worker, the same metric through `ray.util.metrics`, which Ray's metrics agent
-  exports on every node (port 8080, `ray_` prefix) so Prometheus sees the sum over all replicas without any
-  shared state between them.
+One registry per process, never two copies of an observation:
+- in a Ray worker (every Serve replica) each metric is a `ray.util.metrics` metric. Ray's metrics agent on each
+  node exports it with a `ray_` prefix on the node's metrics export port (8080 on KubeRay), beside Ray Serve's own
+  metrics and vLLM's engine metrics (the Engine replica gives AsyncLLM vLLM's Ray stat logger), so one scrape of
+  every node's port sees all replicas, summed by Prometheus, with no shared state between them;
+- in any other process (unit tests, a driver script, a tool) each metric lives in the process-local
+  `prometheus_client` registry `REGISTRY`, readable without Ray.
+`GET /metrics` (`serve_app/ingress/metrics_routes.py`) shows whichever of the two this process records into: in a
+replica, the exposition of its node's metrics agent. docs/operations.md says what to scrape where.
 
 Call sites use the small functions below (`observe_ttft(api, seconds)` ...), or wrap a whole event stream with
 `instrument_stream(api, events)`, which derives TTFT, inter-token gaps, tokens/s and the cached fraction from the
@@ -15,6 +18,7 @@ semantic events and never changes them.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, AsyncIterator, Sequence
 
@@ -23,6 +27,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallStart, Usage
 
 PREFIX = "serve_app_"
+# Ray's metrics agent prefixes every application metric with this on export.
+RAY_EXPORT_PREFIX = "ray_"
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
@@ -33,70 +39,116 @@ RATE_BUCKETS = (1, 5, 10, 20, 40, 80, 160, 320, 640)
 _CONTENT = (ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta)
 
 
+def in_ray_worker() -> bool:
+    """True in a process Ray started to run tasks or actors (a Serve replica), not in a driver or a test."""
+    try:
+        import ray
+        from ray._private import worker as ray_worker
+
+        return ray.is_initialized() and ray_worker.global_worker.mode == ray_worker.WORKER_MODE
+    except Exception:  # noqa: BLE001 - no Ray, or a Ray without these internals: record locally
+        return False
+
+
+REPLICA_LABEL = "replica"
+
+
+def _replica_id() -> str:
+    """This process's Serve replica id (the one the router and vLLM's `ReplicaId` use), else its Ray worker id."""
+    import ray
+
+    try:
+        from ray import serve
+
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # noqa: BLE001 - not a Serve replica (a Ray task or actor of a benchmark)
+        return ray.get_runtime_context().get_worker_id()
+
+
 class _Metric:
-    """One metric in the local registry, mirrored to `ray.util.metrics` when Ray is up in this process."""
+    """One metric; it records into Ray's metrics in a Ray worker and into `REGISTRY` everywhere else.
+
+    The backend is chosen at the first observation, when the process's role is known: module import happens before
+    Ray connects a replica's process. The local collector is registered only then too, so a replica's `REGISTRY`
+    stays empty rather than holding zero-valued copies.
+    """
 
     def __init__(self, kind: str, name: str, doc: str, labels: Sequence[str], buckets: Sequence[float] | None = None):
         self.kind, self.name, self.doc, self.labels, self.buckets = kind, name, doc, tuple(labels), buckets
-        cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[kind]
-        extra = {"buckets": buckets} if buckets is not None else {}
-        self.local = cls(PREFIX + name, doc, self.labels, registry=REGISTRY, **extra)
+        self._local: Any = None
         self._ray: Any = None
-        self._ray_checked = False
-        self._children: dict[tuple, tuple[Any, dict[str, str]]] = {}
+        self._chosen = False
+        self._lock = threading.Lock()  # first observations may race between the loop and tokenizer threads
+        # label values -> a bound recorder (the labelled child's method, or Ray's method with its tag dict)
+        self._children: dict[tuple, Any] = {}
 
-    def _ray_metric(self):
-        if self._ray_checked:
-            return self._ray
-        self._ray_checked = True
-        try:
-            import ray
+    def _choose(self) -> None:
+        self._chosen = True
+        if in_ray_worker():
+            try:
+                self._ray = self._make_ray()
+                return
+            except Exception:  # noqa: BLE001 - metrics must never break serving; fall back to the local registry
+                self._ray = None
+        cls = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}[self.kind]
+        extra = {"buckets": self.buckets} if self.buckets is not None else {}
+        self._local = cls(PREFIX + self.name, self.doc, self.labels, registry=REGISTRY, **extra)
 
-            if not ray.is_initialized():
-                return None
-            from ray.util import metrics as rm
+    @property
+    def exported_labels(self) -> tuple[str, ...]:
+        """The labels of this metric as Ray's agent exports it (beside Ray's own: SessionName, NodeAddress...).
 
-            if self.kind == "counter":
-                self._ray = rm.Counter(PREFIX + self.name, self.doc, tag_keys=self.labels)
-            elif self.kind == "gauge":
-                self._ray = rm.Gauge(PREFIX + self.name, self.doc, tag_keys=self.labels)
-            else:
-                # Ray needs strictly positive, increasing boundaries.
-                bounds = [b for b in self.buckets if b > 0]
-                self._ray = rm.Histogram(PREFIX + self.name, self.doc, boundaries=bounds, tag_keys=self.labels)
-        except Exception:  # noqa: BLE001 - metrics must never break serving
-            self._ray = None
-        return self._ray
+        A gauge is one value per process, and the agent drops Ray's per-worker label and keeps one value per
+        remaining label set, so each replica's gauge carries its replica id (`replica`, as Ray Serve's metrics
+        do); counters and histograms are summed across processes, as Prometheus would."""
+        return self.labels + (REPLICA_LABEL,) if self.kind == "gauge" else self.labels
+
+    def _make_ray(self):
+        from ray.util import metrics as rm
+
+        if self.kind == "counter":
+            return rm.Counter(PREFIX + self.name, self.doc, tag_keys=self.labels)
+        if self.kind == "gauge":
+            gauge = rm.Gauge(PREFIX + self.name, self.doc, tag_keys=self.exported_labels)
+            gauge.set_default_tags({REPLICA_LABEL: _replica_id()})
+            return gauge
+        # Ray needs strictly positive, increasing boundaries.
+        bounds = [b for b in self.buckets if b > 0]
+        return rm.Histogram(PREFIX + self.name, self.doc, boundaries=bounds, tag_keys=self.labels)
+
+    def _recorder(self, key: tuple, labels: dict[str, str]):
+        if self._ray is not None:
+            method = {"counter": "inc", "gauge": "set", "histogram": "observe"}[self.kind]
+            fn, tags = getattr(self._ray, method), {k: str(v) for k, v in labels.items()}
+            counter = self.kind == "counter"
+
+            def record(value: float) -> None:
+                if counter and value <= 0:
+                    return  # Ray's counters refuse a zero increment (prometheus_client's take it as a no-op)
+                try:
+                    fn(value, tags=tags)
+                except Exception:  # noqa: BLE001 - metrics must never break serving
+                    pass
+
+            return record
+        child = self._local.labels(**labels) if self.labels else self._local
+        return getattr(child, {"counter": "inc", "gauge": "set", "histogram": "observe"}[self.kind])
 
     def record(self, value: float, **labels: str) -> None:
-        # Recorded per streamed token (inter-token gaps): the labelled child and the tag dict are looked up once
-        # per label set, not built on every call.
+        # Recorded per streamed token (inter-token gaps): the bound recorder and its tag dict are built once per
+        # label set, not on every call.
         key = tuple(labels.values())
-        cached = self._children.get(key)
-        if cached is None:
-            child = self.local.labels(**labels) if self.labels else self.local
-            cached = self._children[key] = (child, {k: str(v) for k, v in labels.items()})
-        child, tags = cached
-        if self.kind == "counter":
-            child.inc(value)
-        elif self.kind == "gauge":
-            child.set(value)
-        else:
-            child.observe(value)
-        ray_metric = self._ray_metric()
-        if ray_metric is not None:
-            try:
-                if self.kind == "counter":
-                    ray_metric.inc(value, tags=tags)
-                elif self.kind == "gauge":
-                    ray_metric.set(value, tags=tags)
-                else:
-                    ray_metric.observe(value, tags=tags)
-            except Exception:  # noqa: BLE001
-                pass
+        fn = self._children.get(key)
+        if fn is None:
+            with self._lock:
+                if not self._chosen:
+                    self._choose()
+                fn = self._children[key] = self._recorder(key, labels)
+        fn(value)
 
 
-REQUESTS = _Metric("counter", "requests_total", "HTTP requests by API and status code", ("api", "status"))
+REQUESTS = _Metric("counter", "requests_total", "HTTP requests by API, status code and tenant ('none' before auth)",
+                   ("api", "status", "tenant"))
 ERRORS = _Metric("counter", "errors_total", "Errors by API and kind (ServiceError.kind or finish error)", ("api", "kind"))
 TTFT = _Metric("histogram", "ttft_seconds", "Time from request arrival to the first content event", ("api",), TTFT_BUCKETS)
 ITL = _Metric("histogram", "inter_token_seconds", "Gap between consecutive content events", ("api",), ITL_BUCKETS)
@@ -125,8 +177,8 @@ def observe_tenant(tenant: str, outcome: str) -> None:
     TENANT_REQUESTS.record(1, tenant=tenant, outcome=outcome)
 
 
-def observe_request(api: str, status: int) -> None:
-    REQUESTS.record(1, api=api, status=str(status))
+def observe_request(api: str, status: int, tenant: str | None = None) -> None:
+    REQUESTS.record(1, api=api, status=str(status), tenant=tenant or "none")
     if status in (429, 529):
         OVERLOAD_REJECTIONS.record(1, api=api)
 

@@ -24,7 +24,13 @@ class Engine:
     def __init__(self, model: dict, *, engine_key: str, forced_scripts: bool, kv_events: bool, model_cache_dir, router=None):
         cfg = ModelConfig.model_validate(model)
         path = ensure_model(cfg.model_source, model_cache_dir)
-        self.engine = VLLMEngine(cfg, path, forced_scripts=forced_scripts, kv_events=kv_events)
+        # vLLM's engine metrics (queue, KV usage, prefix-cache hits, its own TTFT) go through Ray's metrics like
+        # the service's, tagged with this replica's id: its default Prometheus logger would fill a registry in
+        # this process that nothing serves.
+        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+
+        self.engine = VLLMEngine(cfg, path, forced_scripts=forced_scripts, kv_events=kv_events,
+                                 stat_loggers=[RayPrometheusStatLogger])
         self.engine.start()
         self.engine_key = engine_key
         self._deltas = DeltaSender()

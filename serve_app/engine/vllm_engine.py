@@ -137,8 +137,10 @@ def build_engine_args(
 class VLLMEngine:
     """Owns one AsyncLLM. `start()` builds it; `generate()` streams `EngineChunk`s."""
 
-    def __init__(self, model: ModelConfig, model_path: str, *, forced_scripts: bool = False, kv_events: bool = True):
+    def __init__(self, model: ModelConfig, model_path: str, *, forced_scripts: bool = False, kv_events: bool = True,
+                 stat_loggers: list | None = None):
         self.model = model
+        self.stat_loggers = stat_loggers  # vLLM StatLoggerFactory list; None keeps vLLM's default loggers
         self.model_path = model_path
         self.forced_scripts = forced_scripts
         self.kv_events_port = free_port() if kv_events else None
@@ -166,7 +168,7 @@ class VLLMEngine:
         )
         self.reasoning_gate = bool(getattr(args, "reasoning_parser", None))
         before = reaper.children()
-        self.engine = AsyncLLM.from_engine_args(args)
+        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
         self._reaper = reaper.guard(reaper.children() - before)
         cfg = self.engine.vllm_config
         self.block_size = cfg.cache_config.block_size

@@ -21,6 +21,9 @@ import httpx
 import psutil
 import pytest
 
+from serve_app import metrics
+from tests.support.prometheus import samples
+
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
 PORT = 8012  # not the session server's 8011
@@ -121,12 +124,12 @@ def _running(key: str) -> int:
 
 
 def _admitted(url: str) -> float:
-    """Requests holding an admission slot in the (single) ingress replica."""
+    """Requests holding an admission slot in the (single) ingress replica, as its node's metrics agent exports
+    them (Ray reports a replica's metrics every few seconds)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith('serve_app_queue_depth{component="ingress"}'):
-            return float(line.split()[-1])
-    return 0.0  # never set: nothing was ever admitted
+    name = metrics.RAY_EXPORT_PREFIX + metrics.PREFIX + "queue_depth"
+    # never set: nothing was ever admitted
+    return sum(v for n, labels, v in samples(text) if n == name and labels.get("component") == "ingress")
 
 
 def _chat(url: str, prompt: str) -> httpx.Response:

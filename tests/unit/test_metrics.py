@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from prometheus_client.parser import text_string_to_metric_families
 
 from serve_app import metrics
+from serve_app.errors import ServiceError
+from serve_app.settings import ApiKey
 from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallStart, Usage
+from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.metrics_routes import RequestMetricsMiddleware, api_of, router
 
 
@@ -19,11 +23,13 @@ def _value(name: str, **labels) -> float:
 
 
 def test_observe_functions_land_in_the_registry():
-    before = _value("requests_total", api="anthropic", status="529")
+    before = _value("requests_total", api="anthropic", status="529", tenant="none")
     rejected = _value("overload_rejections_total", api="anthropic")
     metrics.observe_request("anthropic", 529)
-    assert _value("requests_total", api="anthropic", status="529") == before + 1
+    assert _value("requests_total", api="anthropic", status="529", tenant="none") == before + 1
     assert _value("overload_rejections_total", api="anthropic") == rejected + 1
+    metrics.observe_request("anthropic", 429, "team-a")
+    assert _value("requests_total", api="anthropic", status="429", tenant="team-a") == 1
 
     n = _value("ttft_seconds_count", api="unit")
     metrics.observe_ttft("unit", 0.2)
@@ -109,15 +115,31 @@ def test_metrics_route_and_middleware():
     app.add_middleware(RequestMetricsMiddleware)
 
     @app.post("/v1/messages")
-    async def _m():
+    async def _m(request: Request):
+        try:
+            check_api_key(request.headers, [ApiKey(key="sk-unit-metrics", tenant="unit-tenant")])
+        except ServiceError as e:
+            return JSONResponse({"error": e.message}, status_code=e.status)
         return {"ok": True}
+
+    # Families the route must list even when this test runs alone.
+    metrics.observe_ttft("route", 0.1)
+    metrics.observe_usage("route", prompt_tokens=10, cached_tokens=5)
+    metrics.observe_router_decision("kv", "cache_hit")
+    metrics.set_queue_depth("ingress", 0)
 
     async def run():
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            before = _value("requests_total", api="anthropic", status="200")
-            assert (await c.post("/v1/messages")).status_code == 200
-            assert _value("requests_total", api="anthropic", status="200") == before + 1
+            labels = dict(api="anthropic", status="200", tenant="unit-tenant")
+            before = _value("requests_total", **labels)
+            assert (await c.post("/v1/messages", headers={"x-api-key": "sk-unit-metrics"})).status_code == 200
+            assert _value("requests_total", **labels) == before + 1
+            # A refused key is counted before any tenant is known.
+            unauth = dict(api="anthropic", status="401", tenant="none")
+            refused = _value("requests_total", **unauth)
+            assert (await c.post("/v1/messages", headers={"x-api-key": "wrong"})).status_code == 401
+            assert _value("requests_total", **unauth) == refused + 1
             r = await c.get("/metrics")
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
             names = {f.name for f in text_string_to_metric_families(r.text)}
