@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
 from serve_app.routing.policies import ReplicaLoad, prompt_tokens
 from serve_app.routing.registry import make_policy
-from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica, share_measurements
+from serve_app.routing.throughput import FollowOnWork, OfferedWork, ReplicaRates, rates_for_new_replica, share_measurements
 from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
 from serve_app.routing.types import Decision, RouteRequest
 from serve_app.settings import RouterConfig
@@ -80,6 +80,7 @@ class RouterCore:
         self.rates: dict[str, ReplicaRates] = {}  # measured prefill/decode speed per replica (ttft policy)
         self.step_tokens = step_tokens  # the engines' prefill tokens per step, for the ttft prediction
         self.follow_on = FollowOnWork(clock())  # prefill a new session brings after its first request
+        self.offered = OfferedWork(clock())  # prefill tokens per second routed to the fleet lately
         self.reservation_ttl_s = reservation_ttl_s
         self._inflight: OrderedDict[str, _Reservation] = OrderedDict()  # oldest first, for the TTL sweep
         self._sessions: OrderedDict[str, str] = OrderedDict()
@@ -212,6 +213,7 @@ class RouterCore:
         load.active_decode_tokens += req.expected_output_tokens
         load.add_recent(prefill_tokens, now)
         self.rates[rid].started(now, prefill_tokens)
+        self.offered.add(now, prefill_tokens)
         self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
                                                       prompt_tokens(req, self.block_size))
 

@@ -27,6 +27,15 @@ its history is cached, unless that replica is so backed up that recomputing the 
 even counting what the recomputation does to others. Within one block's prefill time of the best the
 predictions are noise: the session's last replica wins, then the larger cached prefix, then fewer requests in
 flight, then the replica that wrote the least new cache lately.
+
+Sustained overload is different. When the prefill work routed to the fleet lately (tokens per second, over the
+utilization window) reaches the fleet's measured prefill capacity, the queues grow whatever the placement: the
+M/M/1 marginal is undefined there (it is capped), and every token recomputed is capacity taken from a fleet that
+has none to spare, so hit rate is throughput. The policy then routes work first: only the replicas that would
+compute the least (within one block) are candidates, which keeps a session on its history and a shared prefix
+where it is cached, and among them the lowest predicted TTFT wins (the costs of the future are the fleet's, the
+same wherever the request goes). Once the routed work falls below capacity the backlog drains and the full
+cost, recomputation included, is used again. The signal is a comparison of two measured rates, not a weight.
 """
 
 from __future__ import annotations
@@ -52,7 +61,13 @@ class TtftPolicy(Policy):
             follow_on = state.follow_on.per_session()
             later_turns = state.follow_on.turns_per_session()
         predicted = {}
-        for rid in candidates:
+        if fleet_overloaded(state, now):
+            # Work first: recomputation takes capacity the fleet does not have; then this request's own TTFT.
+            least = min(uncached_by[r] for r in candidates)
+            candidates = [r for r in candidates if uncached_by[r] <= least + bs]
+            for rid in candidates:
+                predicted[rid] = predict_ttft(state, rid, uncached_by[rid], step_tokens)
+        for rid in candidates if not predicted else ():
             uncached = uncached_by[rid]
             wait = predict_ttft(state, rid, uncached, step_tokens)
             rates = state.rates[rid]
@@ -81,6 +96,14 @@ def predict_ttft(state, rid: str, uncached: int, step_tokens: int = DEFAULT_STEP
     # Decode tokens that share those steps; no more than the running requests are expected to produce.
     interleaved = min(rates.decoding * steps, load.active_decode_tokens)
     return prefill_s + interleaved / rates.decode.rate
+
+
+def fleet_overloaded(state, now: float) -> bool:
+    """The fleet is asked for prefill work at least as fast as it measurably does it: its backlog cannot drain."""
+    offered = getattr(state, "offered", None)
+    if offered is None or not state.rates:
+        return False
+    return offered.rate(now) >= sum(r.prefill.rate for r in state.rates.values())
 
 
 MAX_UTILIZATION = 0.95  # keeps the delay factor finite on a saturated replica
