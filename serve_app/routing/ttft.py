@@ -15,6 +15,10 @@ Per candidate replica, in seconds, from that replica's measured rates (routing/t
   rho (2 - rho) / (1 - rho)^2 at the replica's recent prefill utilization rho, scaled by Kingman's variability
   (ca^2 + cs^2) / 2 of its arrivals and prefill sizes (bursty traffic queues more). Zero on an idle replica:
   recomputing a prefix costs nobody else then; steep near saturation, where recomputation is what tips it over.
+- cached: the leading blocks the replica holds (KV index); on the session's replica also those of its previous
+  request when that is still in flight there (queued or running): the engine admits in order, so they will be
+  computed before this one is admitted, though no KV event has said so yet. Without this a session whose turns
+  come faster than its replica serves them (open-loop clients, overload) looks uncached at home and moves.
 - follow-on, later turns: a session's first request decides where its later turns go (their history will be
   cached there). The router measures, over recent sessions, the prefill work and the number of requests that
   follow a session's first one (only with session keys: X-Claude-Code-Session-Id, prompt_cache_key ...), and
@@ -52,12 +56,19 @@ class TtftPolicy(Policy):
 
     def choose(self, state, req, candidates):
         bs = state.block_size
-        _, overlaps, uncached_by = prefill_left(state, req, candidates)
+        n, overlaps, uncached_by = prefill_left(state, req, candidates)
+        home = state.session_replica(req.session_key)
+        if home in overlaps:
+            # The session's previous request may still be queued or running there: its prompt is as good as cached.
+            k = state.session_inflight_blocks(req.session_key, home, req.block_hashes)
+            if k > overlaps[home]:
+                overlaps[home] = k
+                uncached_by[home] = n - min(k * bs, n)
         step_tokens = getattr(state, "step_tokens", DEFAULT_STEP_TOKENS)
         now = state.now()
         # A session's first request also decides where its later turns go (their history will be cached there).
         follow_on = later_turns = 0.0
-        if req.session_key is not None and state.session_replica(req.session_key) is None:
+        if req.session_key is not None and home is None:
             follow_on = state.follow_on.per_session()
             later_turns = state.follow_on.turns_per_session()
         predicted = {}
@@ -78,7 +89,7 @@ class TtftPolicy(Policy):
         # One block's prefill on the fastest replica: below that the difference is not real work.
         band = bs / max(state.rates[r].prefill.rate for r in candidates)
         tied = [r for r in candidates if predicted[r] <= best + band]
-        if state.session_replica(req.session_key) not in tied:
+        if home not in tied:
             # Equal predictions: keep the larger cached prefix (it serves this session's next turn too).
             most = max(overlaps[r] for r in tied)
             tied = [r for r in tied if overlaps[r] == most]

@@ -84,6 +84,21 @@ def test_a_sessions_later_turns_go_back_to_its_history():
     assert d.replica_id == home
 
 
+def test_a_turn_queued_behind_its_sessions_previous_one_counts_that_prompt_as_cached():
+    c = core("ab")
+    first = own(1, 64 * BS)
+    home = c.choose(req("t1", first, session="s")).replica_id
+    # t1 has not even started prefilling (no report, no KV event): its 64 blocks queue at home. The next turn,
+    # sent before t1 is served (an open-loop client, or an overloaded replica), will find them computed there.
+    d = c.choose(req("t2", first + own(2), session="s"))
+    assert (d.replica_id, d.cached_blocks) == (home, 64)
+    # Once t1 is over its blocks count only as far as the engine reports them.
+    for i in ("t1", "t2"):
+        c.mark_prefilled(i)
+        c.release(i)
+    assert c.choose(req("t3", first + own(3), session="s")).cached_blocks == 0
+
+
 def test_a_backed_up_home_loses_the_session_when_recomputing_is_faster():
     c = core("ab")
     history = own(1, 8 * BS)
