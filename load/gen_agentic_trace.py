@@ -65,6 +65,12 @@ SPECS = {
     "agentic_dev3": AgenticParams(sessions=450, shared_prefix_blocks=16, prefixes=4, turns=18,
                                   tool_output_tokens=3000, output_tokens=200, think_time_s=6.0,
                                   arrival_rate=0.3, seed=13),
+    # Held out from the overload work: written after its defaults were frozen (commit 3b88605), run once
+    # (load/results/router_heldout.json) and reported whatever it showed. Another seed, more sessions, two
+    # shared prefixes of another length, other tool outputs, answers and think time.
+    "agentic_heldout": AgenticParams(sessions=500, shared_prefix_blocks=20, prefixes=2, turns=28,
+                                     first_user_tokens=400, tool_output_tokens=2000, output_tokens=300,
+                                     think_time_s=10.0, arrival_rate=0.45, seed=20261202),
 }
 
 
