@@ -53,6 +53,24 @@ SPECS = {
     "agentic_unseen": AgenticParams(sessions=400, shared_prefix_blocks=24, prefixes=3, turns=25,
                                     first_user_tokens=600, tool_output_tokens=2500, output_tokens=400,
                                     think_time_s=12.0, arrival_rate=0.4, seed=20261201),
+    # Development set for the ttft policy's overload handling (issue 17), run at 2-4x and 2048 / 8192 blocks
+    # (load/results/router_overload_dev.json). agentic_unseen was looked at while building it, so it is no
+    # longer held out; "agentic_heldout" below was written after these defaults were frozen (commit 3b88605).
+    "agentic_dev1": AgenticParams(sessions=350, shared_prefix_blocks=30, prefixes=2, turns=22,
+                                  tool_output_tokens=2200, output_tokens=300, think_time_s=8.0,
+                                  arrival_rate=0.35, seed=11),
+    "agentic_dev2": AgenticParams(sessions=300, shared_prefix_blocks=40, prefixes=1, turns=30,
+                                  tool_output_tokens=1800, output_tokens=350, think_time_s=15.0,
+                                  arrival_rate=0.5, seed=12),
+    "agentic_dev3": AgenticParams(sessions=450, shared_prefix_blocks=16, prefixes=4, turns=18,
+                                  tool_output_tokens=3000, output_tokens=200, think_time_s=6.0,
+                                  arrival_rate=0.3, seed=13),
+    # Held out from the overload work: written after its defaults were frozen (commit 3b88605), run once
+    # (load/results/router_heldout.json) and reported whatever it showed. Another seed, more sessions, two
+    # shared prefixes of another length, other tool outputs, answers and think time.
+    "agentic_heldout": AgenticParams(sessions=500, shared_prefix_blocks=20, prefixes=2, turns=28,
+                                     first_user_tokens=400, tool_output_tokens=2000, output_tokens=300,
+                                     think_time_s=10.0, arrival_rate=0.45, seed=20261202),
 }
 
 

@@ -34,7 +34,7 @@ DEFAULT_OUT = ROOT / "docs" / "figures"
 INPUTS = {
     "capacity": ("capacity.json", "capacity_ab95609.json"),
     "overhead": ("overhead.json", "overhead_66efbe5.json"),
-    "router_ttft": ("router_compare.json", "router_unseen.json"),
+    "router_ttft": ("router_compare.json", "router_unseen.json", "router_heldout.json"),
     "router_ttft_no_events": ("router_compare_no_events.json",),
     "router_overload": ("router_bench.json", "router_bench_64.json"),
     "cached_fraction": ("prefix_families.json",),
@@ -280,7 +280,10 @@ def figure_router_ttft(docs: list[tuple[dict, str]], title: str) -> Figure:
             ax.scatter(xs, s[policy]["p99"], marker="_", s=60, color="black", zorder=3,
                        label="p99" if j == 0 else None)
         _plain_log(ax)
-        ax.set_xticks(range(len(s["configs"])), s["configs"])
+        # More than four groups in a half-width panel: rate and cache size on two lines so the labels do not run
+        # into each other.
+        labels = [c.replace(", ", "\n") for c in s["configs"]] if len(s["configs"]) > 4 else s["configs"]
+        ax.set_xticks(range(len(s["configs"])), labels)
         ax.set_title(trace, fontsize=10)
         ax.set_ylabel("TTFT (s), bar = mean", fontsize=8)
         ax.tick_params(labelsize=7.5)

@@ -14,7 +14,7 @@ engine step that produced the first token; `max_utilization` = the busiest repli
 
     python -m load.sim_router --trace T.jsonl --cache-blocks 8192 --policy ttft --json
     python -m load.sim_router --compare              # every shipped trace x cache size x policy -> load/results/
-    python -m load.sim_router --compare --unseen     # the trace held out from tuning -> load/results/
+    python -m load.sim_router --compare --unseen     # agentic_unseen (held out until the overload work) -> load/results/
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ SHIPPED = [
     ("agentic", "spec:agentic", 1.0),
     ("agentic", "spec:agentic", 2.0),
 ]
-# Held out: generated only after the router's defaults were frozen (load/gen_agentic_trace.py, SPECS).
+# Generated after the router's first defaults were frozen; looked at while building the overload handling, so a
+# development trace since. The trace held out from that work is spec:agentic_heldout (load/gen_agentic_trace.py).
 UNSEEN = [
     ("agentic_unseen", "spec:agentic_unseen", 1.0),
     ("agentic_unseen", "spec:agentic_unseen", 2.0),

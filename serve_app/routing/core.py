@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
 from serve_app.routing.policies import ReplicaLoad, prompt_tokens
 from serve_app.routing.registry import make_policy
-from serve_app.routing.throughput import FollowOnWork, ReplicaRates, rates_for_new_replica, share_measurements
+from serve_app.routing.throughput import FollowOnWork, OfferedWork, ReplicaRates, rates_for_new_replica, share_measurements
 from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
 from serve_app.routing.types import Decision, RouteRequest
 from serve_app.settings import RouterConfig
@@ -80,9 +80,11 @@ class RouterCore:
         self.rates: dict[str, ReplicaRates] = {}  # measured prefill/decode speed per replica (ttft policy)
         self.step_tokens = step_tokens  # the engines' prefill tokens per step, for the ttft prediction
         self.follow_on = FollowOnWork(clock())  # prefill a new session brings after its first request
+        self.offered = OfferedWork(clock())  # prefill tokens per second routed to the fleet lately
         self.reservation_ttl_s = reservation_ttl_s
         self._inflight: OrderedDict[str, _Reservation] = OrderedDict()  # oldest first, for the TTL sweep
         self._sessions: OrderedDict[str, str] = OrderedDict()
+        self._session_last: dict[str, tuple[str, list[int]]] = {}  # session -> its latest request id and blocks
         self._max_sessions = max_sessions
         self._clock = clock
         self.rng = random.Random(seed)
@@ -100,6 +102,25 @@ class RouterCore:
             return None
         rid = self._sessions.get(key)
         return rid if rid in self.loads else None
+
+    def session_inflight_blocks(self, key: str | None, rid: str, block_hashes: list[int]) -> int:
+        """Leading blocks of `block_hashes` that the session's latest request, still in flight on `rid`, shares.
+
+        The engine admits first come first served, so a request queued behind its session's previous one finds that
+        one's prompt computed and cached by the time it is admitted, though no KV event has announced it yet.
+        """
+        last = self._session_last.get(key) if key is not None else None
+        if last is None:
+            return 0
+        r = self._inflight.get(last[0])
+        if r is None or r.replica_id != rid:
+            return 0
+        n = 0
+        for mine, theirs in zip(block_hashes, last[1]):
+            if mine != theirs:
+                break
+            n += 1
+        return n
 
     # ---- replicas ----
     def sync_replicas(self, replica_ids: Iterable[str]) -> None:
@@ -190,6 +211,7 @@ class RouterCore:
             self.index.replicas[rid].add(req.block_hashes, now)
         if req.session_key is not None:
             self._remember_session(req.session_key, rid)
+            self._session_last[req.session_key] = (req.request_id, req.block_hashes)
         self._policy.on_routed(self, req, rid)
         self.decisions += 1
         self.prompt_tokens += n
@@ -200,7 +222,8 @@ class RouterCore:
         self._sessions[key] = rid
         self._sessions.move_to_end(key)
         if len(self._sessions) > self._max_sessions:
-            self._sessions.popitem(last=False)
+            old, _ = self._sessions.popitem(last=False)
+            self._session_last.pop(old, None)
 
     def _reserve(self, req: RouteRequest, rid: str, prefill_tokens: int, now: float) -> None:
         if req.request_id in self._inflight:  # a retried id: its old reservation is superseded
@@ -212,6 +235,7 @@ class RouterCore:
         load.active_decode_tokens += req.expected_output_tokens
         load.add_recent(prefill_tokens, now)
         self.rates[rid].started(now, prefill_tokens)
+        self.offered.add(now, prefill_tokens)
         self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
                                                       prompt_tokens(req, self.block_size))
 

@@ -240,3 +240,30 @@ class FollowOnWork:
 
     def turns_per_session(self) -> float:
         return self._turns / self._new if self._new >= 1.0 else 0.0
+
+
+class OfferedWork:
+    """Prefill work the router has sent to the fleet lately, in tokens per second (time constant LOAD_WINDOW_S).
+
+    Set against the fleet's measured prefill capacity this says whether the backlog can drain: at or above it the
+    queues grow whatever the placement (sustained overload). It counts what was routed, not what was reported
+    done: reports arrive at most at the fleet's rate, so they cannot show that more was asked of it.
+    """
+
+    __slots__ = ("_tokens", "t")
+
+    def __init__(self, now: float = 0.0):
+        self._tokens = 0.0  # decayed sum of routed prefill tokens
+        self.t = now
+
+    def add(self, now: float, tokens: float) -> None:
+        self._tokens = self._decayed(now) + tokens
+        self.t = max(self.t, now)
+
+    def _decayed(self, now: float) -> float:
+        return self._tokens * math.exp(-max(0.0, now - self.t) / LOAD_WINDOW_S)
+
+    def rate(self, now: float) -> float:
+        # Decayed sum over the window's length: a steady rate r reads r once a window has passed, less before
+        # (a router that just started does not read its first burst as overload).
+        return self._decayed(now) / LOAD_WINDOW_S

@@ -15,6 +15,10 @@ Per candidate replica, in seconds, from that replica's measured rates (routing/t
   rho (2 - rho) / (1 - rho)^2 at the replica's recent prefill utilization rho, scaled by Kingman's variability
   (ca^2 + cs^2) / 2 of its arrivals and prefill sizes (bursty traffic queues more). Zero on an idle replica:
   recomputing a prefix costs nobody else then; steep near saturation, where recomputation is what tips it over.
+- cached: the leading blocks the replica holds (KV index); on the session's replica also those of its previous
+  request when that is still in flight there (queued or running): the engine admits in order, so they will be
+  computed before this one is admitted, though no KV event has said so yet. Without this a session whose turns
+  come faster than its replica serves them (open-loop clients, overload) looks uncached at home and moves.
 - follow-on, later turns: a session's first request decides where its later turns go (their history will be
   cached there). The router measures, over recent sessions, the prefill work and the number of requests that
   follow a session's first one (only with session keys: X-Claude-Code-Session-Id, prompt_cache_key ...), and
@@ -27,6 +31,15 @@ its history is cached, unless that replica is so backed up that recomputing the 
 even counting what the recomputation does to others. Within one block's prefill time of the best the
 predictions are noise: the session's last replica wins, then the larger cached prefix, then fewer requests in
 flight, then the replica that wrote the least new cache lately.
+
+Sustained overload is different. When the prefill work routed to the fleet lately (tokens per second, over the
+utilization window) reaches the fleet's measured prefill capacity, the queues grow whatever the placement: the
+M/M/1 marginal is undefined there (it is capped), and every token recomputed is capacity taken from a fleet that
+has none to spare, so hit rate is throughput. The policy then routes work first: only the replicas that would
+compute the least (within one block) are candidates, which keeps a session on its history and a shared prefix
+where it is cached, and among them the lowest predicted TTFT wins (the costs of the future are the fleet's, the
+same wherever the request goes). Once the routed work falls below capacity the backlog drains and the full
+cost, recomputation included, is used again. The signal is a comparison of two measured rates, not a weight.
 """
 
 from __future__ import annotations
@@ -43,16 +56,29 @@ class TtftPolicy(Policy):
 
     def choose(self, state, req, candidates):
         bs = state.block_size
-        _, overlaps, uncached_by = prefill_left(state, req, candidates)
+        n, overlaps, uncached_by = prefill_left(state, req, candidates)
+        home = state.session_replica(req.session_key)
+        if home in overlaps:
+            # The session's previous request may still be queued or running there: its prompt is as good as cached.
+            k = state.session_inflight_blocks(req.session_key, home, req.block_hashes)
+            if k > overlaps[home]:
+                overlaps[home] = k
+                uncached_by[home] = n - min(k * bs, n)
         step_tokens = getattr(state, "step_tokens", DEFAULT_STEP_TOKENS)
         now = state.now()
         # A session's first request also decides where its later turns go (their history will be cached there).
         follow_on = later_turns = 0.0
-        if req.session_key is not None and state.session_replica(req.session_key) is None:
+        if req.session_key is not None and home is None:
             follow_on = state.follow_on.per_session()
             later_turns = state.follow_on.turns_per_session()
         predicted = {}
-        for rid in candidates:
+        if fleet_overloaded(state, now):
+            # Work first: recomputation takes capacity the fleet does not have; then this request's own TTFT.
+            least = min(uncached_by[r] for r in candidates)
+            candidates = [r for r in candidates if uncached_by[r] <= least + bs]
+            for rid in candidates:
+                predicted[rid] = predict_ttft(state, rid, uncached_by[rid], step_tokens)
+        for rid in candidates if not predicted else ():
             uncached = uncached_by[rid]
             wait = predict_ttft(state, rid, uncached, step_tokens)
             rates = state.rates[rid]
@@ -63,7 +89,7 @@ class TtftPolicy(Policy):
         # One block's prefill on the fastest replica: below that the difference is not real work.
         band = bs / max(state.rates[r].prefill.rate for r in candidates)
         tied = [r for r in candidates if predicted[r] <= best + band]
-        if state.session_replica(req.session_key) not in tied:
+        if home not in tied:
             # Equal predictions: keep the larger cached prefix (it serves this session's next turn too).
             most = max(overlaps[r] for r in tied)
             tied = [r for r in tied if overlaps[r] == most]
@@ -81,6 +107,14 @@ def predict_ttft(state, rid: str, uncached: int, step_tokens: int = DEFAULT_STEP
     # Decode tokens that share those steps; no more than the running requests are expected to produce.
     interleaved = min(rates.decoding * steps, load.active_decode_tokens)
     return prefill_s + interleaved / rates.decode.rate
+
+
+def fleet_overloaded(state, now: float) -> bool:
+    """The fleet is asked for prefill work at least as fast as it measurably does it: its backlog cannot drain."""
+    offered = getattr(state, "offered", None)
+    if offered is None or not state.rates:
+        return False
+    return offered.rate(now) >= sum(r.prefill.rate for r in state.rates.values())
 
 
 MAX_UTILIZATION = 0.95  # keeps the delay factor finite on a saturated replica

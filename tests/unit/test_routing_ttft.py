@@ -5,8 +5,8 @@ import pytest
 from serve_app.routing.core import RouteRequest, RouterCore
 from serve_app.routing.hashing import block_hashes
 from serve_app.routing.index import EVENTS
-from serve_app.routing.throughput import PRIOR_PREFILL_TPS, MIN_SAMPLE_TOKENS
-from serve_app.routing.ttft import delay_factor, predict_ttft
+from serve_app.routing.throughput import LOAD_WINDOW_S, MIN_SAMPLE_TOKENS, PRIOR_PREFILL_TPS
+from serve_app.routing.ttft import delay_factor, fleet_overloaded, predict_ttft
 
 BS = 16
 SHARED = list(range(100_000, 100_000 + 64 * BS))  # a 1024-token system prompt + tools shared by every session
@@ -84,12 +84,82 @@ def test_a_sessions_later_turns_go_back_to_its_history():
     assert d.replica_id == home
 
 
+def test_a_turn_queued_behind_its_sessions_previous_one_counts_that_prompt_as_cached():
+    c = core("ab")
+    first = own(1, 64 * BS)
+    home = c.choose(req("t1", first, session="s")).replica_id
+    # t1 has not even started prefilling (no report, no KV event): its 64 blocks queue at home. The next turn,
+    # sent before t1 is served (an open-loop client, or an overloaded replica), will find them computed there.
+    d = c.choose(req("t2", first + own(2), session="s"))
+    assert (d.replica_id, d.cached_blocks) == (home, 64)
+    # Once t1 is over its blocks count only as far as the engine reports them.
+    for i in ("t1", "t2"):
+        c.mark_prefilled(i)
+        c.release(i)
+    assert c.choose(req("t3", first + own(3), session="s")).cached_blocks == 0
+
+
 def test_a_backed_up_home_loses_the_session_when_recomputing_is_faster():
     c = core("ab")
     history = own(1, 8 * BS)
     c.blocks_stored("a", block_hashes(history, BS))
     c._reserve(RouteRequest("flood", [], 0, 0), "a", 50_000, 0.0)  # seconds of queued prefill at "a"
     assert c.choose(req("t2", history + own(2), session="s")).replica_id == "b"
+
+
+
+def _backlogs(c, tokens_by_replica):
+    """Prefill work queued at each replica (routed, not yet reported prefilled)."""
+    for rid, tokens in tokens_by_replica.items():
+        c._reserve(RouteRequest(f"flood-{rid}", [], 0, 0), rid, tokens, c.now())
+
+
+def test_an_overloaded_fleet_keeps_sessions_on_their_history():
+    history = own(1, 8 * BS)
+
+    def turn_with_backlogs(a, b):
+        c = core("ab")
+        c.blocks_stored("a", block_hashes(history, BS))
+        _backlogs(c, {"a": a, "b": b})
+        return c, c.choose(req("t2", history + own(2), session="s")).replica_id
+
+    # Below capacity a home four times as backed up as the other replica loses the session: recomputing the
+    # history there is faster.
+    c, chosen = turn_with_backlogs(200_000, 50_000)
+    assert not fleet_overloaded(c, c.now())
+    assert chosen == "b"
+    # The same queues ten times over is more prefill than the fleet does in the utilization window: the backlog
+    # cannot drain, recomputing would only take capacity from everyone, so the session stays with its history.
+    c, chosen = turn_with_backlogs(2_000_000, 500_000)
+    assert c.offered.rate(c.now()) >= 2 * PRIOR_PREFILL_TPS
+    assert fleet_overloaded(c, c.now())
+    assert chosen == "a"
+
+
+def test_a_hot_prefix_spreads_again_once_the_overload_has_drained():
+    clock = Clock()
+    c = core("abc", clock)
+    c.blocks_stored("a", block_hashes(SHARED, BS))
+    _backlogs(c, {r: 1_500_000 for r in "abc"})  # every replica equally behind, the fleet past capacity
+    assert fleet_overloaded(c, clock())
+
+    def burst(tag):
+        ids = [f"{tag}{i}" for i in range(40)]
+        chosen = [c.choose(req(i, SHARED + own(k, 4 * BS))).replica_id for k, i in enumerate(ids)]
+        for i in ids:
+            c.mark_prefilled(i)
+            c.release(i)
+        return chosen
+
+    # In overload the burst stays where the prefix is cached, however long the queue there grows.
+    assert set(burst("o")) == {"a"}
+    # The backlog is done and the work routed lately has decayed: the same burst spreads as it does normally.
+    for r in "abc":
+        c.mark_prefilled(f"flood-{r}")
+        c.release(f"flood-{r}")
+    clock.t += 10 * LOAD_WINDOW_S
+    assert not fleet_overloaded(c, clock())
+    assert set(burst("n")) == {"a", "b", "c"}
 
 
 def test_prefill_rate_is_measured_from_reports_and_changes_the_choice():
