@@ -156,9 +156,13 @@ def test_unknown_ids_and_zstd_body(serve_url):
         assert r.status_code == 200 and r.json()["output"][0]["content"][0]["text"] == "zstd ok"
 
 
-def test_prompt_too_long_is_a_400_before_the_stream(client):
+def test_prompt_too_long_is_response_failed_when_streaming_and_a_400_when_not(client):
+    events = list(client.responses.create(model=PLAIN, input="word " * 9000, stream=True))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.error.code == "context_length_exceeded"  # what Codex compacts on
+    assert "maximum context length is 8192 tokens" in events[-1].response.error.message
     with pytest.raises(openai.BadRequestError) as e:
-        client.responses.create(model=PLAIN, input="word " * 9000, stream=True)
+        client.responses.create(model=PLAIN, input="word " * 9000)
     assert e.value.code == "context_length_exceeded" and "maximum context length is 8192 tokens" in e.value.message
 
 

@@ -217,17 +217,25 @@ async def test_overload_streams_as_response_failed_and_is_http_529_otherwise(rep
     assert r.json()["error"]["code"] == "server_is_overloaded"
 
 
-@pytest.mark.parametrize("stream", [True, False])
-async def test_prompt_too_long_is_a_400_in_the_openai_envelope(replicas, stream):
-    """As the API answers an input that does not fit the context window: a 400 before any event, code
-    `context_length_exceeded` (the SDK's `ResponseError` enum has no such member for `response.failed`)."""
+async def test_prompt_too_long_is_a_400_in_the_openai_envelope_when_not_streaming(replicas):
     app, _ = replicas[0]
     with pytest.raises(openai.BadRequestError) as e:
-        await client(app).responses.create(model="m1", input="x", stream=stream,
+        await client(app).responses.create(model="m1", input="x",
                                            extra_body={"nvext": {"forced_script": "raise:too_long"}})
     assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
     assert e.value.body["type"] == "invalid_request_error"
     assert "8192" in e.value.message and "9000" in e.value.message
+
+
+async def test_prompt_too_long_streams_response_failed_with_the_code_codex_compacts_on(replicas):
+    """Codex reads "context window exceeded" only from `response.failed` with `context_length_exceeded` (an HTTP
+    400 ends its turn as an invalid request); the SDK's `ResponseError` enum lacks the member, the API sends it."""
+    app, _ = replicas[0]
+    events = [e async for e in await client(app).responses.create(
+        model="m1", input="x", stream=True, extra_body={"nvext": {"forced_script": "raise:too_long"}})]
+    assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
+    err = events[-1].response.error
+    assert err.code == "context_length_exceeded" and "8192" in err.message and "9000" in err.message
 
 
 async def test_midstream_error_is_response_failed_and_non_stream_is_http_error(replicas):

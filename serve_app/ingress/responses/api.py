@@ -10,7 +10,7 @@ from typing import Any
 from starlette.requests import Request
 
 from serve_app.conversation import Event, Finish
-from serve_app.errors import ServiceError
+from serve_app.errors import PromptTooLong, ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.context import IngressContext, RecordStore
 from serve_app.ingress.responses.convert import (
@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE = b": keep-alive\n\n"
 # Refusals a streaming client gets in-protocol (`response.failed`, which Codex retries: `rate_limit_exceeded` after
-# the delay in the message, `server_error` with backoff), not as HTTP. Everything else raised before generation,
-# a prompt too long for the context included, is an HTTP error in the OpenAI envelope, as the API answers it.
+# the delay in the message, `server_error` with backoff), not as HTTP; and a prompt too long for the context, whose
+# `context_length_exceeded` in `response.failed` is the only form Codex reads as "context window exceeded" (and
+# compacts on): an HTTP 400 is a plain invalid request to it (codex-api `api_bridge.rs`). Everything else raised
+# before generation is an HTTP error in the OpenAI envelope, as the API answers it.
 STREAMED_FAILURES = ("rate_limit", "overloaded")
 
 
@@ -67,6 +69,8 @@ class ResponsesWire:
         return KEEPALIVE
 
     def fail(self, err: ServiceError) -> bytes:
+        if isinstance(err, PromptTooLong):  # outside the SDK's ResponseError enum, but what the API and Codex use
+            return b"".join(self.encoder.fail("context_length_exceeded", err.openai_message, err.kind))
         code = error_code(err.kind)
         message = err.message
         if code == "rate_limit_exceeded" and err.retry_after:
@@ -110,7 +114,7 @@ class ResponsesApi(AdapterDefaults):
         ))
 
     def fails_in_stream(self, call: Call, err: ServiceError) -> bool:
-        return err.kind in STREAMED_FAILURES
+        return err.kind in STREAMED_FAILURES or isinstance(err, PromptTooLong)
 
     async def finished(self, call: Call, encoder: ResponsesWire, ctx: IngressContext) -> None:
         """Store the response (unless `store: false`), so a follow-up that names it finds it on any replica."""

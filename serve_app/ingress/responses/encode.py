@@ -46,7 +46,7 @@ from serve_app.ingress import sse
 # serve_app.errors kind → `response.error.code` in `response.failed`: only members of the SDK's `ResponseError.code`
 # enum (tests/unit/test_responses_encode.py checks them against it). Codex retries `server_error` with backoff and
 # `rate_limit_exceeded` after the delay it reads from "try again in Ns" in the message. A prompt that does not fit
-# never gets here: it is a 400 with `context_length_exceeded` in the OpenAI envelope (docs/limits.md).
+# is `context_length_exceeded` (api.py: outside the enum, but what Codex compacts on; docs/limits.md).
 ERROR_CODES = {
     "rate_limit": "rate_limit_exceeded",
     "overloaded": "server_error",
