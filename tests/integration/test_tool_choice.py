@@ -145,3 +145,21 @@ def test_responses_required_is_a_valid_function_call(oai, stream):
     assert calls and resp.status == "completed"
     for c in calls:
         _valid(c.name, json.loads(c.arguments))
+
+
+def test_chat_none_never_calls(oai):
+    resp = oai.chat.completions.create(model=PLAIN, max_tokens=40, temperature=0, tools=_chat_tools(),
+                                       tool_choice="none", messages=[{"role": "user", "content": ASK}])
+    msg = resp.choices[0].message
+    assert not msg.tool_calls and resp.choices[0].finish_reason != "tool_calls"
+    assert "<tool_call>" not in (msg.content or "")
+
+
+def test_responses_named_function_is_one_valid_call(oai):
+    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"], "strict": True} for t in _chat_tools()]
+    resp = oai.responses.create(model=PLAIN, max_output_tokens=200, temperature=0, input=ASK, tools=tools,
+                                tool_choice={"type": "function", "name": "get_time"})
+    calls = [item for item in resp.output if item.type == "function_call"]
+    assert [c.name for c in calls] == ["get_time"] and resp.status == "completed"
+    _valid(calls[0].name, json.loads(calls[0].arguments))
