@@ -70,12 +70,18 @@ class TargetReplicaRouter(RequestRouter):
         super().on_replica_actor_died(replica_id)  # drops it from curr_replicas
         self._sync([r.replica_id.unique_id for r in self.curr_replicas.values() if r.replica_id != replica_id])
 
+    def _reports(self) -> bool:
+        return _in_replica()
+
+    def _handle(self):
+        return _router_handle(self._router_app)
+
     def _sync(self, ids: list[str]) -> None:
-        if not self._router_app or not self._engine_key or not _in_replica():
+        if not self._router_app or not self._engine_key or not self._reports():
             return
         try:
             if self._router_handle is None:
-                self._router_handle = _router_handle(self._router_app)
+                self._router_handle = self._handle()
             self._router_handle.sync_replicas.remote(self._engine_key, ids)  # fire and forget
         except Exception as e:  # noqa: BLE001 - routing must go on; the next change of the set syncs again
             log.warning("could not report replicas to the Router: %s", e)

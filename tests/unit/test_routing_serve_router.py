@@ -40,17 +40,25 @@ class RouterHandle:
         self.calls.append((key, sorted(ids)))
 
 
-_REAL_IN_REPLICA = serve_router._in_replica
+class InReplica(TargetReplicaRouter):
+    """As in an ingress replica, with the Router's handle recorded. Overridden on the class, not patched into the
+    module: after the integration tests in one pytest process, module-level patches stopped reaching the router's
+    methods (seen twice in CI, never alone)."""
+
+    handles: list
+
+    def _reports(self) -> bool:
+        return True
+
+    def _handle(self):
+        self.handles.append(("Router", self._router_app))
+        return RouterHandle(self.calls)
 
 
 def _router(monkeypatch, calls):
     handles = []
-    monkeypatch.setattr(serve_router, "_in_replica", lambda: True)  # as in an ingress replica
-    # the module's own seam, not `ray.serve.get_deployment_handle`: after the integration tests in one pytest
-    # process, `from ray import serve` inside the router no longer saw a patch of the test's `serve` module
-    monkeypatch.setattr(serve_router, "_router_handle",
-                        lambda app_name: handles.append(("Router", app_name)) or RouterHandle(calls))
-    r = TargetReplicaRouter(DEP, DeploymentHandleSource.REPLICA)
+    r = InReplica(DEP, DeploymentHandleSource.REPLICA)
+    r.handles, r.calls = handles, calls
     r.initialize_state(**_engine_options(ModelConfig(id="m"), "Engine-x")["request_router_config"].request_router_kwargs)
     return r, handles
 
@@ -95,6 +103,6 @@ def test_a_driver_handle_never_reports(monkeypatch):
     driver's shared router thread and deadlock it; it is skipped."""
     calls = []
     r, handles = _router(monkeypatch, calls)
-    monkeypatch.setattr(serve_router, "_in_replica", _REAL_IN_REPLICA)  # this test process is a driver
+    monkeypatch.setattr(r, "_reports", TargetReplicaRouter._reports.__get__(r))  # the real check: a driver here
     r._sync(["a", "b"])
     assert handles == [] and calls == []
