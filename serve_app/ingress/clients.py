@@ -16,6 +16,7 @@ log = logging.getLogger(__name__)
 # Errors that say the replica's actor is gone or unreachable (its node died, it crashed), not that the request
 # was bad: a request refused with one of these before it started may go to another replica.
 REPLICA_GONE = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError"})
+_GONE_RETRIES = 2  # Serve may pick the dead replica again until its controller has dropped it
 
 
 class ServeEngineClient:
@@ -94,18 +95,20 @@ class ServeEngineClient:
         key, inbox = receiver.register()
         req.reply_to = (receiver.address, key)
         try:
-            try:
-                gen = await self._accepted(engine_key, req)
-            except Exception as e:
-                if req.target_replica is None or type(e).__name__ not in REPLICA_GONE:
-                    raise
-                # The Router chose a replica that died before it heard (a node lost): nothing ran yet, so send the
-                # request to whichever live replica Serve picks. The call that failed has already made Serve drop
-                # the replica and report that to the Router (serve_router.py).
-                log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
-                            type(e).__name__, req.request_id)
-                req.target_replica = None
-                gen = await self._accepted(engine_key, req)
+            for attempt in range(_GONE_RETRIES + 1):
+                try:
+                    gen = await self._accepted(engine_key, req)
+                    break
+                except Exception as e:
+                    if type(e).__name__ not in REPLICA_GONE or attempt == _GONE_RETRIES:
+                        raise
+                    # The replica (the Router's choice, or Serve's own before it noticed) died before it accepted
+                    # (a node lost): nothing ran yet, so send the request to whichever live replica Serve picks.
+                    # The call that failed has already made Serve drop the replica and report that to the Router
+                    # (serve_router.py).
+                    log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
+                                type(e).__name__, req.request_id)
+                    req.target_replica = None
         except BaseException:
             receiver.unregister(key)
             raise

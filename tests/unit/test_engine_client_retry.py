@@ -76,11 +76,39 @@ def test_a_dead_target_is_retried_on_a_live_replica():
     assert h.sent == ["r-dead", None] and h.gens[0].cancelled
 
 
-@pytest.mark.parametrize("target, error", [(None, ActorDiedError), ("r-dead", ValueError)])
-def test_other_failures_are_not_retried(target, error):
-    h = Handle(dead={target}, error=error)
+class FlakyPick(Handle):
+    """Serve's own pick (no target) lands on a dead replica the first `misses` times: its controller has not
+    dropped it yet."""
+
+    def __init__(self, misses):
+        super().__init__()
+        self.misses = misses
+
+    def remote(self, req):
+        self.dead = {None} if self.misses > 0 else set()
+        self.misses -= 1
+        return super().remote(req)
+
+
+def test_serves_own_pick_of_a_dead_replica_is_retried_too():
+    h = FlakyPick(misses=2)
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4)
+    assert asyncio.run(_texts(ServeEngineClient({"e": h}, None), req)) == ["ok"]
+    assert h.sent == [None, None, None]
+
+
+def test_a_replica_gone_every_time_fails_after_the_retries():
+    h = Handle(dead={None})
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4)
+    with pytest.raises(ActorDiedError):
+        asyncio.run(_texts(ServeEngineClient({"e": h}, None), req))
+    assert h.sent == [None, None, None] and all(g.cancelled for g in h.gens)
+
+
+def test_other_failures_are_not_retried():
+    h = Handle(dead={"r-dead"}, error=ValueError)
     client = ServeEngineClient({"e": h}, None)
-    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica=target)
-    with pytest.raises(error):
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dead")
+    with pytest.raises(ValueError):
         asyncio.run(_texts(client, req))
-    assert h.sent == [target]
+    assert h.sent == ["r-dead"]
