@@ -1,0 +1,114 @@
+"""A newcomer's first Claude Code turn on a config, timed end to end: `serve run <config>` (the README's first
+command), then the README's `claude` line with a fresh home and `-p "Reply with one short greeting."`.
+
+Records how long the service took to become ready (`/health` 200), how long the turn took, the answer, and every
+request of the turn from the service's request log (prompt, cached and output tokens, TTFT, duration), with the
+command, commit and host. The real CLI comes from npm into `.tools/claude-code` (as the conformance tests do).
+
+    python -m load.bench_first_turn --json load/results/first_turn_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "conformance"))  # npm_tools: the project-local CLI install
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"serve run exited with {proc.returncode}")
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return time.monotonic() - start
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"not ready after {timeout_s} s")
+
+
+def _requests_of(log_path: Path) -> list[dict]:
+    """The request-log lines (serve_app/request_log.py: one JSON object per request) in the service's output."""
+    out = []
+    for line in log_path.read_text(errors="replace").splitlines():
+        i = line.find('{"ts"')
+        if i < 0:
+            continue
+        try:
+            rec = json.loads(line[i:])
+        except ValueError:
+            continue
+        if "request_id" in rec:
+            out.append({k: rec.get(k) for k in ("api", "model", "prompt_tokens", "cached_tokens", "output_tokens",
+                                                  "ttft_s", "duration_s", "finish_reason")})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="config.yaml")
+    ap.add_argument("--model", default="claude-sonnet-4-6")
+    ap.add_argument("--prompt", default="Reply with one short greeting.")
+    ap.add_argument("--port", type=int, default=8000, help="the config's http_options port")
+    ap.add_argument("--json", help="write the result here")
+    a = ap.parse_args()
+
+    from npm_tools import TOOLS, npm_bin
+
+    from load.bench_capacity import git_commit, host
+
+    claude = npm_bin(TOOLS / "claude-code", "@anthropic-ai/claude-code", "claude")
+    version = subprocess.run([str(claude), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    url = f"http://127.0.0.1:{a.port}"
+    work = Path(tempfile.mkdtemp(prefix="first-turn-"))
+    log_path = work / "serve.log"
+    serve = ROOT / ".venv" / "bin" / "serve"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([str(serve), "run", a.config], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        ready_s = _wait_ready(url, proc, 1200)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home"),
+               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "any"}  # the README's line, nothing more
+        (work / "home").mkdir()
+        t0 = time.monotonic()
+        r = subprocess.run([str(claude), "--model", a.model, "-p", a.prompt], cwd=work / "home", env=env,
+                           capture_output=True, text=True, timeout=1800)
+        turn_s = time.monotonic() - t0
+        time.sleep(2)  # the last request-log line
+        requests = _requests_of(log_path)
+    finally:
+        subprocess.run([str(ROOT / ".venv" / "bin" / "serve"), "shutdown", "-y"], cwd=ROOT, capture_output=True,
+                       timeout=120)
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        subprocess.run([str(ROOT / ".venv" / "bin" / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+    out = {"command": " ".join(["python", "-m", "load.bench_first_turn", *sys.argv[1:]]), "commit": git_commit(),
+           "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "config": a.config, "model": a.model,
+           "claude_code": version, "prompt": a.prompt,
+           "results": {"ready_s": round(ready_s, 1), "turn_s": round(turn_s, 1), "exit_code": r.returncode,
+                       "answer": r.stdout.strip()[-500:], "stderr_tail": r.stderr.strip()[-500:],
+                       "requests": requests}}
+    text = json.dumps(out, indent=2)
+    print(text)
+    if a.json:
+        Path(a.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
