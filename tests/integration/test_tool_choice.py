@@ -45,6 +45,11 @@ def _chat_tools():
                                               "parameters": CLOCK}}]
 
 
+def _responses_tools():
+    return [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
+             "parameters": t["function"]["parameters"], "strict": True} for t in _chat_tools()]
+
+
 def _valid(name: str, args: dict) -> None:
     jsonschema.validate(args, SCHEMA if name == "get_weather" else CLOCK)
 
@@ -133,8 +138,7 @@ def test_chat_tool_choice_naming_no_given_tool_is_a_400(oai):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_responses_required_is_a_valid_function_call(oai, stream):
-    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
-              "parameters": t["function"]["parameters"], "strict": True} for t in _chat_tools()]
+    tools = _responses_tools()
     kw = dict(model=PLAIN, max_output_tokens=200, temperature=0, input=ASK, tools=tools, tool_choice="required")
     if stream:
         with oai.responses.stream(**kw) as s:
@@ -156,8 +160,7 @@ def test_chat_none_never_calls(oai):
 
 
 def test_responses_named_function_is_one_valid_call(oai):
-    tools = [{"type": "function", "name": t["function"]["name"], "description": t["function"]["description"],
-              "parameters": t["function"]["parameters"], "strict": True} for t in _chat_tools()]
+    tools = _responses_tools()
     resp = oai.responses.create(model=PLAIN, max_output_tokens=200, temperature=0, input=ASK, tools=tools,
                                 tool_choice={"type": "function", "name": "get_time"})
     calls = [item for item in resp.output if item.type == "function_call"]

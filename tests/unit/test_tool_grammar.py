@@ -76,9 +76,9 @@ def answer(fmt: str, calls: int = 1) -> str:
     return (s.section_begin or "") + sep.join([one_call(fmt)] * calls) + (s.section_end or "")
 
 
-def calls_of(fmt: str, text: str) -> list[tuple[str, dict]]:
+def calls_of(fmt: str, text: str, tools: list[ToolSpec] = TOOLS) -> list[tuple[str, dict]]:
     """(name, arguments) of every completed call the format's parser reads in `text`."""
-    schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in TOOLS]
+    schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in tools]
     p = make_stream_parser(reasoning=REASONING.get(fmt), tools=fmt, tool_schemas=schemas)
     names, args, done = {}, {}, []
     for ev in p.push(text) + p.finish():
@@ -202,16 +202,7 @@ def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, 
             text = _walk(compiler, info, tok, solid, tag, rng)
             if text is None:  # the walk ran long (whitespace); nothing to judge
                 continue
-            schemas_list = [{"type": "function", "function": {"name": n, "parameters": s}} for n, s in schemas.items()]
-            p = make_stream_parser(tools=fmt, tool_schemas=schemas_list)
-            calls, names, args = [], {}, {}
-            for ev in p.push(text) + p.finish():
-                if isinstance(ev, ToolCallStart):
-                    names[ev.index], args[ev.index] = ev.name, ""
-                elif isinstance(ev, ToolCallArgsDelta):
-                    args[ev.index] += ev.arguments
-                elif isinstance(ev, ToolCallEnd):
-                    calls.append((names[ev.index], json.loads(args[ev.index])))
+            calls = calls_of(fmt, text, BOUNDED)
             assert calls, text
             if choice.mode == "tool":
                 assert [n for n, _ in calls] == ["get_weather"], text
