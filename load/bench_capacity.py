@@ -305,6 +305,32 @@ def summarize(acc: dict) -> dict:
     return row
 
 
+def request_phases(log_path: str) -> list[dict]:
+    """Our request log's lines (serve run forwards the replicas' stdout, prefixed by Ray with the process name):
+    per request its `ts` and `phases_ms`, where the time to its first token went inside the app."""
+    out = []
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            i = line.find('{"ts":')
+            if i < 0 or '"phases_ms"' not in line:
+                continue
+            try:
+                rec = json.loads(line[i:])
+            except ValueError:
+                continue
+            out.append({"ts": rec["ts"], "phases_ms": rec["phases_ms"]})
+    return out
+
+
+def phase_summary(records: list[dict], windows: list[tuple[float, float]]) -> dict:
+    """p50 and p99 of each TTFT phase over the requests that finished inside the level's measured windows."""
+    picked = [r["phases_ms"] for r in records if any(a <= r["ts"] <= b for a, b in windows)]
+    names = list(dict.fromkeys(k for p in picked for k in p))
+    return {"requests": len(picked),
+            **{k: {"p50_ms": round(pct([p[k] for p in picked if k in p], 0.5), 2),
+                   "p99_ms": round(pct([p[k] for p in picked if k in p], 0.99), 2)} for k in names}}
+
+
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
@@ -370,17 +396,19 @@ def main() -> None:
         for n in names:
             wait_healthy(urls[n], procs[n])
         meters = {n: CpuMeter(procs[n].pid, n) for n in names}
-        acc = {(n, c): {"results": [], "wall": 0.0, "cpu": {}, "client_cpu": 0.0} for n in names for c in levels}
+        acc = {(n, c): {"results": [], "wall": 0.0, "cpu": {}, "client_cpu": 0.0, "windows": []}
+               for n in names for c in levels}
         for n in names:  # warm-up: first requests pay one-off costs on both sides
             asyncio.run(run_level(urls[n], 8, 8, 16, seed=-1))
         for r in range(a.rounds):
             for c in levels:
                 order = names if r % 2 == 0 else names[::-1]
                 for n in order:
-                    before, c0 = meters[n].snapshot(), self_cpu()
+                    before, c0, w0 = meters[n].snapshot(), self_cpu(), time.time()
                     res = asyncio.run(run_level(urls[n], c, requests_for(c, a.tokens, a.scale), a.tokens, seed=r * 1000 + c))
                     cpu = CpuMeter.delta(before, meters[n].snapshot())
                     s = acc[(n, c)]
+                    s["windows"].append((w0, time.time()))
                     s["results"] += res["results"]
                     s["wall"] += res["wall"]
                     s["client_cpu"] += self_cpu() - c0
@@ -401,8 +429,14 @@ def main() -> None:
             "load_generator_ceiling": ceiling,
             "levels": {},
         }
+        time.sleep(3)  # Ray forwards the replicas' stdout (the request log) to serve run's with a short delay
+        log.flush()
+        records = request_phases(log.name) if "ours" in names else []
         for c in levels:
             row = {n: summarize(acc[(n, c)]) for n in names}
+            if "ours" in names:
+                # Where our time to first token went, from the request log (docs/serving-path.md)
+                row["ours"]["ttft_phases"] = phase_summary(records, acc[("ours", c)]["windows"])
             if len(names) == 2:
                 o, v = row["ours"], row["vllm"]
                 row["ratio"] = {

@@ -2,7 +2,8 @@
 
 Fields: ts, request_id, tenant, api, model, prompt_tokens, cached_tokens, output_tokens, ttft_s, duration_s,
 finish_reason, replica, route (the policy that chose the replica, or why there was no choice), predicted_cached
-(the router's belief). Never prompt text or keys: `ingress.log_request_text` (a debug setting) adds the last
+(the router's belief), phases_ms (milliseconds each step before the first token took, from the request's arrival:
+parse, render, tenant, route, accept, first_token — where a slow TTFT went). Never prompt text or keys: `ingress.log_request_text` (a debug setting) adds the last
 input text, and nothing adds keys. Written through its own logger (no propagation), so it stays one line of JSON
 whatever the process's logging setup.
 """
@@ -55,6 +56,7 @@ def record(
     replica: str | None = None,
     route: str | None = None,
     predicted_cached: int | None = None,
+    phases_ms: dict[str, float] | None = None,
     error: str | None = None,
     text: str | None = None,
 ) -> dict[str, Any]:
@@ -75,6 +77,8 @@ def record(
         "route": route,
         "predicted_cached": predicted_cached,
     }
+    if phases_ms:
+        out["phases_ms"] = phases_ms
     if error is not None:
         out["error"] = error[:300]
     if text is not None:

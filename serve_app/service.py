@@ -70,6 +70,10 @@ class PreparedRequest:
     starts_in_reasoning: bool | None = None  # the rendered prompt ends inside an open think block
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style function schemas for the parser
     created: float = 0.0  # time.monotonic() at admission, for TTFT
+    # time.monotonic() as the request passes each step before its first token (render, tenant, route, accept,
+    # first_token): the request log's `phases_ms` says where a slow TTFT went
+    marks: dict[str, float] = field(default_factory=dict)
+    received: float = 0.0  # time.monotonic() when the HTTP request arrived, when the edge said so
     tenant: str | None = None  # serve_app/tenants.py
     cache_salt: str | None = None  # the tenant's prefix-cache namespace (vLLM cache_salt; the router's hashes too)
     _release: Any = None  # frees this request's admission slot and tenant lease: _release(output_tokens) (idempotent)
@@ -221,7 +225,9 @@ class GenerationService:
         rendered = await renderer.render(conv, opts)
         return len(rendered.token_ids)
 
-    async def prepare(self, conv: Conversation, opts: GenerationOptions, model_id: str) -> PreparedRequest:
+    async def prepare(self, conv: Conversation, opts: GenerationOptions, model_id: str,
+                      received: float | None = None) -> PreparedRequest:
+        """`received`: time.monotonic() when the HTTP request arrived (the request log's phases start there)."""
         renderer, model = await self.renderer_for(model_id)
         wrong = tool_grammar.check_choice(conv.tool_choice, conv.tools)
         if wrong:
@@ -233,9 +239,14 @@ class GenerationService:
         release = self._admit()
         try:
             prepared = await self._prepare_admitted(renderer, model, conv, opts, model_id)
+            if received is not None:
+                prepared.received = received
+                prepared.marks["parse"] = prepared.created
+            prepared.marks["render"] = time.monotonic()
             prepared.tenant = tenant
             prepared.cache_salt = tenants.cache_salt(self.settings.ingress, tenant)
             release = await self._tenant_admit(prepared, release)
+            prepared.marks["tenant"] = time.monotonic()
         except BaseException:
             release()
             raise
@@ -394,6 +405,7 @@ class GenerationService:
                 session_key=prepared.options.session_key,
             )
             decision = await self.engines.choose(key, route)
+            prepared.marks["route"] = time.monotonic()
 
             # vLLM's reasoning gate (engine-wide) decides whether a tool-choice grammar starts at the think block
             gate = bool(model.reasoning_parser) and await self.engines.reasoning_gate(key)
@@ -414,12 +426,13 @@ class GenerationService:
             # Opened before anything is yielded: an engine that refuses (queue full) fails the request while the
             # adapter can still answer with a plain 429/529 instead of an in-stream error.
             chunks = await self.engines.open(key, engine_req)
+            prepared.marks["accept"] = time.monotonic()
             predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
             yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
             async for chunk in chunks:
                 last = chunk
                 if "ttft" not in outcome and (chunk.token_ids or chunk.finish_reason is not None):
-                    outcome["ttft"] = time.monotonic()
+                    outcome["ttft"] = prepared.marks["first_token"] = time.monotonic()
                 if chunk.num_cached_tokens is not None:
                     cached = outcome["cached"] = chunk.num_cached_tokens
                     if decision is not None:  # the Router learns this replica's prefill rate from it
@@ -502,6 +515,7 @@ class GenerationService:
                 replica=decision.replica_id if decision is not None else None,
                 route=route,
                 predicted_cached=decision.cached_blocks if decision is not None else None,
+                phases_ms=_phases_ms(prepared.received or start, prepared.marks) if start else None,
                 error=error,
                 text=_last_input_text(prepared.conversation) if ing.log_request_text else None,
             )
@@ -535,6 +549,15 @@ class GenerationService:
     async def complete(self, prepared: PreparedRequest) -> list[Event]:
         """The whole stream, minus abandoned calls, which a non-streaming response must not contain."""
         return drop_abandoned_calls([ev async for ev in self.stream(prepared)])
+
+
+def _phases_ms(start: float, marks: dict[str, float]) -> dict[str, float]:
+    """Milliseconds each step before the first token took, in order (a step the request never reached is absent)."""
+    out, last = {}, start
+    for name, t in marks.items():
+        out[name] = round((t - last) * 1000, 2)
+        last = t
+    return out
 
 
 def _check_logit_bias(bias: dict[int, float] | None, vocab_size: int) -> None:

@@ -14,6 +14,7 @@ Errors raised here reach the route's envelope (ingress/envelope.py). Adding an A
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
@@ -115,10 +116,11 @@ async def read_body(request: Request, ctx: IngressContext) -> Any:
 
 
 async def generate(api: ApiAdapter, request: Request, ctx: IngressContext) -> Response:
+    received = time.monotonic()
     call = await api.parse(await read_body(request, ctx), request, ctx)
     headers = api.headers(request, ctx)
     try:
-        prepared = await ctx.service.prepare(call.conversation, call.options, call.model)
+        prepared = await ctx.service.prepare(call.conversation, call.options, call.model, received=received)
     except ServiceError as err:
         if not (call.stream and api.fails_in_stream(call, err)):
             raise

@@ -288,6 +288,11 @@ async def test_one_json_log_line_per_request_without_text_or_key(capsys):
     assert line["prompt_tokens"] == 100 and line["output_tokens"] == 3 and line["cached_tokens"] == 0
     assert line["finish_reason"] == "stop" and line["replica"] == "r1" and line["route"] == "kv"
     assert line["ttft_s"] is not None and line["duration_s"] >= line["ttft_s"]
+    # Where the time to first token went, step by step from the request's arrival, in the order they happen.
+    phases = line["phases_ms"]
+    assert list(phases) == ["parse", "render", "tenant", "route", "accept", "first_token"]
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) / 1000 >= line["ttft_s"] - 0.002  # from arrival, so at least the service's TTFT
     assert "my secret" not in json.dumps(line) and "key-b" not in json.dumps(line)
 
 
