@@ -172,22 +172,58 @@ def _thinking(block: wire.ThinkingBlock, where: str, secret: bytes) -> Reasoning
     return ReasoningPart(block.thinking, signature=block.signature)
 
 
+def _check_text(text: str, field: str, where: str) -> None:
+    """The API's rule for text blocks, in its words: neither empty nor only whitespace."""
+    if not text:
+        raise InvalidRequest(f"{field}: text content blocks must be non-empty", param=where)
+    if not text.strip():
+        raise InvalidRequest(f"{field}: text content blocks must contain non-whitespace text", param=where)
+
+
+def _system(req: wire.CountTokensRequest) -> list[Message]:
+    if req.system is None:
+        return []
+    if isinstance(req.system, str):
+        return [Message("system", [TextPart(req.system)])] if req.system else []
+    for k, b in enumerate(req.system):
+        _check_text(b.text, "system", f"system.{k}.text")
+    return [Message("system", [TextPart(b.text) for b in req.system])] if req.system else []
+
+
+def _unanswered(i: int, asked: list[str], answered: set[str]) -> None:
+    """The API's reverse pairing rule: every `tool_use` of message i is answered by a `tool_result` in the message
+    right after it. Checked once that message was read, so its own errors (a result answering nothing) come first,
+    and never for a final assistant message (a prefill, or a conversation counted as it stands)."""
+    missing = [tid for tid in asked if tid not in answered]
+    if missing:
+        raise InvalidRequest(
+            f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+            f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block in the next "
+            "message.", param=f"messages.{i}")
+
+
 def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
-    out: list[Message] = []
-    if req.system is not None:
-        if isinstance(req.system, str):
-            if req.system:
-                out.append(Message("system", [TextPart(req.system)]))
-        else:
-            parts: list[Part] = [TextPart(b.text) for b in req.system if b.text]
-            if parts:
-                out.append(Message("system", parts))
-    answerable: set[str] = set()  # tool_use ids of the message just before: what a tool_result may answer
+    out = _system(req)
+    asked: list[str] = []  # tool_use ids of the message just before: what a tool_result may answer
+    last = len(req.messages) - 1
     for i, msg in enumerate(req.messages):
         where = f"messages.{i}"
-        asked, answerable = answerable, set()
+        prefill = i == last and msg.role == "assistant"
+        # The API exempts only a final assistant message; this server exempts every assistant message: a small
+        # model can end a turn with nothing to show (thinking off, an immediate end of turn), and a client that
+        # sends that turn back as it came must not be refused for it.
+        if not msg.content and msg.role != "assistant":
+            raise InvalidRequest(f"{where}: all messages must have non-empty content except for the optional final "
+                                 "assistant message", param=where)
+        uses: list[str] = []
+        answered: set[str] = set()
         if isinstance(msg.content, str):
+            if msg.content and not prefill:
+                _check_text(msg.content, "messages", f"{where}.content")
             out.append(Message(msg.role, [TextPart(msg.content)] if msg.content else []))
+            if asked:
+                _unanswered(i - 1, asked, answered)
+            asked = uses
             continue
         pending: list[Part] = []
 
@@ -199,8 +235,10 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
         for j, block in enumerate(msg.content):
             bw = f"{where}.content.{j}"
             if isinstance(block, wire.TextBlock):
-                if block.text:
-                    pending.append(TextPart(block.text))
+                # A prefill's last block may be only whitespace: that is its own rule (trailing whitespace, _prefill)
+                if not (prefill and j == len(msg.content) - 1 and block.text):
+                    _check_text(block.text, "messages", f"{bw}.text")
+                pending.append(TextPart(block.text))
             elif isinstance(block, wire.ImageBlock):
                 pending.append(_image(block, bw))
             elif isinstance(block, wire.DocumentBlock):
@@ -210,7 +248,7 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
             elif isinstance(block, wire.ToolUseBlock):
                 if msg.role != "assistant":
                     raise InvalidRequest(f"{bw}: tool_use blocks belong in assistant messages", param=bw)
-                answerable.add(block.id)
+                uses.append(block.id)
                 pending.append(
                     ToolCallPart(
                         id=ir_tool_id(block.id),
@@ -227,6 +265,7 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
                         "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
                         param=bw,
                     )
+                answered.add(block.tool_use_id)
                 # Each result is its own `tool` message (the Chat Completions shape every template knows),
                 # kept in order with the user text around it.
                 flush()
@@ -240,6 +279,9 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
                 raise _refuse_block(block.type, bw, _DOCUMENTED_BLOCKS)
             # redacted_thinking: accepted and not rendered (this server never emits it; its data is opaque).
         flush()
+        if asked:
+            _unanswered(i - 1, asked, answered)
+        asked = uses
     return out
 
 
