@@ -420,6 +420,19 @@ def test_only_assistant_messages_may_be_empty(count):
         assert [m.parts for m in conv.messages if m.role == "user"] == [[TextPart("a")], [TextPart("b")]]
 
 
+def test_max_tokens_zero_is_a_prewarm_and_below_zero_is_refused():
+    user = [{"role": "user", "content": "x"}]
+    _, opts = conv_of({"max_tokens": 0, "messages": user})
+    assert opts.max_tokens == 1  # the engine makes one token, which the answer does not show (test_anthropic_routes)
+    err = refusal({"max_tokens": -1, "messages": user})
+    assert err.param == "max_tokens" and err.message == "max_tokens: Input should be greater than or equal to 0"
+    fmt = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+    for extra, param in [({"stream": True}, "stream"), ({"thinking": {"type": "adaptive"}}, "thinking"),
+                         ({"output_config": fmt}, "output_config.format")]:
+        err = refusal({"max_tokens": 0, "messages": user, **extra})  # what the API says a pre-warm cannot do
+        assert err.param == param and err.message.startswith("max_tokens: 0 (cache pre-warming) cannot be combined")
+
+
 def test_every_tool_use_is_answered_in_the_message_right_after_it():
     """The API's reverse pairing rule and wording: the message after a tool_use answers every id of it."""
     use = {"role": "assistant", "content": [

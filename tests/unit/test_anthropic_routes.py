@@ -272,6 +272,17 @@ async def test_stop_sequence_and_max_tokens_via_sdk():
     assert m.stop_reason == "max_tokens"
 
 
+async def test_max_tokens_zero_prewarms_and_answers_nothing():
+    """The API's cache pre-warming: the prompt is processed (and cached), the answer has no content."""
+    app, _ = make_app()
+    m = await sdk(app).messages.create(model="test-model", max_tokens=0, messages=USER,
+                                       extra_body={"nvext": {"forced_script": "think_text_tool"}})
+    assert m.content == [] and m.stop_reason == "max_tokens" and m.usage.output_tokens == 0
+    assert m.usage.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError):
+        await sdk(app).messages.create(model="test-model", max_tokens=-1, messages=USER)
+
+
 async def test_ping_while_waiting():
     app, _ = make_app(ping=0.02)  # the fake stream sleeps 0.3 s between the routed Usage and the first text
     async with raw(app) as c:

@@ -434,14 +434,31 @@ def to_conversation(
     elif req.output_format is not None:
         opts.output_format = output_format.from_anthropic(req.output_format, "output_format")
     if isinstance(req, wire.MessagesRequest):
-        if req.max_tokens < 1:
-            raise InvalidRequest("max_tokens: must be greater than or equal to 1", param="max_tokens")
-        opts.max_tokens = req.max_tokens  # clamped by the service to what fits, never refused for size
+        if req.max_tokens < 0:
+            raise InvalidRequest("max_tokens: Input should be greater than or equal to 0", param="max_tokens")
+        if req.max_tokens == 0:
+            _check_prewarm(req, opts)
+        # Clamped by the service to what fits, never refused for size. A pre-warm prefills the prompt (prefix
+        # caching keeps it) and its one token is never shown (prewarming).
+        opts.max_tokens = req.max_tokens or 1
         opts.temperature = req.temperature
         opts.top_p = req.top_p
         opts.top_k = req.top_k
         opts.stop = [s for s in (req.stop_sequences or []) if s]
     return conv, opts
+
+
+def prewarming(req: wire.CountTokensRequest) -> bool:
+    """`max_tokens: 0`: the API's cache pre-warming: the prompt is processed and cached, nothing is generated."""
+    return isinstance(req, wire.MessagesRequest) and req.max_tokens == 0
+
+
+def _check_prewarm(req: wire.MessagesRequest, opts: GenerationOptions) -> None:
+    # What the API documents as incompatible with a pre-warm: there is no answer to stream, think or shape.
+    for asked, what, param in ((bool(req.stream), "streaming", "stream"), (opts.thinking, "thinking", "thinking"),
+                               (opts.output_format is not None, "structured outputs", "output_config.format")):
+        if asked:
+            raise InvalidRequest(f"max_tokens: 0 (cache pre-warming) cannot be combined with {what}", param=param)
 
 
 def messages_request(body: dict[str, Any]) -> wire.MessagesRequest:

@@ -59,8 +59,12 @@ def usage_dict(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
 
 
 class MessageEncoder:
-    def __init__(self, model: str, message_id: str, *, thinking: bool, secret: bytes, prompt_tokens: int = 0):
+    def __init__(self, model: str, message_id: str, *, thinking: bool, secret: bytes, prompt_tokens: int = 0,
+                 prewarm: bool = False):
         self.model = model
+        # `max_tokens: 0`: the engine prefills the prompt and makes one token (it cannot make none), which the
+        # answer does not show: no content, no output tokens, stopped by max_tokens.
+        self.prewarm = prewarm
         self.message_id = message_id
         self.thinking = thinking
         self.secret = secret
@@ -139,6 +143,8 @@ class MessageEncoder:
                 self._final = ev
             return out
         self._ensure_started(out)
+        if self.prewarm and not isinstance(ev, Finish):
+            return out
         if isinstance(ev, TextDelta):
             self._text(out, ev.text)
         elif isinstance(ev, ReasoningDelta):
@@ -191,12 +197,11 @@ class MessageEncoder:
         out: list[StreamEvent] = []
         self._close(out)
         u = self._final
-        usage = usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens) if u else usage_dict(
-            self._prompt_tokens, 0, 0
-        )
+        usage = usage_dict(u.prompt_tokens, u.cached_tokens, 0 if self.prewarm else u.completion_tokens) if u else (
+            usage_dict(self._prompt_tokens, 0, 0))
         usage.pop("cache_creation")
         usage.pop("service_tier")
-        stop_reason = STOP_REASONS.get(fin.reason, "end_turn")
+        stop_reason = "max_tokens" if self.prewarm else STOP_REASONS.get(fin.reason, "end_turn")
         out.append(
             (
                 "message_delta",
