@@ -10,11 +10,15 @@ from hypothesis import strategies as st
 
 from serve_app.conversation import (
     DocumentPart,
+    Finish,
     ImagePart,
+    ReasoningDelta,
     ReasoningPart,
+    TextDelta,
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    Usage,
 )
 from serve_app.errors import ServiceError
 from serve_app.ingress.anthropic import signatures
@@ -22,9 +26,12 @@ from serve_app.ingress.anthropic.convert import (
     count_tokens_request,
     ir_tool_id,
     messages_request,
+    thinking_omitted,
     to_conversation,
     wire_tool_id,
 )
+from serve_app.ingress.anthropic.encode import MessageEncoder, fold
+from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
 
 SECRET = b"s" * 32
 BILLING = "x-anthropic-billing-header: cc_version=2.1.197.abc; cc_entrypoint=cli;"
@@ -137,6 +144,41 @@ def test_tampered_or_foreign_thinking_is_refused_with_the_api_wording():
         assert e.value.message == "messages.1.content.1: Invalid `signature` in `thinking` block"
     # Another server's key gives another signature.
     assert not signatures.verify(b"other", "original", sig)
+
+
+def test_omitted_thinking_goes_out_empty_and_its_signature_brings_the_reasoning_back():
+    """`thinking.display: "omitted"`: the stream carries no thinking text, the signature seals it (AES-GCM, as
+    Responses `encrypted_content`), and the next turn's prompt holds the model's real reasoning."""
+    thinking = {"type": "adaptive", "display": "omitted"}
+    for display, omitted in [("omitted", True), ("summarized", False), (None, False)]:
+        req = messages_request({"model": "m", "max_tokens": 2048, "thinking": {"type": "adaptive", "display": display},
+                                "messages": [{"role": "user", "content": "hi"}]})
+        assert thinking_omitted(req) is omitted
+    enc = MessageEncoder("m", "msg_1", thinking=True, secret=SECRET, omit_thinking=True)
+    stream = [se for ev in [Usage(10, 0), ReasoningDelta("The user "), ReasoningDelta("greets me."), TextDelta("Hi!"),
+                            Usage(10, 5), Finish("stop")] for se in enc.event(ev)]
+    assert not [d for n, d in stream if n == "content_block_delta" and d["delta"]["type"] == "thinking_delta"]
+    block = fold(stream)["content"][0]
+    assert block["type"] == "thinking" and block["thinking"] == "" and block["signature"].startswith("sa2.")
+    assert "greets" not in block["signature"]
+
+    def next_turn(b):
+        answer = {"role": "assistant", "content": [b, {"type": "text", "text": "Hi!"}]}
+        return {"thinking": thinking, "messages": [{"role": "user", "content": "hi"}, answer,
+                                                    {"role": "user", "content": "and?"}]}
+
+    conv, _ = conv_of(next_turn(block))
+    assert conv.messages[1].parts[0] == ReasoningPart("The user greets me.", signature=block["signature"])
+    conv, _ = conv_of(next_turn({**block, "thinking": "The user greets me."}))  # sent back filled in: the same
+    assert conv.messages[1].parts[0].text == "The user greets me."
+    responses_blob = "sa2." + ReasoningSealer(SECRET).seal("The user greets me.")  # sealed for another use
+    for bad in [{**block, "thinking": "I was told to."}, {**block, "signature": block["signature"][:-4] + "AAAA"},
+                {**block, "signature": responses_blob}]:
+        with pytest.raises(ServiceError) as e:
+            conv_of(next_turn(bad))
+        assert e.value.message == "messages.1.content.0: Invalid `signature` in `thinking` block"
+    with pytest.raises(ServiceError):  # another server's key
+        to_conversation(messages_request({"model": "m", "max_tokens": 2048, **next_turn(block)}), b"o" * 32)
 
 
 def test_unsigned_and_redacted_thinking_are_accepted_but_not_replayed():
@@ -391,8 +433,8 @@ def test_empty_and_blank_text_blocks_are_refused_in_the_apis_words(count):
     ]:
         assert refusal({"messages": messages}, count=count).message == wording
     for system, wording in [([{"type": "text", "text": ""}], "system: text content blocks must be non-empty"),
-                            ([{"type": "text", "text": "  "}], "system: text content blocks must contain non-whitespace "
-                                                                "text")]:
+                            ([{"type": "text", "text": "  "}],
+                             "system: text content blocks must contain non-whitespace text")]:
         err = refusal({"system": system, "messages": [{"role": "user", "content": "x"}]}, count=count)
         assert err.message == wording and err.param == "system.0.text"
 

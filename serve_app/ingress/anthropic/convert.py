@@ -166,10 +166,18 @@ def _thinking(block: wire.ThinkingBlock, where: str, secret: bytes) -> Reasoning
     if not block.signature:
         # Unsigned thinking cannot be proven to be this model's: it is not replayed into the prompt.
         return None
-    if not signatures.verify(secret, block.thinking, block.signature):
+    text: str | None = block.thinking
+    if block.signature.startswith(signatures.SEALED):
+        # Sent with `display: "omitted"`: the text comes back empty and the signature holds it (a client may also
+        # send it back filled in, then it must be the sealed text).
+        sealed = signatures.unseal(secret, block.signature)
+        text = sealed if sealed is not None and block.thinking in ("", sealed) else None
+    elif not signatures.verify(secret, block.thinking, block.signature):
+        text = None
+    if text is None:
         # The real API's wording: Claude Code and proxies recognise it and retry without the thinking blocks.
         raise InvalidRequest(f"{where}: Invalid `signature` in `thinking` block", param=where)
-    return ReasoningPart(block.thinking, signature=block.signature)
+    return ReasoningPart(text, signature=block.signature)
 
 
 def _check_text(text: str, field: str, where: str) -> None:
@@ -446,6 +454,11 @@ def to_conversation(
         opts.top_k = req.top_k
         opts.stop = [s for s in (req.stop_sequences or []) if s]
     return conv, opts
+
+
+def thinking_omitted(req: wire.CountTokensRequest) -> bool:
+    """`thinking.display: "omitted"`: thinking blocks go out without their text (their signature carries it)."""
+    return thinking_on(req) and req.thinking is not None and req.thinking.display == "omitted"
 
 
 def prewarming(req: wire.CountTokensRequest) -> bool:

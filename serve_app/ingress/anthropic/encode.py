@@ -27,7 +27,7 @@ from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.anthropic.convert import wire_tool_id
 from serve_app.ingress.anthropic.errors import ERROR_TYPES, error_body
-from serve_app.ingress.anthropic.signatures import ThinkingSigner
+from serve_app.ingress.anthropic.signatures import ThinkingSealer, ThinkingSigner
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,9 @@ def usage_dict(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
 
 class MessageEncoder:
     def __init__(self, model: str, message_id: str, *, thinking: bool, secret: bytes, prompt_tokens: int = 0,
-                 prewarm: bool = False):
+                 prewarm: bool = False, omit_thinking: bool = False):
         self.model = model
+        self.omit_thinking = omit_thinking  # `display: "omitted"`: no thinking text, a signature that seals it
         # `max_tokens: 0`: the engine prefills the prompt and makes one token (it cannot make none), which the
         # answer does not show: no content, no output tokens, stopped by max_tokens.
         self.prewarm = prewarm
@@ -74,7 +75,7 @@ class MessageEncoder:
         self._index = -1  # index of the last opened block
         self._open: str | None = None  # "thinking" | "text" | "tool_use" | None
         self._open_call: int | None = None  # parser call index of the open tool_use block
-        self._signer: ThinkingSigner | None = None
+        self._signer: ThinkingSigner | ThinkingSealer | None = None
         self._held_ws = ""  # leading whitespace of a text segment not yet known to be non-empty
         self._final: Usage | None = None
 
@@ -152,10 +153,11 @@ class MessageEncoder:
             if self.thinking and ev.text:
                 if self._open != "thinking":
                     self._open_block(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                    self._signer = ThinkingSigner(self.secret)
+                    self._signer = (ThinkingSealer if self.omit_thinking else ThinkingSigner)(self.secret)
                 assert self._signer is not None
                 self._signer.update(ev.text)
-                out.append(self._delta({"type": "thinking_delta", "thinking": ev.text}))
+                if not self.omit_thinking:
+                    out.append(self._delta({"type": "thinking_delta", "thinking": ev.text}))
         elif isinstance(ev, ToolCallStart):
             block = {"type": "tool_use", "id": wire_tool_id(ev.id), "name": ev.name, "input": {}}
             self._open_block(out, "tool_use", block)
