@@ -31,6 +31,10 @@ def openai_envelope(request: Request, err: ServiceError) -> Response:
     return openai_error(err)
 
 
+def responses_envelope(request: Request, err: ServiceError) -> Response:
+    return openai_error(err, prompt_param="input")  # Responses names its prompt `input`
+
+
 def anthropic_envelope(request: Request, err: ServiceError) -> Response:
     return anthropic_error(err, getattr(request.state, "request_id", None))
 

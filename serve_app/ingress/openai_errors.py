@@ -27,10 +27,14 @@ def error_body(kind: str, message: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": ERROR_TYPES.get(kind, "server_error"), "param": param, "code": code}}
 
 
-def error_response(exc: ServiceError) -> JSONResponse:
+def error_response(exc: ServiceError, *, prompt_param: str = "messages") -> JSONResponse:
+    """`prompt_param` is what this API calls the prompt: a prompt too long is blamed on it (Chat `messages`,
+    Responses `input`)."""
     headers = {}
     if exc.retry_after is not None:  # rounded up: a client that waits what it is told is never early
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
-    message = exc.openai_message if isinstance(exc, PromptTooLong) else exc.message  # the words OpenAI clients match
-    return JSONResponse(error_body(exc.kind, message, exc.param, exc.code), status_code=exc.status,
+    message, param = exc.message, exc.param
+    if isinstance(exc, PromptTooLong):
+        message, param = exc.openai_message, prompt_param  # the words OpenAI clients match
+    return JSONResponse(error_body(exc.kind, message, param, exc.code), status_code=exc.status,
                         headers=headers)

@@ -187,7 +187,7 @@ class ThinkingConfig(OpenModel):
     # thinking off (docs/anthropic.md).
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = None
-    display: str | None = None  # "summarized" | "omitted": thinking is always returned in full (docs)
+    display: str | None = None  # "omitted": text sealed in the signature instead; "summarized": in full (docs)
 
 
 class OutputConfig(OpenModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
@@ -269,6 +270,10 @@ def test_invalid_input_is_refused_in_the_apis_words(client):
          "`max_tokens` must be greater than `thinking.budget_tokens`."),
         (dict(messages=USER, thinking={"type": "enabled", "budget_tokens": 100}),
          "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"),
+        (dict(messages=[*USER, use, {"role": "user", "content": "never mind"}]),
+         "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after: toolu_1."),
+        (dict(messages=[{"role": "user", "content": [{"type": "text", "text": ""}]}]),
+         "messages: text content blocks must be non-empty"),
     ]
     for kw, wording in cases:
         with pytest.raises(anthropic.BadRequestError) as e:
@@ -278,6 +283,43 @@ def test_invalid_input_is_refused_in_the_apis_words(client):
         if "thinking" not in kw:  # count_tokens checks the same messages
             with pytest.raises(anthropic.BadRequestError):
                 client.messages.count_tokens(model=PLAIN, messages=kw["messages"])
+
+
+def test_max_tokens_zero_prewarms_the_prompt(client):
+    """The API's cache pre-warming: no content, no output tokens, and the next request reads the prompt from cache."""
+    messages = [{"role": "user", "content": f"{uuid.uuid4().hex} " + "Remember this line of context. " * 20}]
+    meta = {"user_id": uuid.uuid4().hex}  # the session's sticky key: the next request goes where the cache is
+    warm = client.messages.create(model=PLAIN, max_tokens=0, messages=messages, metadata=meta)
+    assert warm.content == [] and warm.stop_reason == "max_tokens" and warm.usage.output_tokens == 0
+    assert warm.usage.input_tokens + warm.usage.cache_read_input_tokens > 100
+    m = client.messages.create(model=PLAIN, max_tokens=5, messages=messages, metadata=meta,
+                               extra_body=forced("Noted."))
+    assert m.usage.cache_read_input_tokens > 0 and [b.text for b in m.content] == ["Noted."]
+
+
+def test_omitted_thinking_is_sent_back_and_replays_the_reasoning(client):
+    """`display: "omitted"`: the block has no text; sent back, it counts as the reasoning it sealed (qwen3 keeps the
+    reasoning of the assistant turns after the last user query, so a tool loop's thinking is in the prompt)."""
+    script = "<think>The listing will show the entry point.</think>" + call("Bash", {"command": "ls"})
+    shown, omitted = (client.messages.create(model=THINK, max_tokens=200, messages=USER, tools=[BASH],
+                                             thinking={"type": "adaptive", **display}, extra_body=forced(script))
+                      for display in ({}, {"display": "omitted"}))
+    assert shown.content[0].thinking == "The listing will show the entry point."
+    assert omitted.content[0].thinking == "" and omitted.content[0].signature.startswith("sa2.")
+
+    use = omitted.content[-1].model_dump(exclude_none=True)  # one tool id for every count: ids are tokens too
+    result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "main.py"}]}
+    sealed = [omitted.content[0].model_dump(exclude_none=True), use]
+
+    def counted(content):
+        return client.messages.count_tokens(model=THINK, tools=[BASH], thinking={"type": "adaptive"}, messages=[
+            *USER, {"role": "assistant", "content": content}, result]).input_tokens
+
+    assert counted(sealed) == counted([shown.content[0].model_dump(exclude_none=True), use]) > counted([use])
+    m = client.messages.create(model=THINK, max_tokens=20, tools=[BASH], thinking={"type": "adaptive",
+                               "display": "omitted"}, extra_body=forced("<think>Done.</think>Found it."),
+                               messages=[*USER, {"role": "assistant", "content": sealed}, result])
+    assert [b.type for b in m.content] == ["thinking", "text"] and m.content[0].thinking == ""
 
 
 def test_a_search_result_reaches_the_prompt(client):

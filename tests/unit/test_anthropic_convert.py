@@ -10,11 +10,15 @@ from hypothesis import strategies as st
 
 from serve_app.conversation import (
     DocumentPart,
+    Finish,
     ImagePart,
+    ReasoningDelta,
     ReasoningPart,
+    TextDelta,
     TextPart,
     ToolCallPart,
     ToolResultPart,
+    Usage,
 )
 from serve_app.errors import ServiceError
 from serve_app.ingress.anthropic import signatures
@@ -22,9 +26,12 @@ from serve_app.ingress.anthropic.convert import (
     count_tokens_request,
     ir_tool_id,
     messages_request,
+    thinking_omitted,
     to_conversation,
     wire_tool_id,
 )
+from serve_app.ingress.anthropic.encode import MessageEncoder, fold
+from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
 
 SECRET = b"s" * 32
 BILLING = "x-anthropic-billing-header: cc_version=2.1.197.abc; cc_entrypoint=cli;"
@@ -137,6 +144,41 @@ def test_tampered_or_foreign_thinking_is_refused_with_the_api_wording():
         assert e.value.message == "messages.1.content.1: Invalid `signature` in `thinking` block"
     # Another server's key gives another signature.
     assert not signatures.verify(b"other", "original", sig)
+
+
+def test_omitted_thinking_goes_out_empty_and_its_signature_brings_the_reasoning_back():
+    """`thinking.display: "omitted"`: the stream carries no thinking text, the signature seals it (AES-GCM, as
+    Responses `encrypted_content`), and the next turn's prompt holds the model's real reasoning."""
+    thinking = {"type": "adaptive", "display": "omitted"}
+    for display, omitted in [("omitted", True), ("summarized", False), (None, False)]:
+        req = messages_request({"model": "m", "max_tokens": 2048, "thinking": {"type": "adaptive", "display": display},
+                                "messages": [{"role": "user", "content": "hi"}]})
+        assert thinking_omitted(req) is omitted
+    enc = MessageEncoder("m", "msg_1", thinking=True, secret=SECRET, omit_thinking=True)
+    stream = [se for ev in [Usage(10, 0), ReasoningDelta("The user "), ReasoningDelta("greets me."), TextDelta("Hi!"),
+                            Usage(10, 5), Finish("stop")] for se in enc.event(ev)]
+    assert not [d for n, d in stream if n == "content_block_delta" and d["delta"]["type"] == "thinking_delta"]
+    block = fold(stream)["content"][0]
+    assert block["type"] == "thinking" and block["thinking"] == "" and block["signature"].startswith("sa2.")
+    assert "greets" not in block["signature"]
+
+    def next_turn(b):
+        answer = {"role": "assistant", "content": [b, {"type": "text", "text": "Hi!"}]}
+        return {"thinking": thinking, "messages": [{"role": "user", "content": "hi"}, answer,
+                                                    {"role": "user", "content": "and?"}]}
+
+    conv, _ = conv_of(next_turn(block))
+    assert conv.messages[1].parts[0] == ReasoningPart("The user greets me.", signature=block["signature"])
+    conv, _ = conv_of(next_turn({**block, "thinking": "The user greets me."}))  # sent back filled in: the same
+    assert conv.messages[1].parts[0].text == "The user greets me."
+    responses_blob = "sa2." + ReasoningSealer(SECRET).seal("The user greets me.")  # sealed for another use
+    for bad in [{**block, "thinking": "I was told to."}, {**block, "signature": block["signature"][:-4] + "AAAA"},
+                {**block, "signature": responses_blob}]:
+        with pytest.raises(ServiceError) as e:
+            conv_of(next_turn(bad))
+        assert e.value.message == "messages.1.content.0: Invalid `signature` in `thinking` block"
+    with pytest.raises(ServiceError):  # another server's key
+        to_conversation(messages_request({"model": "m", "max_tokens": 2048, **next_turn(block)}), b"o" * 32)
 
 
 def test_unsigned_and_redacted_thinking_are_accepted_but_not_replayed():
@@ -358,7 +400,7 @@ def test_a_tool_result_must_answer_a_tool_use_of_the_message_just_before():
     assert [m.role for m in paired.messages] == ["user", "assistant", "tool"]
     for messages in ([{"role": "user", "content": "go"}, use, result("toolu_2")],  # answers nothing
                      [result("toolu_1")],  # nothing asked before
-                     [{"role": "user", "content": "go"}, use, {"role": "user", "content": "and"},
+                     [{"role": "user", "content": "go"}, use, result("toolu_1"),
                       {"role": "assistant", "content": "sure"}, result("toolu_1")]):  # asked two turns back
         with pytest.raises(ServiceError) as e:
             conv_of({"messages": messages})
@@ -366,6 +408,109 @@ def test_a_tool_result_must_answer_a_tool_use_of_the_message_just_before():
         assert e.value.status == 400 and e.value.param == where
         assert e.value.message.startswith(f"{where}: unexpected `tool_use_id` found in `tool_result` blocks: toolu_")
         assert "must have a corresponding `tool_use` block in the previous message" in e.value.message
+
+
+EMPTY = "messages: text content blocks must be non-empty"
+BLANK = "messages: text content blocks must contain non-whitespace text"
+TRAILING = "messages: final assistant content cannot end with trailing whitespace"
+
+
+@pytest.mark.parametrize("count", [False, True])
+def test_empty_and_blank_text_blocks_are_refused_in_the_apis_words(count):
+    use = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}}
+    answer = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}
+    for messages, wording in [
+        ([{"role": "user", "content": [{"type": "text", "text": ""}]}], EMPTY),
+        ([{"role": "user", "content": [{"type": "text", "text": " \n"}]}], BLANK),
+        ([{"role": "user", "content": " \n"}], BLANK),
+        ([{"role": "user", "content": "go"}, {"role": "assistant", "content": [{"type": "text", "text": ""}, use]},
+          answer], EMPTY),  # what OpenClaw once stored next to a tool call
+        ([{"role": "user", "content": "go"}, {"role": "assistant", "content": [{"type": "text", "text": "\n\n"}, use]},
+          answer], BLANK),
+        ([{"role": "user", "content": "go"}, {"role": "assistant", "content": [{"type": "text", "text": ""}]}], EMPTY),
+        ([{"role": "user", "content": "go"}, {"role": "assistant", "content": [
+            {"type": "text", "text": " "}, {"type": "text", "text": "The answer is"}]}], BLANK),
+    ]:
+        assert refusal({"messages": messages}, count=count).message == wording
+    for system, wording in [([{"type": "text", "text": ""}], "system: text content blocks must be non-empty"),
+                            ([{"type": "text", "text": "  "}],
+                             "system: text content blocks must contain non-whitespace text")]:
+        err = refusal({"system": system, "messages": [{"role": "user", "content": "x"}]}, count=count)
+        assert err.message == wording and err.param == "system.0.text"
+
+
+@pytest.mark.parametrize("content", ["  ", [{"type": "text", "text": "\n"}]])
+def test_a_blank_prefill_is_trailing_whitespace(content):
+    body = {"messages": [{"role": "user", "content": "go"}, {"role": "assistant", "content": content}]}
+    assert refusal(body).message == TRAILING
+    to_conversation(count_tokens_request({"model": "m", **body}), SECRET)  # counted, as any tail is
+
+
+@pytest.mark.parametrize("count", [False, True])
+def test_only_assistant_messages_may_be_empty(count):
+    for empty in ("", []):
+        for messages, where in [([{"role": "user", "content": empty}], "messages.0"),
+                                ([{"role": "user", "content": empty}, {"role": "assistant", "content": "a"},
+                                  {"role": "user", "content": "b"}], "messages.0")]:
+            err = refusal({"messages": messages}, count=count)
+            assert err.param == where and err.message == (f"{where}: all messages must have non-empty content except "
+                                                           f"for the optional final assistant message")
+        # An assistant turn that came back empty (a small model can end one with nothing) is sent back as it came
+        body = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": empty},
+                             {"role": "user", "content": "b"}]}
+        conv, _ = (to_conversation(count_tokens_request({"model": "m", **body}), SECRET) if count else conv_of(body))
+        assert [m.parts for m in conv.messages if m.role == "user"] == [[TextPart("a")], [TextPart("b")]]
+
+
+def test_max_tokens_zero_is_a_prewarm_and_below_zero_is_refused():
+    user = [{"role": "user", "content": "x"}]
+    _, opts = conv_of({"max_tokens": 0, "messages": user})
+    assert opts.max_tokens == 1  # the engine makes one token, which the answer does not show (test_anthropic_routes)
+    err = refusal({"max_tokens": -1, "messages": user})
+    assert err.param == "max_tokens" and err.message == "max_tokens: Input should be greater than or equal to 0"
+    fmt = {"format": {"type": "json_schema", "schema": {"type": "object"}}}
+    for extra, param in [({"stream": True}, "stream"), ({"thinking": {"type": "adaptive"}}, "thinking"),
+                         ({"output_config": fmt}, "output_config.format")]:
+        err = refusal({"max_tokens": 0, "messages": user, **extra})  # what the API says a pre-warm cannot do
+        assert err.param == param and err.message.startswith("max_tokens: 0 (cache pre-warming) cannot be combined")
+
+
+def test_every_tool_use_is_answered_in_the_message_right_after_it():
+    """The API's reverse pairing rule and wording: the message after a tool_use answers every id of it."""
+    use = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {}},
+        {"type": "tool_use", "id": "toolu_2", "name": "Bash", "input": {}},
+        {"type": "tool_use", "id": "toolu_3", "name": "Bash", "input": {}}]}
+
+    def results(*ids):
+        return {"role": "user", "content": [{"type": "tool_result", "tool_use_id": t, "content": "ok"} for t in ids]}
+
+    go = {"role": "user", "content": "go"}
+    for messages, missing in [
+        ([go, use, results("toolu_2")], "toolu_1, toolu_3"),  # answered in part
+        ([go, use, {"role": "user", "content": "never mind"}], "toolu_1, toolu_2, toolu_3"),  # not at all
+        ([go, use, {"role": "assistant", "content": "hm"}, results("toolu_1", "toolu_2", "toolu_3")],
+         "toolu_1, toolu_2, toolu_3"),  # answered, but not immediately after
+    ]:
+        for count in (False, True):  # count_tokens applies the same rule
+            err = refusal({"messages": messages}, count=count)
+            assert err.param == "messages.1"
+            assert err.message == (f"messages.1: `tool_use` ids were found without `tool_result` blocks immediately "
+                                   f"after: {missing}. Each `tool_use` block must have a corresponding `tool_result` "
+                                   f"block in the next message.")
+    conv, _ = conv_of({"messages": [go, use, results("toolu_3", "toolu_1", "toolu_2")]})  # any order
+    assert [m.role for m in conv.messages] == ["user", "assistant", "tool", "tool", "tool"]
+
+
+def test_a_trailing_tool_use_is_not_an_unanswered_one():
+    """The last message has no message after it: Claude Code counts conversations that end with its own tool call
+    (`/context`), and a final assistant message is a prefill's business (refused by name on `messages`, above)."""
+    body = {"messages": [{"role": "user", "content": "go"},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "Bash",
+                                                            "input": {}}]}]}
+    conv, opts = to_conversation(count_tokens_request({"model": "m", **body}), SECRET)
+    assert opts.continue_final is False and isinstance(conv.messages[-1].parts[-1], ToolCallPart)
+    assert "`tool_use` ids were found" not in refusal(body).message
 
 
 @pytest.mark.parametrize("tc", [{"type": "any"}, {"type": "tool", "name": "Bash"}])

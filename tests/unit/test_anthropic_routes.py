@@ -247,6 +247,26 @@ async def test_interleaved_tools_stream_in_order_through_the_sdk():
     assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
 
 
+async def test_omitted_thinking_streams_only_a_signature_and_the_next_turn_is_accepted():
+    app, _ = make_app()
+    client = sdk(app)
+    thinking = {"type": "adaptive", "display": "omitted"}
+    async with client.messages.stream(model="test-model", max_tokens=2048, messages=USER, thinking=thinking,
+                                      extra_body={"nvext": {"forced_script": "think_text_tool"}}) as s:
+        kinds = [ev.type async for ev in s]
+        m = await s.get_final_message()
+    assert "thinking" not in kinds  # no thinking deltas: the SDK's `thinking` event never fires
+    assert m.content[0].type == "thinking" and m.content[0].thinking == "" and m.content[0].signature.startswith("sa2.")
+    follow = [*USER, {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m.content[-1].id, "content": "ok"}]}]
+    again = await client.messages.create(model="test-model", max_tokens=2048, messages=follow, thinking=thinking)
+    assert again.stop_reason == "end_turn"  # the signature verified (test_anthropic_convert: the text came back)
+    follow[1]["content"][0]["signature"] = m.content[0].signature[:-8] + "AAAAAAAA"
+    with pytest.raises(anthropic.BadRequestError) as e:
+        await client.messages.create(model="test-model", max_tokens=2048, messages=follow, thinking=thinking)
+    assert e.value.body["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
+
+
 async def test_stream_wire_format():
     app, _ = make_app()
     async with raw(app) as c:
@@ -270,6 +290,17 @@ async def test_stop_sequence_and_max_tokens_via_sdk():
     m = await client.messages.create(model="test-model", max_tokens=2, messages=USER,
                                      extra_body={"nvext": {"forced_script": "length"}})
     assert m.stop_reason == "max_tokens"
+
+
+async def test_max_tokens_zero_prewarms_and_answers_nothing():
+    """The API's cache pre-warming: the prompt is processed (and cached), the answer has no content."""
+    app, _ = make_app()
+    m = await sdk(app).messages.create(model="test-model", max_tokens=0, messages=USER,
+                                       extra_body={"nvext": {"forced_script": "think_text_tool"}})
+    assert m.content == [] and m.stop_reason == "max_tokens" and m.usage.output_tokens == 0
+    assert m.usage.input_tokens > 0
+    with pytest.raises(anthropic.BadRequestError):
+        await sdk(app).messages.create(model="test-model", max_tokens=-1, messages=USER)
 
 
 async def test_ping_while_waiting():

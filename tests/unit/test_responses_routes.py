@@ -224,6 +224,7 @@ async def test_prompt_too_long_is_a_400_in_the_openai_envelope_when_not_streamin
                                            extra_body={"nvext": {"forced_script": "raise:too_long"}})
     assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
     assert e.value.body["type"] == "invalid_request_error"
+    assert e.value.param == "input"  # Responses' own name for the prompt (Chat says `messages`)
     assert "8192" in e.value.message and "9000" in e.value.message
 
 

@@ -8,7 +8,7 @@ from starlette.requests import Request
 
 from serve_app.conversation import Event
 from serve_app.errors import ServiceError
-from serve_app.ingress.anthropic.convert import messages_request, to_conversation
+from serve_app.ingress.anthropic.convert import messages_request, prewarming, thinking_omitted, to_conversation
 from serve_app.ingress.anthropic.encode import MessageEncoder, error_event, fold, to_frames
 from serve_app.ingress.anthropic.errors import new_request_id
 from serve_app.ingress.context import IngressContext
@@ -57,7 +57,8 @@ class MessagesApi(AdapterDefaults):
 
     def encoder(self, call: Call, request_id: str, prompt_tokens: int, ctx: IngressContext) -> MessagesWire:
         return MessagesWire(MessageEncoder(call.wire.model, "msg_" + request_id, thinking=bool(call.options.thinking),
-                                           secret=ctx.secret, prompt_tokens=prompt_tokens))
+                                           secret=ctx.secret, prompt_tokens=prompt_tokens,
+                                           prewarm=prewarming(call.wire), omit_thinking=thinking_omitted(call.wire)))
 
     def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:
         return {"request-id": request_id(request)}

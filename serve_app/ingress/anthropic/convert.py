@@ -166,28 +166,72 @@ def _thinking(block: wire.ThinkingBlock, where: str, secret: bytes) -> Reasoning
     if not block.signature:
         # Unsigned thinking cannot be proven to be this model's: it is not replayed into the prompt.
         return None
-    if not signatures.verify(secret, block.thinking, block.signature):
+    text: str | None = block.thinking
+    if block.signature.startswith(signatures.SEALED):
+        # Sent with `display: "omitted"`: the text comes back empty and the signature holds it (a client may also
+        # send it back filled in, then it must be the sealed text).
+        sealed = signatures.unseal(secret, block.signature)
+        text = sealed if sealed is not None and block.thinking in ("", sealed) else None
+    elif not signatures.verify(secret, block.thinking, block.signature):
+        text = None
+    if text is None:
         # The real API's wording: Claude Code and proxies recognise it and retry without the thinking blocks.
         raise InvalidRequest(f"{where}: Invalid `signature` in `thinking` block", param=where)
-    return ReasoningPart(block.thinking, signature=block.signature)
+    return ReasoningPart(text, signature=block.signature)
+
+
+def _check_text(text: str, field: str, where: str) -> None:
+    """The API's rule for text blocks, in its words: neither empty nor only whitespace."""
+    if not text:
+        raise InvalidRequest(f"{field}: text content blocks must be non-empty", param=where)
+    if not text.strip():
+        raise InvalidRequest(f"{field}: text content blocks must contain non-whitespace text", param=where)
+
+
+def _system(req: wire.CountTokensRequest) -> list[Message]:
+    if req.system is None:
+        return []
+    if isinstance(req.system, str):
+        return [Message("system", [TextPart(req.system)])] if req.system else []
+    for k, b in enumerate(req.system):
+        _check_text(b.text, "system", f"system.{k}.text")
+    return [Message("system", [TextPart(b.text) for b in req.system])] if req.system else []
+
+
+def _unanswered(i: int, asked: list[str], answered: set[str]) -> None:
+    """The API's reverse pairing rule: every `tool_use` of message i is answered by a `tool_result` in the message
+    right after it. Checked once that message was read, so its own errors (a result answering nothing) come first,
+    and never for a final assistant message (a prefill, or a conversation counted as it stands)."""
+    missing = [tid for tid in asked if tid not in answered]
+    if missing:
+        raise InvalidRequest(
+            f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately after: "
+            f"{', '.join(missing)}. Each `tool_use` block must have a corresponding `tool_result` block in the next "
+            "message.", param=f"messages.{i}")
 
 
 def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
-    out: list[Message] = []
-    if req.system is not None:
-        if isinstance(req.system, str):
-            if req.system:
-                out.append(Message("system", [TextPart(req.system)]))
-        else:
-            parts: list[Part] = [TextPart(b.text) for b in req.system if b.text]
-            if parts:
-                out.append(Message("system", parts))
-    answerable: set[str] = set()  # tool_use ids of the message just before: what a tool_result may answer
+    out = _system(req)
+    asked: list[str] = []  # tool_use ids of the message just before: what a tool_result may answer
+    last = len(req.messages) - 1
     for i, msg in enumerate(req.messages):
         where = f"messages.{i}"
-        asked, answerable = answerable, set()
+        prefill = i == last and msg.role == "assistant"
+        # The API exempts only a final assistant message; this server exempts every assistant message: a small
+        # model can end a turn with nothing to show (thinking off, an immediate end of turn), and a client that
+        # sends that turn back as it came must not be refused for it.
+        if not msg.content and msg.role != "assistant":
+            raise InvalidRequest(f"{where}: all messages must have non-empty content except for the optional final "
+                                 "assistant message", param=where)
+        uses: list[str] = []
+        answered: set[str] = set()
         if isinstance(msg.content, str):
+            if msg.content and not prefill:
+                _check_text(msg.content, "messages", f"{where}.content")
             out.append(Message(msg.role, [TextPart(msg.content)] if msg.content else []))
+            if asked:
+                _unanswered(i - 1, asked, answered)
+            asked = uses
             continue
         pending: list[Part] = []
 
@@ -199,8 +243,10 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
         for j, block in enumerate(msg.content):
             bw = f"{where}.content.{j}"
             if isinstance(block, wire.TextBlock):
-                if block.text:
-                    pending.append(TextPart(block.text))
+                # A prefill's last block may be only whitespace: that is its own rule (trailing whitespace, _prefill)
+                if not (prefill and j == len(msg.content) - 1 and block.text):
+                    _check_text(block.text, "messages", f"{bw}.text")
+                pending.append(TextPart(block.text))
             elif isinstance(block, wire.ImageBlock):
                 pending.append(_image(block, bw))
             elif isinstance(block, wire.DocumentBlock):
@@ -210,7 +256,7 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
             elif isinstance(block, wire.ToolUseBlock):
                 if msg.role != "assistant":
                     raise InvalidRequest(f"{bw}: tool_use blocks belong in assistant messages", param=bw)
-                answerable.add(block.id)
+                uses.append(block.id)
                 pending.append(
                     ToolCallPart(
                         id=ir_tool_id(block.id),
@@ -227,6 +273,7 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
                         "`tool_result` block must have a corresponding `tool_use` block in the previous message.",
                         param=bw,
                     )
+                answered.add(block.tool_use_id)
                 # Each result is its own `tool` message (the Chat Completions shape every template knows),
                 # kept in order with the user text around it.
                 flush()
@@ -240,6 +287,9 @@ def _messages(req: wire.CountTokensRequest, secret: bytes) -> list[Message]:
                 raise _refuse_block(block.type, bw, _DOCUMENTED_BLOCKS)
             # redacted_thinking: accepted and not rendered (this server never emits it; its data is opaque).
         flush()
+        if asked:
+            _unanswered(i - 1, asked, answered)
+        asked = uses
     return out
 
 
@@ -392,14 +442,36 @@ def to_conversation(
     elif req.output_format is not None:
         opts.output_format = output_format.from_anthropic(req.output_format, "output_format")
     if isinstance(req, wire.MessagesRequest):
-        if req.max_tokens < 1:
-            raise InvalidRequest("max_tokens: must be greater than or equal to 1", param="max_tokens")
-        opts.max_tokens = req.max_tokens  # clamped by the service to what fits, never refused for size
+        if req.max_tokens < 0:
+            raise InvalidRequest("max_tokens: Input should be greater than or equal to 0", param="max_tokens")
+        if req.max_tokens == 0:
+            _check_prewarm(req, opts)
+        # Clamped by the service to what fits, never refused for size. A pre-warm prefills the prompt (prefix
+        # caching keeps it) and its one token is never shown (prewarming).
+        opts.max_tokens = req.max_tokens or 1
         opts.temperature = req.temperature
         opts.top_p = req.top_p
         opts.top_k = req.top_k
         opts.stop = [s for s in (req.stop_sequences or []) if s]
     return conv, opts
+
+
+def thinking_omitted(req: wire.CountTokensRequest) -> bool:
+    """`thinking.display: "omitted"`: thinking blocks go out without their text (their signature carries it)."""
+    return thinking_on(req) and req.thinking is not None and req.thinking.display == "omitted"
+
+
+def prewarming(req: wire.CountTokensRequest) -> bool:
+    """`max_tokens: 0`: the API's cache pre-warming: the prompt is processed and cached, nothing is generated."""
+    return isinstance(req, wire.MessagesRequest) and req.max_tokens == 0
+
+
+def _check_prewarm(req: wire.MessagesRequest, opts: GenerationOptions) -> None:
+    # What the API documents as incompatible with a pre-warm: there is no answer to stream, think or shape.
+    for asked, what, param in ((bool(req.stream), "streaming", "stream"), (opts.thinking, "thinking", "thinking"),
+                               (opts.output_format is not None, "structured outputs", "output_config.format")):
+        if asked:
+            raise InvalidRequest(f"max_tokens: 0 (cache pre-warming) cannot be combined with {what}", param=param)
 
 
 def messages_request(body: dict[str, Any]) -> wire.MessagesRequest:

@@ -27,7 +27,7 @@ from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.anthropic.convert import wire_tool_id
 from serve_app.ingress.anthropic.errors import ERROR_TYPES, error_body
-from serve_app.ingress.anthropic.signatures import ThinkingSigner
+from serve_app.ingress.anthropic.signatures import ThinkingSealer, ThinkingSigner
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,13 @@ def usage_dict(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
 
 
 class MessageEncoder:
-    def __init__(self, model: str, message_id: str, *, thinking: bool, secret: bytes, prompt_tokens: int = 0):
+    def __init__(self, model: str, message_id: str, *, thinking: bool, secret: bytes, prompt_tokens: int = 0,
+                 prewarm: bool = False, omit_thinking: bool = False):
         self.model = model
+        self.omit_thinking = omit_thinking  # `display: "omitted"`: no thinking text, a signature that seals it
+        # `max_tokens: 0`: the engine prefills the prompt and makes one token (it cannot make none), which the
+        # answer does not show: no content, no output tokens, stopped by max_tokens.
+        self.prewarm = prewarm
         self.message_id = message_id
         self.thinking = thinking
         self.secret = secret
@@ -70,7 +75,7 @@ class MessageEncoder:
         self._index = -1  # index of the last opened block
         self._open: str | None = None  # "thinking" | "text" | "tool_use" | None
         self._open_call: int | None = None  # parser call index of the open tool_use block
-        self._signer: ThinkingSigner | None = None
+        self._signer: ThinkingSigner | ThinkingSealer | None = None
         self._held_ws = ""  # leading whitespace of a text segment not yet known to be non-empty
         self._final: Usage | None = None
 
@@ -139,6 +144,8 @@ class MessageEncoder:
                 self._final = ev
             return out
         self._ensure_started(out)
+        if self.prewarm and not isinstance(ev, Finish):
+            return out
         if isinstance(ev, TextDelta):
             self._text(out, ev.text)
         elif isinstance(ev, ReasoningDelta):
@@ -146,10 +153,11 @@ class MessageEncoder:
             if self.thinking and ev.text:
                 if self._open != "thinking":
                     self._open_block(out, "thinking", {"type": "thinking", "thinking": "", "signature": ""})
-                    self._signer = ThinkingSigner(self.secret)
+                    self._signer = (ThinkingSealer if self.omit_thinking else ThinkingSigner)(self.secret)
                 assert self._signer is not None
                 self._signer.update(ev.text)
-                out.append(self._delta({"type": "thinking_delta", "thinking": ev.text}))
+                if not self.omit_thinking:
+                    out.append(self._delta({"type": "thinking_delta", "thinking": ev.text}))
         elif isinstance(ev, ToolCallStart):
             block = {"type": "tool_use", "id": wire_tool_id(ev.id), "name": ev.name, "input": {}}
             self._open_block(out, "tool_use", block)
@@ -191,12 +199,11 @@ class MessageEncoder:
         out: list[StreamEvent] = []
         self._close(out)
         u = self._final
-        usage = usage_dict(u.prompt_tokens, u.cached_tokens, u.completion_tokens) if u else usage_dict(
-            self._prompt_tokens, 0, 0
-        )
+        usage = usage_dict(u.prompt_tokens, u.cached_tokens, 0 if self.prewarm else u.completion_tokens) if u else (
+            usage_dict(self._prompt_tokens, 0, 0))
         usage.pop("cache_creation")
         usage.pop("service_tier")
-        stop_reason = STOP_REASONS.get(fin.reason, "end_turn")
+        stop_reason = "max_tokens" if self.prewarm else STOP_REASONS.get(fin.reason, "end_turn")
         out.append(
             (
                 "message_delta",

@@ -3,7 +3,8 @@
 Every thinking block this server streams ends with one `signature_delta` carrying `sign(...)`. When a client sends
 the block back in history, `verify` proves the text is what this deployment generated, so a tampered block (or
 one signed by another server, e.g. the real API) is detected. The key is `ctx.secret`, shared by all ingress
-replicas, so any replica can verify any other's signature.
+replicas, so any replica can verify any other's signature. With `thinking.display: "omitted"` the block goes out
+without its text and the signature seals the text instead (`ThinkingSealer`, `unseal`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,14 @@ import base64
 import hashlib
 import hmac
 
+from serve_app.errors import InvalidRequest
+from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
 from serve_app.keyring import keys_of
 
 PREFIX = "sa1."  # version tag: lets the format change without misreading old signatures
 _DOMAIN = b"anthropic-thinking\x00"  # keeps these MACs from ever equalling another use of the same key
+SEALED = "sa2."  # a signature that carries its block's text, sealed (`thinking.display: "omitted"`)
+_SEALED_AAD = b"serve_app/anthropic/thinking/v1"  # a Responses encrypted_content blob does not open here
 
 
 class ThinkingSigner:
@@ -47,3 +52,31 @@ def verify(secret: bytes, text: str, signature: str | None) -> bool:
     for key in keys_of(secret):  # every key is tried: no early exit
         ok |= hmac.compare_digest(sign(key, text).encode(), signature.encode())
     return ok
+
+
+class ThinkingSealer:
+    """`thinking.display: "omitted"`: the block goes out with empty text, so its signature carries the text, sealed
+    with the primitive Responses' `encrypted_content` uses (AES-GCM under the key ring), and the next turn replays
+    the model's real reasoning. Same interface as ThinkingSigner; the text is kept until the block closes."""
+
+    __slots__ = ("_parts", "_sealer")
+
+    def __init__(self, secret: bytes):
+        self._sealer = ReasoningSealer(secret, aad=_SEALED_AAD)
+        self._parts: list[str] = []
+
+    def update(self, text: str) -> None:
+        self._parts.append(text)
+
+    def signature(self) -> str:
+        return SEALED + self._sealer.seal("".join(self._parts))
+
+
+def unseal(secret: bytes, signature: str) -> str | None:
+    """The thinking text sealed in a `SEALED` signature, or None when this server's key ring did not seal it."""
+    if not signature.startswith(SEALED):
+        return None
+    try:
+        return ReasoningSealer(secret, aad=_SEALED_AAD).open(signature[len(SEALED):])
+    except InvalidRequest:
+        return None

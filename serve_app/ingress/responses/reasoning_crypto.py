@@ -34,15 +34,17 @@ def derive_key(secret: bytes) -> bytes:
 
 
 class ReasoningSealer:
-    """Seals with the newest key of the ring (serve_app/keyring.py); opens with any of them."""
+    """Seals with the newest key of the ring (serve_app/keyring.py); opens with any of them. `aad` names the use:
+    a blob sealed for one (Responses items, Anthropic thinking signatures) does not open for another."""
 
-    def __init__(self, secret: bytes):
+    def __init__(self, secret: bytes, *, aad: bytes = _AAD):
         self._aeads = [AESGCM(derive_key(key)) for key in keys_of(secret)]
         self._aead = self._aeads[0]
+        self._aad = aad
 
     def seal(self, text: str) -> str:
         nonce = os.urandom(_NONCE)
-        blob = _VERSION + nonce + self._aead.encrypt(nonce, text.encode("utf-8"), _AAD)
+        blob = _VERSION + nonce + self._aead.encrypt(nonce, text.encode("utf-8"), self._aad)
         return base64.urlsafe_b64encode(blob).decode("ascii")
 
     def open(self, token: str, *, param: str = "input") -> str:
@@ -57,7 +59,7 @@ class ReasoningSealer:
         nonce = blob[len(_VERSION):len(_VERSION) + _NONCE]
         for aead in self._aeads:
             try:
-                plain = aead.decrypt(nonce, blob[len(_VERSION) + _NONCE:], _AAD)
+                plain = aead.decrypt(nonce, blob[len(_VERSION) + _NONCE:], self._aad)
                 break
             except InvalidTag:
                 continue

@@ -10,10 +10,10 @@ from serve_app.errors import ServiceError
 from serve_app.ingress import streaming
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.context import IngressContext, get_ctx
-from serve_app.ingress.envelope import api_router, openai_envelope
+from serve_app.ingress.envelope import api_router, responses_envelope
 from serve_app.ingress.responses.api import RESPONSES, replica_headers
 
-router = api_router(openai_envelope)
+router = api_router(responses_envelope)
 
 
 @router.post("/v1/responses")
