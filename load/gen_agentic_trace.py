@@ -71,6 +71,12 @@ SPECS = {
     "agentic_heldout": AgenticParams(sessions=500, shared_prefix_blocks=20, prefixes=2, turns=28,
                                      first_user_tokens=400, tool_output_tokens=2000, output_tokens=300,
                                      think_time_s=10.0, arrival_rate=0.45, seed=20261202),
+    # Held out from the prediction-error margin (issue 17): written after that change was frozen (commit
+    # 2d79b3f), before any result on it was seen, run once (load/results/router_heldout2.json) and reported
+    # whatever it shows. Three shared prefixes of 28 blocks, shorter pauses, longer answers, smaller tool outputs.
+    "agentic_heldout2": AgenticParams(sessions=420, shared_prefix_blocks=28, prefixes=3, turns=24,
+                                      first_user_tokens=800, tool_output_tokens=1200, output_tokens=500,
+                                      think_time_s=4.0, arrival_rate=0.4, seed=20261203),
 }
 
 

@@ -34,7 +34,7 @@ DEFAULT_OUT = ROOT / "docs" / "figures"
 INPUTS = {
     "capacity": ("capacity.json", "capacity_ab95609.json"),
     "overhead": ("overhead.json", "overhead_66efbe5.json"),
-    "router_ttft": ("router_compare.json", "router_unseen.json", "router_heldout.json"),
+    "router_ttft": ("router_compare.json", "router_unseen.json", "router_heldout.json", "router_heldout2.json"),
     "router_ttft_no_events": ("router_compare_no_events.json",),
     "router_overload": ("router_bench.json", "router_bench_64.json"),
     "cached_fraction": ("prefix_families.json",),

@@ -10,7 +10,8 @@ and for `ttft`'s moves (decisions away from the largest cached prefix) the predi
 it and at the one chosen. It also measures two things a missing cost term would show up in:
 - eviction regret: of the blocks each replica evicted, the share a later request routed to that replica needed
   again (what recomputing elsewhere, which stores and so evicts there, costs later), on every cache-bound row;
-- prediction calibration: ttft's predicted TTFT at the chosen replica against the simulated one, binned.
+- prediction calibration: ttft's predicted TTFT at the chosen replica against the simulated one, binned, and the
+  jitter of the prediction errors per replica (what the ttft policy's margin for leaving cached blocks is made of).
 """
 
 from __future__ import annotations
@@ -114,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
                       "routing_loss_of_prompt_tokens": round(s["routing"] / s["tokens"], 4),
                       "moves": s["moves"],
                       "moves_predicted_wait_s_median": {"best_cached": _median([m[0] for m in core.moves]),
-                                                        "chosen": _median([m[1] for m in core.moves])}})
+                                                        "chosen": _median([m[1] for m in core.moves])},
+                      # what the ttft policy's margin is made of, as the run ends: per replica, the standard
+                      # deviation of its prediction errors from one request to the next
+                      "prediction_jitter_s": [round(core.rates[rid].prediction_variance() ** 0.5, 3)
+                                              for rid in sorted(core.rates)]})
         if policy == "ttft":
             calib = []
             bins = [0, 0.25, 0.5, 1, 2, 4, 8, float("inf")]

@@ -24,7 +24,7 @@ from serve_app.routing.index import EVENTS, PREDICTED, KvIndex
 from serve_app.routing.policies import ReplicaLoad, prompt_tokens
 from serve_app.routing.registry import make_policy
 from serve_app.routing.throughput import FollowOnWork, OfferedWork, ReplicaRates, rates_for_new_replica, share_measurements
-from serve_app.routing.ttft import DEFAULT_STEP_TOKENS
+from serve_app.routing.ttft import DEFAULT_STEP_TOKENS, predict_ttft
 from serve_app.routing.types import Decision, RouteRequest
 from serve_app.settings import RouterConfig
 
@@ -41,6 +41,7 @@ class _Reservation:
     at: float
     prompt: int = 0
     prefilled: bool = False
+    predicted: float | None = None  # TTFT the router predicted at the decision (its error is measured)
 
 
 class RouterCore:
@@ -206,7 +207,10 @@ class RouterCore:
                 self.follow_on.later_turn(now, n - cached)
             else:
                 self.follow_on.new_session(now)
+        # What this request's TTFT should be there, before it joins the queue: the report measures the error.
+        predicted = predict_ttft(self, rid, n - cached, self.step_tokens)
         self._reserve(req, rid, n - cached, now)
+        self._inflight[req.request_id].predicted = predicted
         if self.index.replicas[rid].mode == PREDICTED and req.block_hashes:
             self.index.replicas[rid].add(req.block_hashes, now)
         if req.session_key is not None:
@@ -255,7 +259,7 @@ class RouterCore:
             now = self.now()
             rates = self.rates[r.replica_id]
             first = not rates.prefill.samples
-            rates.prefilled(now, done, r.prefill, now - r.at)
+            rates.prefilled(now, done, r.prefill, now - r.at, r.predicted)
             if first and rates.prefill.samples:
                 share_measurements(list(self.rates.values()))
         r.prefill = 0

@@ -78,7 +78,7 @@ class ReplicaRates:
     """The prefill and decode rate of one replica, with the busy-time bookkeeping that measures them."""
 
     __slots__ = ("prefill", "decode", "t", "prefilling", "decoding", "_prefill_busy", "_drained",
-                 "_gap", "_work", "_last_arrival", "ttft")
+                 "_gap", "_work", "_last_arrival", "ttft", "_jitter", "_last_error")
 
     def __init__(self, prefill_tps: float = PRIOR_PREFILL_TPS, decode_tps: float = PRIOR_DECODE_TPS,
                  now: float = 0.0):
@@ -97,6 +97,10 @@ class ReplicaRates:
         self._work = Moments()
         self._last_arrival: float | None = None
         self.ttft = Moments()  # time to first token of the requests routed here, as reported
+        # Prediction errors (reported TTFT minus the router's prediction at the decision): the mean square of the
+        # change from one error to the next, and the last error.
+        self._jitter = Moments()
+        self._last_error: float | None = None
 
     def advance(self, now: float) -> None:
         """Account the time since the last change to whichever phase had work."""
@@ -144,11 +148,27 @@ class ReplicaRates:
         """Kingman's (ca^2 + cs^2) / 2: 1 for Poisson arrivals of exponential work, more when either is burstier."""
         return (self._gap.scv() + self._work.scv()) / 2.0
 
-    def prefilled(self, now: float, tokens: float, reserved: float = 0.0, ttft: float | None = None) -> None:
-        """A request's first token: `tokens` were computed, `reserved` leave the backlog."""
+    def prediction_variance(self) -> float:
+        """Variance of this replica's TTFT prediction errors from one request to the next (0 until measured).
+
+        Half the mean square of successive differences (von Neumann): the part of the error no prediction can
+        follow. A bias that drifts slowly (a backlog the model misjudges in overload) cancels between neighbours;
+        the error's plain variance would count that drift as noise.
+        """
+        return self._jitter.m1 / 2.0
+
+    def prefilled(self, now: float, tokens: float, reserved: float = 0.0, ttft: float | None = None,
+                  predicted: float | None = None) -> None:
+        """A request's first token: `tokens` were computed, `reserved` leave the backlog; `predicted`: the TTFT
+        the router predicted for it here when it chose this replica."""
         self.advance(now)
         if ttft is not None:
             self.ttft.add(ttft)
+            if predicted is not None:
+                e = ttft - predicted
+                if self._last_error is not None:
+                    self._jitter.add((e - self._last_error) ** 2)
+                self._last_error = e
         self.prefilling = max(0, self.prefilling - 1)
         self._undrain(reserved)
         self.decoding += 1

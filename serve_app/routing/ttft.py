@@ -28,8 +28,14 @@ What this does, without a weight to tune: a hot shared prefix stays on the repli
 there costs more than computing it elsewhere (for this request and those it delays), then it spreads, and new
 sessions go where their whole future is cheapest, not only their first turn. A session's later turns stay where
 its history is cached, unless that replica is so backed up that recomputing the history elsewhere is faster
-even counting what the recomputation does to others. Within one block's prefill time of the best the
-predictions are noise: the session's last replica wins, then the larger cached prefix, then fewer requests in
+even counting what the recomputation does to others. A move away from cached blocks must also beat staying by
+more than the predictions' own error: the router measures, per replica, how far each request's reported TTFT
+fell from what it predicted at the decision, and a replica that keeps more of the prompt cached and is predicted
+within that spread (the standard deviation of the difference of two predictions) of the best is preferred; the
+blocks left behind are recomputed for sure, the gain is not. The spread is the error's jitter from one request
+to the next (successive differences), not its plain variance: a bias that drifts slowly, as in overload, moves
+every prediction alike and is not noise between two replicas. Within one block's prefill time of the best the
+predictions are equal: the session's last replica wins, then the larger cached prefix, then fewer requests in
 flight, then the replica that wrote the least new cache lately.
 
 Sustained overload is different. When the prefill work routed to the fleet lately (tokens per second, over the
@@ -85,7 +91,18 @@ class TtftPolicy(Policy):
             others = delay_factor(rates.prefill_utilization(now)) * rates.variability()
             predicted[rid] = (wait + others * (uncached + follow_on) / rates.prefill.rate
                               + later_turns * rates.ttft.m1)
-        best = min(predicted.values())
+        lead = min(candidates, key=predicted.__getitem__)
+        best = predicted[lead]
+        # Leaving cached blocks for a lower prediction must beat staying by more than the predictions' own error:
+        # a smaller gain is as likely noise as real, and the blocks left behind are recomputed for sure. So the
+        # replicas that keep more of the prompt cached and are predicted within that error of the best compete
+        # among themselves.
+        keep = [r for r in candidates if overlaps[r] > overlaps[lead]
+                and predicted[r] <= best + prediction_spread(state, lead, r)]
+        if keep:
+            lead = min(keep, key=predicted.__getitem__)
+            best = predicted[lead]
+            candidates = [r for r in candidates if overlaps[r] >= overlaps[lead]]
         # One block's prefill on the fastest replica: below that the difference is not real work.
         band = bs / max(state.rates[r].prefill.rate for r in candidates)
         tied = [r for r in candidates if predicted[r] <= best + band]
@@ -107,6 +124,15 @@ def predict_ttft(state, rid: str, uncached: int, step_tokens: int = DEFAULT_STEP
     # Decode tokens that share those steps; no more than the running requests are expected to produce.
     interleaved = min(rates.decoding * steps, load.active_decode_tokens)
     return prefill_s + interleaved / rates.decode.rate
+
+
+def prediction_spread(state, a: str, b: str) -> float:
+    """Standard deviation of the difference between two replicas' TTFT predictions, from their measured errors.
+
+    Each replica's error (reported TTFT minus the prediction at the decision) is measured on the requests routed
+    there; taken as independent, the difference of two predictions is off by sqrt(var_a + var_b).
+    """
+    return math.sqrt(state.rates[a].prediction_variance() + state.rates[b].prediction_variance())
 
 
 def fleet_overloaded(state, now: float) -> bool:

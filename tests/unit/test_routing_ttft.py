@@ -6,7 +6,7 @@ from serve_app.routing.core import RouteRequest, RouterCore
 from serve_app.routing.hashing import block_hashes
 from serve_app.routing.index import EVENTS
 from serve_app.routing.throughput import LOAD_WINDOW_S, MIN_SAMPLE_TOKENS, PRIOR_PREFILL_TPS
-from serve_app.routing.ttft import delay_factor, fleet_overloaded, predict_ttft
+from serve_app.routing.ttft import delay_factor, fleet_overloaded, predict_ttft, prediction_spread
 
 BS = 16
 SHARED = list(range(100_000, 100_000 + 64 * BS))  # a 1024-token system prompt + tools shared by every session
@@ -106,6 +106,45 @@ def test_a_backed_up_home_loses_the_session_when_recomputing_is_faster():
     c._reserve(RouteRequest("flood", [], 0, 0), "a", 50_000, 0.0)  # seconds of queued prefill at "a"
     assert c.choose(req("t2", history + own(2), session="s")).replica_id == "b"
 
+
+
+
+def _turn_after_errors(prefill_times):
+    """A session's second turn, its history cached on "a", after both replicas served requests whose first tokens
+    came `prefill_times` seconds after they were routed (what sets the router's measured prediction errors)."""
+    clock = Clock()
+    c = core("ab", clock)
+    history = own(1, 64 * BS)  # 1024 tokens: ~0.1 s to recompute
+    c.choose(req("t1", history, session="s"), ["a"])
+    c.blocks_stored("a", block_hashes(history, BS))
+    clock.t += prefill_times[0]
+    c.mark_prefilled("t1")
+    c.release("t1")
+    for i, dt in enumerate(prefill_times[1:]):
+        for r in "ab":
+            c.choose(req(f"w{r}{i}", own(100 + i)), [r])
+        clock.t += dt
+        for r in "ab":
+            c.mark_prefilled(f"w{r}{i}")
+            c.release(f"w{r}{i}")
+    _backlogs(c, {"a": 4000})  # ~0.4 s of prefill queued at home: recomputing the history elsewhere looks faster
+    return c, c.choose(req("t2", history + own(2), session="s")).replica_id
+
+
+def test_leaving_cached_blocks_must_beat_staying_by_more_than_the_prediction_error():
+    # Every first token came 0.6 s after the decision: a steady bias, which moves every prediction alike and is no
+    # uncertainty between two replicas. The ~0.3 s predicted gain is taken: the turn leaves its history.
+    steady, chosen = _turn_after_errors([0.6] * 11)
+    assert prediction_spread(steady, "a", "b") < 0.1
+    assert chosen == "b"
+    # Same mean, but from one request to the next the error jumps by a second: the predictions cannot tell 0.3 s
+    # apart, so the turn stays where its history is cached.
+    jittery, chosen = _turn_after_errors([0.6] + [0.1, 1.1] * 5)
+    assert prediction_spread(jittery, "a", "b") > 0.5
+    assert chosen == "a"
+    # Far enough ahead, the other replica still wins: the margin is the error, not a ban on moving.
+    _backlogs(jittery, {"a": 40_000})
+    assert jittery.choose(req("t3", own(1, 64 * BS) + own(3), session="s")).replica_id == "b"
 
 
 def _backlogs(c, tokens_by_replica):
