@@ -30,7 +30,7 @@ SCRIPTS = {
 
 
 class StubService:
-    async def prepare(self, conv, opts, model_id):
+    async def prepare(self, conv, opts, model_id, received=None):
         if model_id == "busy":
             raise Overloaded(retry_after=2.5)
         model = SETTINGS.find_model(model_id)
