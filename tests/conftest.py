@@ -69,6 +69,16 @@ def without_session_server():
 
 
 @pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A PostgreSQL server for this test session (tests/support/postgres.py), stopped at its end."""
+    from tests.support.postgres import start
+
+    server = start(tmp_path_factory.mktemp("postgres") / "data")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
 def serve_config() -> dict:
     return load_test_config()
 
