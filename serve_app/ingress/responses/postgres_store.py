@@ -10,8 +10,8 @@ Puts take a second advisory lock: the caps are counted over the whole table, and
 would each see the other's rows half-applied. Calls are blocking (psycopg's sync API on a small pool of
 connections); the deployment runs them in worker threads, as it does the SQLite store's.
 
-An unreachable database raises `StoreUnavailable` (the routes answer 503 in the API's envelope); a pooled connection
-the server dropped (a database restart) is replaced once before a call gives up.
+An unreachable database raises `StoreUnavailable` (the routes answer 503 in the API's envelope); pooled connections
+the server dropped (a database restart) are replaced once before a call gives up.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ class PostgresResponseStore:
                 result = work(conn)
             except psycopg.OperationalError as err:
                 conn.close()
-                if pooled and attempt == 0:  # the server dropped an idle connection (a restart): once more, fresh
+                if pooled and attempt == 0:  # the server dropped idle connections (a restart): drop the rest of
+                    self.close()  # the pool too, and try once more on a fresh one
                     continue
                 raise self._unavailable(err) from None
             except BaseException:
