@@ -60,6 +60,10 @@ COMMON_ENV = [
     # every session at the next upgrade.
     {"name": "SERVE_APP_SERVER_SECRET",
      "valueFrom": {"secretKeyRef": {"name": "serve-app-server-secret", "key": "server_secret"}}},
+    # The Responses store's PostgreSQL DSN, read by the ResponseStore replica (which may run on any pod) when the
+    # Serve config says `ingress.response_store_backend: postgres`. Optional: the default SQLite store ignores it.
+    {"name": "SERVE_APP_RESPONSE_STORE_DSN",
+     "valueFrom": {"secretKeyRef": {"name": "serve-app-response-store", "key": "dsn", "optional": True}}},
 ]
 
 

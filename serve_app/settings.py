@@ -159,10 +159,16 @@ class IngressConfig(_Strict):
     # first, every listed key still verifies, so a key rotates without breaking sessions. Unset: the
     # SERVE_APP_SERVER_SECRET environment variable (comma-separated ring), else random per deploy (a warning).
     server_secret: str | list[str] | None = None
-    response_store_backend: Literal["sqlite", "memory"] = "sqlite"
+    # sqlite: a file on the node running the ResponseStore replica (one node); postgres: a server database, for a
+    # multi-node cluster (the replica may come back on any node); memory: lost on restart.
+    response_store_backend: Literal["sqlite", "memory", "postgres"] = "sqlite"
     # SQLite file of the Responses store (on the node running the ResponseStore replica); default
     # ~/.cache/serve_app/responses.sqlite3
     response_store_path: str | None = None
+    # PostgreSQL DSN (`postgresql://user:password@host:5432/db` or `host=... dbname=...`) for the postgres backend.
+    # Unset: the SERVE_APP_RESPONSE_STORE_DSN environment variable of the store's replica (a Secret on KubeRay),
+    # which keeps the password out of the config. Never logged.
+    response_store_dsn: str | None = Field(default=None, repr=False)
     response_store_max_items: int = 10_000
     response_store_ttl_s: float = 3600.0
     # Ingress replicas serve HTTP themselves behind Serve's HAProxy, with no Python proxy hop per token

@@ -69,8 +69,27 @@ def without_session_server():
 
 
 @pytest.fixture(scope="session")
-def serve_config() -> dict:
-    return load_test_config()
+def postgres(tmp_path_factory):
+    """A PostgreSQL server for this test session (tests/support/postgres.py), stopped at its end."""
+    from tests.support.postgres import start
+
+    server = start(tmp_path_factory.mktemp("postgres") / "data")
+    yield server
+    server.cleanup()
+
+
+@pytest.fixture(scope="session")
+def serve_config(postgres) -> dict:
+    """The test config, with the Responses store on PostgreSQL (a fresh database of the session's server): the
+    backend for a multi-node cluster, which only a real cluster exercises (the store replica restarted in
+    tests/integration/test_restart.py finds its records there). SQLite, the default, is tested at unit level."""
+    from tests.support.postgres import fresh_database
+
+    config = load_test_config()
+    ingress = config["applications"][0]["args"].setdefault("ingress", {})
+    ingress["response_store_backend"] = "postgres"
+    ingress["response_store_dsn"] = fresh_database(postgres, "serve")
+    return config
 
 
 @pytest.fixture(scope="session")

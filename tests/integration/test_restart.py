@@ -1,10 +1,12 @@
 """Sessions survive replica restarts on the real app: the ResponseStore and every Ingress replica are killed (as a
 crash would), Serve starts new ones, and a `previous_response_id` chain and a signed thinking block both continue.
 
-The store's records are on SQLite (the default backend), so the new store replica finds them; the key ring
-reaches the new ingress replicas from the configuration. A full restart of the app (new key ring loaded from
-the same configuration or environment) is covered at unit level in tests/unit/test_restart_state.py; killing
-replicas keeps this test to seconds instead of the engines' minute of loading.
+The session server's store is on PostgreSQL (tests/conftest.py selects `response_store_backend: postgres`, the
+multi-node backend), so the new store replica, which could be on any node, finds the records in the database; the
+key ring reaches the new ingress replicas from the configuration. A full restart of the app (new key ring loaded
+from the same configuration or environment, the store reopened on the same SQLite file or PostgreSQL database) is
+covered at unit level in tests/unit/test_restart_state.py; killing replicas keeps this test to seconds instead of
+the engines' minute of loading.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 import anthropic
 import httpx
 import openai
+import psycopg
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -64,6 +67,9 @@ def test_previous_response_id_and_signed_thinking_continue_after_replicas_restar
                                     system=system, messages=user,
                                     extra_body={"nvext": {"forced_script": "<think>List the files.</think>" + call}})
     assert signed.content[0].type == "thinking" and signed.content[0].signature
+    dsn = serve_config["applications"][0]["args"]["ingress"]["response_store_dsn"]
+    with psycopg.connect(dsn) as conn:  # the record is in PostgreSQL, not in the store replica about to die
+        assert conn.execute("SELECT COUNT(*) FROM serve_app_responses WHERE id = %s", (first.id,)).fetchone()[0] == 1
 
     _kill_and_wait(serve_config["applications"][0]["name"], ("ResponseStore", "Ingress"), serve_url)
 

@@ -18,7 +18,6 @@ from serve_app.ingress.responses.convert import (
     responses_to_conversation,
 )
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
-from serve_app.ingress.responses.store import ResponseStoreCore
 from serve_app.protocols.responses import ResponsesRequest
 
 SEALER = ReasoningSealer(b"k1")
@@ -185,52 +184,6 @@ def test_echo_fields():
     assert echo["reasoning"] == {"effort": "medium", "summary": "auto"}
     assert echo["prompt_cache_key"] == "conv-123" and echo["text"]["verbosity"] == "low"
     assert [t["type"] for t in echo["tools"]] == ["function", "custom", "local_shell", "web_search"]
-
-
-# -- store ---------------------------------------------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
-def test_store_ttl():
-    clock = Clock()
-    s = ResponseStoreCore(max_items=10, ttl_s=60, clock=clock)
-    s.put("a", {"v": 1})
-    clock.t = 30
-    s.put("b", {"v": 2})
-    assert s.get("a") == {"v": 1}
-    clock.t = 61
-    assert s.get("a") is None and s.get("b") == {"v": 2}
-    clock.t = 95
-    assert s.get("b") is None and len(s) == 0 and s.bytes == 0
-
-
-def test_store_item_and_byte_caps_evict_oldest():
-    s = ResponseStoreCore(max_items=3, ttl_s=1e9, max_bytes=10_000, clock=Clock())
-    for k in "abcd":
-        s.put(k, {"k": k})
-    assert s.get("a") is None and [s.get(k)["k"] for k in "bcd"] == ["b", "c", "d"]
-    big = ResponseStoreCore(max_items=100, ttl_s=1e9, max_bytes=100, clock=Clock())
-    assert big.put("x", "y" * 40) and big.put("z", "w" * 40)
-    assert big.put("q", "v" * 40)  # over 100 bytes in all: the oldest goes
-    assert big.get("x") is None and big.get("q") is not None and big.bytes <= 100
-    assert big.put("huge", "h" * 200) is False and big.get("huge") is None
-
-
-def test_store_overwrite_refreshes():
-    clock = Clock()
-    s = ResponseStoreCore(max_items=2, ttl_s=10, clock=clock)
-    s.put("a", 1)
-    clock.t = 8
-    s.put("a", 2)
-    clock.t = 15
-    assert s.get("a") == 2 and len(s) == 1
 
 
 def test_output_items_sent_back_rebuild_the_generated_turn():

@@ -1,6 +1,7 @@
-"""State that survives a restart: the server key ring (config or environment, rotation) and the SQLite Responses
-store. "A restart" here is what the app does on start: the key ring loaded again from the same configuration and
-the store opened again on the same file, behind fresh ingress apps (the real routes; a stand-in service)."""
+"""State that survives a restart: the server key ring (config or environment, rotation) and the Responses store
+(SQLite and PostgreSQL; the stores' own behaviour table is tests/unit/test_response_stores.py). "A restart" here is
+what the app does on start: the key ring loaded again from the same configuration and the store opened again on
+the same file or database, behind fresh ingress apps (the real routes; a stand-in service)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ from serve_app.ingress.anthropic import signatures
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
 from serve_app.ingress.responses.store import StoreClient
+from serve_app.ingress.responses.postgres_store import PostgresResponseStore
 from serve_app.ingress.responses.sqlite_store import SqliteResponseStore
 from serve_app.ingress.server import create_app
 from serve_app.settings import AppSettings
 from serve_app.errors import InvalidRequest
+from tests.support.postgres import fresh_database
 from test_responses_routes import StubService as ResponsesStub
 
 
@@ -70,53 +73,28 @@ def test_rotation_signatures_and_sealed_reasoning():
         ReasoningSealer(retired).open(sealed)
 
 
-# -- the SQLite store ------------------------------------------------------------------------------------------
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
-
-def test_sqlite_store_keeps_ttl_and_caps(tmp_path):
-    clock = Clock()
-    s = SqliteResponseStore(str(tmp_path / "r.db"), max_items=3, ttl_s=10, max_bytes=10_000, clock=clock)
-    for i in range(5):
-        assert s.put(f"r{i}", {"i": i})
-    assert len(s) == 3 and s.get("r0") is None and s.get("r4") == {"i": 4}  # oldest evicted past the item cap
-    clock.t += 11
-    assert s.get("r4") is None and len(s) == 0  # expired
-    small = SqliteResponseStore(str(tmp_path / "b.db"), max_items=100, ttl_s=1e9, max_bytes=100, clock=clock)
-    assert not small.put("big", {"x": "y" * 200})  # larger than the byte cap alone: refused
-    for i in range(5):
-        small.put(f"k{i}", {"x": "y" * 30})
-    assert small.get("k0") is None and small.get("k4") is not None  # oldest evicted past the byte cap
-    assert s.delete("r4") is False and small.delete("k4") and small.get("k4") is None
-
-
-def test_sqlite_store_survives_reopening(tmp_path):
-    path = str(tmp_path / "r.db")
-    s = SqliteResponseStore(path)
-    s.put("resp_1", {"response": {"id": "resp_1"}, "items": [1, 2]})
-    s.close()
-    assert SqliteResponseStore(path).get("resp_1") == {"response": {"id": "resp_1"}, "items": [1, 2]}
-
-
 # -- across a restart of the app -------------------------------------------------------------------------------
 
 SETTINGS = AppSettings.model_validate({"models": [{"id": "m1", "reasoning_parser": "qwen3"}]})
 
 
-def start_app(store_path: str, environ: dict):
-    """What a (re)started deployment builds: the ring from the same configuration, the store on the same file."""
+def start_app(open_store, environ: dict):
+    """What a (re)started deployment builds: the ring from the same configuration, the store on the same file or
+    database."""
     ring = keyring.load(SETTINGS.ingress.server_secret, environ=environ)
     svc = ResponsesStub()
-    store = SqliteResponseStore(store_path)
+    store = open_store()
     return create_app(IngressContext(settings=SETTINGS, service=svc, secret=ring,
                                      response_store=StoreClient(store))), svc, store
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def open_store(request, tmp_path):
+    if request.param == "sqlite":
+        path = str(tmp_path / "responses.sqlite3")
+        return lambda: SqliteResponseStore(path)
+    dsn = fresh_database(request.getfixturevalue("postgres"))
+    return lambda: PostgresResponseStore(dsn)
 
 
 def oai(app):
@@ -124,9 +102,8 @@ def oai(app):
                               http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
 
 
-async def test_previous_response_id_and_sealed_reasoning_continue_after_a_restart_with_rotation(tmp_path):
-    path = str(tmp_path / "responses.sqlite3")
-    app, _, store = start_app(path, {keyring.ENV: "k1"})
+async def test_previous_response_id_and_sealed_reasoning_continue_after_a_restart_with_rotation(open_store):
+    app, _, store = start_app(open_store, {keyring.ENV: "k1"})
     first = await oai(app).responses.create(model="m1", input="run ls", include=["reasoning.encrypted_content"],
                                             extra_body={"nvext": {"forced_script": "think_call"}})
     reasoning = first.output[0]
@@ -134,7 +111,7 @@ async def test_previous_response_id_and_sealed_reasoning_continue_after_a_restar
     store.close()
 
     # Restarted, with a new key rotated in front of the old one.
-    app2, svc2, _ = start_app(path, {keyring.ENV: "k2,k1"})
+    app2, svc2, _ = start_app(open_store, {keyring.ENV: "k2,k1"})
     await oai(app2).responses.create(model="m1", input="and now?", previous_response_id=first.id)
     conv = svc2.prepared[-1].conversation
     assert conv.messages[0].parts[0].text == "run ls" and conv.messages[-1].parts[0].text == "and now?"

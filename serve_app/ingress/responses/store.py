@@ -2,9 +2,12 @@
 
 It lives OUTSIDE the ingress processes — one small Serve deployment every ingress replica calls — so a response
 created through one replica is found through any other. Bounded two ways: entries expire after a TTL, and past the
-item or byte cap the least recently used entries are evicted. Two stores behind one interface (put/get/delete):
-`SqliteResponseStore` (sqlite_store.py, the default: it survives a restart of the app) and `ResponseStoreCore`
-(in memory), chosen by `ingress.response_store_backend`; both plain logic, unit-tested without Ray.
+item or byte cap the least recently used entries are evicted. Three stores behind one interface (put/get/delete),
+chosen by `ingress.response_store_backend`: `SqliteResponseStore` (sqlite_store.py, the default: it survives a
+restart of the app on one node), `PostgresResponseStore` (postgres_store.py: a server database, for a multi-node
+cluster where the store's replica may come back on another node) and `ResponseStoreCore` (in memory); all plain
+logic, unit-tested without Ray. A store whose database cannot be reached raises `StoreUnavailable`, which
+`StoreClient` turns into a 503 in the API's envelope.
 `ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is passed to the
 Ingress deployment, arrives there as a DeploymentHandle and reaches the routes as a `StoreClient`).
 
@@ -16,11 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from collections import OrderedDict
 from typing import Any, Callable
 
 from ray import serve
+
+from serve_app.errors import ServiceError
+
+DSN_ENV = "SERVE_APP_RESPONSE_STORE_DSN"
+
+
+class StoreUnavailable(Exception):
+    """The store's database cannot be reached. Plain (one message argument) so it crosses Ray intact."""
 
 
 class ResponseStoreCore:
@@ -77,22 +89,38 @@ class ResponseStoreCore:
         return False
 
 
-def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max_bytes: int):
+def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max_bytes: int,
+               dsn: str | None = None, environ=os.environ):
     if backend == "sqlite":
         from serve_app.ingress.responses.sqlite_store import SqliteResponseStore
 
         return SqliteResponseStore(path, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
+    if backend == "postgres":
+        # Read here, in the store's replica: that is the process that connects, and the DSN then never travels in
+        # the deployment's arguments when it comes from the environment.
+        dsn = dsn or environ.get(DSN_ENV)
+        if not dsn:
+            raise ValueError(f"ingress.response_store_backend is 'postgres' but no DSN is set: set "
+                             f"ingress.response_store_dsn or the {DSN_ENV} environment variable")
+        try:
+            from serve_app.ingress.responses.postgres_store import PostgresResponseStore
+        except ImportError as err:
+            raise ImportError("ingress.response_store_backend 'postgres' needs psycopg: pip install "
+                              "'serve_app[postgres]'") from err
+        return PostgresResponseStore(dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
     return ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
 
 
 @serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0})
 class ResponseStore:
-    """One replica on purpose: it is the single owner of the records (no cross-replica consistency to manage)."""
+    """One replica on purpose: with SQLite or in memory it is the single owner of the records (no cross-replica
+    consistency to manage); with PostgreSQL the database owns them, and the replica may come back on any node."""
 
     def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
-                 path: str | None = None):
-        self.core = make_store(backend, path, max_items, ttl_s, max_bytes)
-        # SQLite blocks on disk: off the replica's event loop. The in-memory core is cheap enough to call inline.
+                 path: str | None = None, dsn: str | None = None):
+        self.core = make_store(backend, path, max_items, ttl_s, max_bytes, dsn)
+        # SQLite blocks on disk and PostgreSQL on the network: off the replica's event loop. The in-memory core is
+        # cheap enough to call inline.
         self._blocking = backend != "memory"
 
     async def _call(self, fn, *args):
@@ -112,7 +140,7 @@ def bind_store(settings) -> Any:
     """The bound store deployment for `build_app` (serve_app/app.py)."""
     ing = settings.ingress
     return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
-                              ing.response_store_backend, ing.response_store_path)
+                              ing.response_store_backend, ing.response_store_path, ing.response_store_dsn)
 
 
 class StoreClient:
@@ -122,17 +150,20 @@ class StoreClient:
         self.backend = backend
         self._local = getattr(backend.put, "remote", None) is None  # a store object, not a deployment handle
 
+    async def _call(self, method: str, *args) -> Any:
+        try:
+            if self._local:
+                return getattr(self.backend, method)(*args)
+            return await getattr(self.backend, method).remote(*args)
+        except StoreUnavailable as err:  # through a handle: Ray's error, an instance of the store's too
+            raise ServiceError("api_error", str(getattr(err, "cause", err)), status=503,
+                               code="store_unavailable") from None
+
     async def put(self, key: str, record: Any) -> bool:
-        if self._local:
-            return self.backend.put(key, record)
-        return await self.backend.put.remote(key, record)
+        return await self._call("put", key, record)
 
     async def get(self, key: str) -> Any | None:
-        if self._local:
-            return self.backend.get(key)
-        return await self.backend.get.remote(key)
+        return await self._call("get", key)
 
     async def delete(self, key: str) -> bool:
-        if self._local:
-            return self.backend.delete(key)
-        return await self.backend.delete.remote(key)
+        return await self._call("delete", key)

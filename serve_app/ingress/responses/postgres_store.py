@@ -1,0 +1,194 @@
+"""The Responses store on PostgreSQL: for a multi-node cluster, where the ResponseStore replica may start on any
+node (after a crash, a scale-down or a RayService upgrade that brings up a new cluster) and must still find every
+stored response.
+
+Same interface and bounds as `SqliteResponseStore` (put/get/delete; a wall-clock TTL; past the item or byte cap the
+oldest stored entries go first). The DSN comes from `ingress.response_store_dsn` or the SERVE_APP_RESPONSE_STORE_DSN
+environment variable (a Kubernetes Secret in kuberay/); it may hold a password, so it is never logged or echoed.
+The schema is created on first use, under an advisory lock, so replicas that start at once do not race on it.
+Puts take a second advisory lock: the caps are counted over the whole table, and two writers evicting at once
+would each see the other's rows half-applied. Calls are blocking (psycopg's sync API on a small pool of
+connections); the deployment runs them in worker threads, as it does the SQLite store's.
+
+An unreachable database raises `StoreUnavailable` (the routes answer 503 in the API's envelope); pooled connections
+the server dropped (a database restart) are replaced once before a call gives up.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from serve_app.ingress.responses.store import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+TABLE = "serve_app_responses"
+# pg_advisory_xact_lock keys (any two bigints unique to this app): one for creating the schema, one for puts.
+_SCHEMA_LOCK = 0x5E7E_A990_0001
+_PUT_LOCK = 0x5E7E_A990_0002
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+    id TEXT PRIMARY KEY,
+    seq BIGSERIAL NOT NULL,
+    expires DOUBLE PRECISION NOT NULL,
+    size BIGINT NOT NULL,
+    record TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS {TABLE}_seq ON {TABLE} (seq);
+CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires);
+"""
+
+# The newest rows that fit both caps stay; the rest (the oldest) go. Running totals from the newest row down.
+_EVICT = f"""
+DELETE FROM {TABLE} WHERE id IN (
+    SELECT id FROM (
+        SELECT id, COUNT(*) OVER newest AS n, SUM(size) OVER newest AS total FROM {TABLE}
+        WINDOW newest AS (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING)
+    ) ranked WHERE n > %(max_items)s OR total > %(max_bytes)s
+)
+"""
+
+
+class PostgresResponseStore:
+    def __init__(self, dsn: str, max_items: int = 10_000, ttl_s: float = 3600.0, max_bytes: int = 512 * 1024 * 1024,
+                 clock: Callable[[], float] = time.time, pool_size: int = 4, connect_timeout_s: float = 5.0):
+        try:
+            params = conninfo_to_dict(dsn)
+        except psycopg.Error:  # libpq's message quotes the string, password included
+            raise ValueError("the Responses store's PostgreSQL DSN is malformed (not shown: it may hold a "
+                             "password)") from None
+        self._dsn = dsn
+        self._secrets = [s for s in (dsn, params.get("password")) if s]
+        # The DSN's own connect_timeout wins; without one a down database fails a call in seconds, not minutes.
+        self._connect_kwargs = {"connect_timeout": max(1, round(connect_timeout_s))}
+        if "connect_timeout" in params:
+            self._connect_kwargs = {}
+        self.max_items = max_items
+        self.ttl_s = ttl_s
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self.pool_size = pool_size
+        self._idle: list[psycopg.Connection] = []
+        self._lock = threading.Lock()
+        self._schema_ready = False
+
+    def __repr__(self) -> str:  # never the DSN
+        return f"PostgresResponseStore(table={TABLE!r}, max_items={self.max_items}, ttl_s={self.ttl_s})"
+
+    # -- connections -----------------------------------------------------------------------------------------
+
+    def _redact(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
+
+    def _unavailable(self, err: Exception) -> StoreUnavailable:
+        log.warning("Responses store: PostgreSQL unavailable: %s", self._redact(str(err)).strip())
+        return StoreUnavailable("the Responses store's PostgreSQL database is unreachable; retry shortly")
+
+    def _connect(self) -> psycopg.Connection:
+        conn = psycopg.connect(self._dsn, autocommit=True, application_name="serve_app-response-store",
+                               **self._connect_kwargs)
+        if not self._schema_ready:
+            try:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    conn.execute(_SCHEMA)
+            except BaseException:
+                conn.close()
+                raise
+            self._schema_ready = True
+        return conn
+
+    def _take(self) -> tuple[psycopg.Connection, bool]:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop(), True
+        return self._connect(), False
+
+    def _give(self, conn: psycopg.Connection) -> None:
+        if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.close()
+            return
+        with self._lock:
+            if len(self._idle) < self.pool_size:
+                self._idle.append(conn)
+                return
+        conn.close()
+
+    def _run(self, work: Callable[[psycopg.Connection], Any]) -> Any:
+        for attempt in range(2):
+            try:
+                conn, pooled = self._take()
+            except psycopg.OperationalError as err:
+                raise self._unavailable(err) from None
+            try:
+                result = work(conn)
+            except psycopg.OperationalError as err:
+                conn.close()
+                if pooled and attempt == 0:  # the server dropped idle connections (a restart): drop the rest of
+                    self.close()  # the pool too, and try once more on a fresh one
+                    continue
+                raise self._unavailable(err) from None
+            except BaseException:
+                self._give(conn)
+                raise
+            self._give(conn)
+            return result
+        raise AssertionError("unreachable")
+
+    # -- the store -------------------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        def count(conn):
+            conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (self.clock(),))
+            return conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
+
+        return self._run(count)
+
+    def put(self, key: str, record: Any, size: int | None = None) -> bool:
+        """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
+        text = json.dumps(record, separators=(",", ":"))
+        size = len(text) if size is None else size
+        if size > self.max_bytes:
+            return False
+        now = self.clock()
+
+        def put(conn):
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
+                conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
+                # A new seq on overwrite too: a refreshed entry is the newest, as in the other stores.
+                conn.execute(f"INSERT INTO {TABLE} (id, expires, size, record) VALUES (%s, %s, %s, %s) "
+                             f"ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, expires = EXCLUDED.expires, "
+                             f"size = EXCLUDED.size, record = EXCLUDED.record",
+                             (key, now + self.ttl_s, size, text))
+                count, total = conn.execute(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE}").fetchone()
+                if count > self.max_items or total > self.max_bytes:
+                    conn.execute(_EVICT, {"max_items": self.max_items, "max_bytes": self.max_bytes})
+            return True
+
+        return self._run(put)
+
+    def get(self, key: str) -> Any | None:
+        now = self.clock()
+        row = self._run(lambda conn: conn.execute(f"SELECT record FROM {TABLE} WHERE id = %s AND expires > %s",
+                                                  (key, now)).fetchone())
+        return None if row is None else json.loads(row[0])
+
+    def delete(self, key: str) -> bool:
+        return self._run(lambda conn: conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,)).rowcount > 0)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()

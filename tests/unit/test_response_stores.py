@@ -1,0 +1,288 @@
+"""The Responses stores behind one interface (serve_app/ingress/responses/store.py): one behaviour table run
+against each backend — in memory, SQLite on a file, PostgreSQL on a real server (the session's `postgres` fixture,
+a fresh database per test). Then what only the persistent ones promise (a second store object on the same
+database, as a restarted or a second store replica is, sees the first one's records and keeps the caps with it),
+and PostgreSQL's own: schema creation by replicas starting at once, a dropped connection, an unreachable
+database (503 in the API's envelope, the DSN's password nowhere)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import httpx
+import openai
+import psycopg
+import pytest
+
+from serve_app.ingress.context import IngressContext
+from serve_app.ingress.responses.postgres_store import TABLE, PostgresResponseStore
+from serve_app.ingress.responses.sqlite_store import SqliteResponseStore
+from serve_app.ingress.responses.store import DSN_ENV, ResponseStore, ResponseStoreCore, StoreClient, \
+    StoreUnavailable, make_store
+from serve_app.ingress.server import create_app
+from tests.support.postgres import fresh_database
+from test_responses_routes import SETTINGS, StubService
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request):
+    return request.param
+
+
+@pytest.fixture
+def open_store(backend, request, tmp_path):
+    """`open_store(**caps)`: a store object of this test's backend. For sqlite and postgres every call opens
+    another object on the same database (what a restarted, or a second, store replica does)."""
+    dsn = fresh_database(request.getfixturevalue("postgres")) if backend == "postgres" else None
+    opened = []
+
+    def open_(max_items=100, ttl_s=1e9, max_bytes=10_000, clock=None):
+        clock = clock or Clock()
+        if backend == "memory":
+            s = ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+        elif backend == "sqlite":
+            s = SqliteResponseStore(str(tmp_path / "r.db"), max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes,
+                                    clock=clock)
+        else:
+            s = PostgresResponseStore(dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+        opened.append(s)
+        return s
+
+    open_.dsn = dsn
+    yield open_
+    for s in opened:
+        getattr(s, "close", lambda: None)()
+
+
+persistent = pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+postgres_only = pytest.mark.parametrize("backend", ["postgres"])
+
+
+# -- the behaviour table, every backend -------------------------------------------------------------------------
+
+
+def test_put_get_delete(open_store):
+    s = open_store()
+    record = {"response": {"id": "resp_1", "output": [{"text": "ünïcode \u0000 nul"}]}, "items": [1, [2], None]}
+    assert s.put("resp_1", record) is True
+    assert s.get("resp_1") == record and s.get("resp_nope") is None
+    assert s.delete("resp_1") is True and s.get("resp_1") is None
+    assert s.delete("resp_1") is False and len(s) == 0
+
+
+def test_entries_expire_after_the_ttl(open_store):
+    clock = Clock()
+    s = open_store(ttl_s=60, clock=clock)
+    s.put("a", {"v": 1})
+    clock.t += 30
+    s.put("b", {"v": 2})
+    assert s.get("a") == {"v": 1}
+    clock.t += 31  # a is 61 s old, b 31 s
+    assert s.get("a") is None and s.get("b") == {"v": 2} and len(s) == 1
+    clock.t += 30
+    assert s.get("b") is None and len(s) == 0
+
+
+def test_overwrite_refreshes_ttl_and_age(open_store):
+    clock = Clock()
+    s = open_store(max_items=2, ttl_s=10, clock=clock)
+    s.put("a", 1)
+    s.put("b", 2)
+    clock.t += 8
+    s.put("a", 3)  # now the newest, with a new TTL
+    s.put("c", 4)  # past the item cap: the oldest goes, which is now b
+    assert s.get("b") is None and s.get("a") == 3 and s.get("c") == 4
+    clock.t += 7  # 15 s after a's first put, 7 after its second
+    assert s.get("a") == 3 and len(s) == 2
+    clock.t += 4
+    assert s.get("a") is None and len(s) == 0
+
+
+def test_item_cap_evicts_the_oldest(open_store):
+    s = open_store(max_items=3)
+    for i in range(5):
+        assert s.put(f"r{i}", {"i": i})
+    assert len(s) == 3 and s.get("r0") is None and s.get("r1") is None
+    assert [s.get(f"r{i}")["i"] for i in (2, 3, 4)] == [2, 3, 4]
+
+
+def test_byte_cap_evicts_the_oldest_and_refuses_a_record_larger_than_the_cap(open_store):
+    s = open_store(max_bytes=100)
+    assert s.put("x", "y" * 40) and s.put("z", "w" * 40)  # 42 bytes each as JSON
+    assert s.put("q", "v" * 40)  # 126 bytes in all: the oldest goes
+    assert s.get("x") is None and s.get("z") == "w" * 40 and s.get("q") == "v" * 40
+    assert s.put("huge", "h" * 200) is False and s.get("huge") is None
+    assert s.get("z") is not None  # a refused record evicts nothing
+
+
+def test_memory_store_accounts_bytes_back_to_zero():
+    clock = Clock()
+    s = ResponseStoreCore(max_items=10, ttl_s=5, max_bytes=100, clock=clock)
+    s.put("a", "x" * 10)
+    assert s.bytes == 12
+    clock.t += 6
+    assert s.get("a") is None and s.bytes == 0
+
+
+# -- persistent backends: a second store object on the same database --------------------------------------------
+
+
+@persistent
+def test_a_reopened_store_finds_the_records(open_store):
+    first = open_store()
+    first.put("resp_1", {"response": {"id": "resp_1"}, "items": [1, 2]})
+    first.close()
+    assert open_store().get("resp_1") == {"response": {"id": "resp_1"}, "items": [1, 2]}
+
+
+@persistent
+def test_two_stores_on_one_database_see_each_others_writes_and_share_the_caps(open_store):
+    """Two store replicas (or a store replica and its replacement) on one database."""
+    clock = Clock()
+    a, b = open_store(max_items=3, ttl_s=60, clock=clock), open_store(max_items=3, ttl_s=60, clock=clock)
+    a.put("r1", {"by": "a"})
+    assert b.get("r1") == {"by": "a"}
+    b.put("r2", {"by": "b"})
+    assert a.get("r2") == {"by": "b"}
+    assert b.delete("r1") and a.get("r1") is None
+    a.put("r3", 3)
+    b.put("r4", 4)
+    a.put("r5", 5)  # four entries: the cap holds over both writers' records, the oldest (b's r2) goes
+    assert a.get("r2") is None and len(b) == 3
+    clock.t += 61
+    assert b.get("r5") is None and len(a) == 0
+
+
+@persistent
+def test_concurrent_puts_from_two_stores_keep_the_caps(open_store):
+    stores = [open_store(max_items=20), open_store(max_items=20)]
+    errors = []
+
+    def writer(n):
+        try:
+            for i in range(30):
+                stores[n].put(f"w{n}-{i}", {"i": i})
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(stores[0]) == 20
+    # Only the oldest went: what is left of each writer's puts is its newest ones, whatever the interleaving.
+    kept = [[i for i in range(30) if stores[1 - n].get(f"w{n}-{i}") is not None] for n in (0, 1)]
+    assert len(kept[0]) + len(kept[1]) == 20
+    assert all(k == list(range(30 - len(k), 30)) for k in kept)
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------------------------
+
+
+@postgres_only
+def test_replicas_starting_at_once_create_the_schema_once(open_store):
+    stores = [open_store() for _ in range(6)]
+    start = threading.Barrier(len(stores))
+    errors = []
+
+    def first_use(n):
+        try:
+            start.wait()
+            stores[n].put(f"r{n}", n)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=first_use, args=(n,)) for n in range(len(stores))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and sorted(stores[0].get(f"r{n}") for n in range(6)) == list(range(6))
+    with psycopg.connect(open_store.dsn) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM pg_tables WHERE tablename = %s", (TABLE,)).fetchone()[0] == 1
+
+
+@postgres_only
+def test_a_connection_the_server_dropped_is_replaced(open_store):
+    s = open_store()
+    s.put("a", 1)
+    held = [s._take()[0] for _ in range(3)]  # three connections in the pool, as concurrent calls leave it
+    for conn in held:
+        s._give(conn)
+    with psycopg.connect(open_store.dsn, autocommit=True) as conn:  # what a database restart does to the pool
+        killed = conn.execute("SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                              "WHERE application_name = 'serve_app-response-store'").fetchone()[0]
+    assert killed == 3
+    assert s.get("a") == 1 and s.put("b", 2) and s.get("b") == 2
+
+
+DOWN = "postgresql://agent:hunter2-secret@127.0.0.1:1/responses"  # nothing listens on port 1
+
+
+def test_unreachable_database_raises_store_unavailable_without_the_password(caplog):
+    s = PostgresResponseStore(DOWN, connect_timeout_s=2)
+    with caplog.at_level(logging.DEBUG):
+        for call in (lambda: s.get("a"), lambda: s.put("a", 1), lambda: s.delete("a"), lambda: len(s)):
+            with pytest.raises(StoreUnavailable) as err:
+                call()
+            assert "unreachable" in str(err.value) and "hunter2" not in str(err.value)
+    assert "Connection refused" in caplog.text  # the operator sees why
+    assert "hunter2" not in caplog.text and "hunter2" not in repr(s)
+
+
+def test_malformed_dsn_fails_at_start_without_echoing_it():
+    with pytest.raises(ValueError) as err:
+        PostgresResponseStore("host=db password=hunter2 =broken")
+    assert "malformed" in str(err.value) and "hunter2" not in str(err.value)
+
+
+async def test_unreachable_database_answers_503_in_the_openai_envelope():
+    app = create_app(IngressContext(settings=SETTINGS, service=StubService(), secret=b"s",
+                                    response_store=StoreClient(PostgresResponseStore(DOWN, connect_timeout_s=2))))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+        for r in (await c.get("/v1/responses/resp_1"), await c.delete("/v1/responses/resp_1"),
+                  await c.post("/v1/responses", json={"model": "m1", "input": "hi",
+                                                      "previous_response_id": "resp_1"})):
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert err["type"] == "server_error" and err["code"] == "store_unavailable"
+            assert "unreachable" in err["message"] and "hunter2" not in r.text
+    # Storing after an answer is best effort: the answer still goes out.
+    client = openai.AsyncOpenAI(api_key="x", base_url="http://app/v1", max_retries=0,
+                                http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+    assert (await client.responses.create(model="m1", input="hi")).output_text == "Hello"
+
+
+# -- the deployment's wiring ------------------------------------------------------------------------------------
+
+
+def test_postgres_dsn_from_config_else_from_the_environment(postgres):
+    dsn = fresh_database(postgres)
+    with pytest.raises(ValueError, match=f"response_store_dsn or the {DSN_ENV}"):
+        make_store("postgres", None, 10, 60, 1000, None, environ={})
+    from_env = make_store("postgres", None, 10, 60, 1000, None, environ={DSN_ENV: dsn})
+    from_config = make_store("postgres", None, 10, 60, 1000, dsn, environ={DSN_ENV: DOWN})  # config wins
+    from_env.put("a", 1)
+    assert from_config.get("a") == 1
+
+
+async def test_the_deployment_runs_the_postgres_store_off_the_event_loop(postgres):
+    store = ResponseStore.func_or_class(10, 60, 10_000, "postgres", None, fresh_database(postgres))
+    loop_thread = threading.get_ident()
+    seen = []
+    put = store.core.put
+    store.core.put = lambda *a: seen.append(threading.get_ident()) or put(*a)
+    assert await store.put("a", {"v": 1}) and await store.get("a") == {"v": 1}
+    assert seen and loop_thread not in seen
+    assert await store.delete("a") and await store.get("a") is None
