@@ -121,6 +121,8 @@ class _Metric:
             method = {"counter": "inc", "gauge": "set", "histogram": "observe"}[self.kind]
             fn, tags = getattr(self._ray, method), {k: str(v) for k, v in labels.items()}
             counter = self.kind == "counter"
+            if self.kind == "gauge":
+                return _GAUGES.recorder(fn, tags)
 
             def record(value: float) -> None:
                 if counter and value <= 0:
@@ -145,6 +147,59 @@ class _Metric:
                     self._choose()
                 fn = self._children[key] = self._recorder(key, labels)
         fn(value)
+
+
+class _GaugeFlusher:
+    """Ray-backed gauges hand their latest value to Ray at most every `PERIOD_S`, from one daemon thread.
+
+    Why: a gauge is only read when Ray's agent exports (every few seconds), but the ingress sets its in-flight and
+    queue gauges twice per request, and each `ray.util.metrics` call is a call into Ray's core worker (a few
+    percent of the ingress's CPU at high request rates, docs/serving-path.md). Recording is now a dict store; the
+    value Ray exports is at most `PERIOD_S` old."""
+
+    PERIOD_S = 0.5
+
+    def __init__(self):
+        self._latest: dict[int, tuple[Any, dict[str, str], float]] = {}
+        self._sent: dict[int, tuple] = {}
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def recorder(self, fn, tags: dict[str, str]):
+        slot = id(tags)  # one slot per (gauge, label set): the tag dict is built once per label set
+
+        def record(value: float) -> None:
+            self._latest[slot] = (fn, tags, value)
+            if self._thread is None:
+                self._start()
+
+        return record
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="serve-app-gauges", daemon=True)
+                self._thread.start()
+
+    def flush(self) -> None:
+        # The dict always holds each gauge's latest value (a store races with nothing); only changes are sent.
+        for slot, entry in list(self._latest.items()):
+            if self._sent.get(slot) is entry:
+                continue
+            fn, tags, value = entry
+            try:
+                fn(value, tags=tags)
+            except Exception:  # noqa: BLE001 - metrics must never break serving
+                pass
+            self._sent[slot] = entry
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.PERIOD_S)
+            self.flush()
+
+
+_GAUGES = _GaugeFlusher()
 
 
 REQUESTS = _Metric("counter", "requests_total", "HTTP requests by API, status code and tenant ('none' before auth)",

@@ -147,3 +147,28 @@ def test_metrics_route_and_middleware():
                     "serve_app_router_decisions", "serve_app_queue_depth"} <= names
 
     asyncio.run(run())
+
+
+def test_ray_gauges_send_only_their_latest_value_when_flushed():
+    """A Ray-backed gauge set on every request costs a call into Ray's core worker each time; the flusher keeps
+    the latest value per label set and hands Ray only changes, once per period."""
+    from serve_app.metrics import _GaugeFlusher
+
+    class Manual(_GaugeFlusher):
+        def _start(self):  # flushed by the test, not by a thread
+            pass
+
+    sent = []
+    flusher = Manual()
+    ingress = flusher.recorder(lambda v, tags: sent.append((tags["component"], v)), {"component": "ingress"})
+    engine = flusher.recorder(lambda v, tags: sent.append((tags["component"], v)), {"component": "engine"})
+    for depth in (1, 2, 3, 2, 1, 0):
+        ingress(depth)
+    engine(7)
+    flusher.flush()
+    assert sorted(sent) == [("engine", 7), ("ingress", 0)]
+    flusher.flush()  # nothing changed: nothing sent
+    assert len(sent) == 2
+    ingress(0)  # set again, even to the same value: sent (the gauge is current)
+    flusher.flush()
+    assert sent[2:] == [("ingress", 0)]
