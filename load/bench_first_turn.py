@@ -81,7 +81,8 @@ def main() -> None:
     try:
         ready_s = _wait_ready(url, proc, 1200)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home"),
-               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "any"}  # the README's line, nothing more
+               "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "900000",  # the README's line, nothing more
+               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "any"}
         (work / "home").mkdir()
         t0 = time.monotonic()
         r = subprocess.run([str(claude), "--model", a.model, "-p", a.prompt], cwd=work / "home", env=env,
