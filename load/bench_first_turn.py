@@ -62,6 +62,8 @@ def main() -> None:
     ap.add_argument("--model", default="claude-sonnet-4-6")
     ap.add_argument("--prompt", default="Reply with one short greeting.")
     ap.add_argument("--port", type=int, default=8000, help="the config's http_options port")
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="also set this for claude (e.g. CLAUDE_STREAM_IDLE_TIMEOUT_MS=900000), repeatable")
     ap.add_argument("--json", help="write the result here")
     a = ap.parse_args()
 
@@ -81,8 +83,8 @@ def main() -> None:
     try:
         ready_s = _wait_ready(url, proc, 1200)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home"),
-               "CLAUDE_STREAM_IDLE_TIMEOUT_MS": "900000",  # the README's line, nothing more
-               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "any"}
+               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "any"}  # the README's line, nothing more
+        env.update(dict(kv.split("=", 1) for kv in a.env))
         (work / "home").mkdir()
         t0 = time.monotonic()
         r = subprocess.run([str(claude), "--model", a.model, "-p", a.prompt], cwd=work / "home", env=env,
