@@ -60,6 +60,11 @@ INLINE_FILES = {
     "tests/tool_parsers/test_openai_tool_parser.py": ("gpt_oss", "openai", None, True),
     "tests/entrypoints/openai/parser/test_harmony_utils.py": ("gpt_oss", "openai", None, True),
     "tests/reasoning/test_kimi_k2_reasoning_parser.py": ("kimi_k2", None, True, False),
+    # deepseek_v3 switches on chat_template_kwargs thinking: its file's whole-text test is the thinking-off
+    # (identity) case. The gpt-oss file asserts only is_reasoning_end / structured tags (no parsed text), so it
+    # yields nothing; it is listed so a later revision's text vectors are picked up.
+    "tests/reasoning/test_deepseekv3_reasoning_parser.py": ("deepseek_v3", None, False, False),
+    "tests/reasoning/test_gptoss_reasoning_parser.py": ("gpt_oss", None, None, True),
     **{rel: (parser, None, opens, False) for rel, (parser, opens) in REASONING_FILES.items()},
 }
 
@@ -372,6 +377,11 @@ class Recording:
                 return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),))
 
             def __getattr__(self, n):
+                # calls that only query or adjust state (not parse text) pass through, so a test that makes one
+                # before parsing still yields its vectors; anything else (a patched regex, a streaming method)
+                # ends the test, since its assertions would not be about the text alone
+                if n in ("adjust_request", "is_reasoning_end", "is_reasoning_end_streaming", "extract_content_ids"):
+                    return Stub()
                 raise Abort(f"parser.{n}")
 
         self.ProbeParser = ProbeParser
