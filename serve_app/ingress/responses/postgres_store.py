@@ -25,7 +25,7 @@ from typing import Any, Callable
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from serve_app.ingress.responses.store import StoreUnavailable
+from serve_app.ingress.responses.store import StoreUnavailable, encode_record
 
 log = logging.getLogger(__name__)
 
@@ -156,10 +156,10 @@ class PostgresResponseStore:
 
     def put(self, key: str, record: Any, size: int | None = None) -> bool:
         """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
-        text = json.dumps(record, separators=(",", ":"))
-        size = len(text) if size is None else size
-        if size > self.max_bytes:
+        encoded = encode_record(record, size, self.max_bytes)
+        if encoded is None:
             return False
+        text, size = encoded
         now = self.clock()
 
         def put(conn):

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from serve_app.ingress.responses.store import encode_record
+
 DEFAULT_PATH = "~/.cache/serve_app/responses.sqlite3"
 
 _SCHEMA = """
@@ -52,10 +54,10 @@ class SqliteResponseStore:
 
     def put(self, key: str, record: Any, size: int | None = None) -> bool:
         """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
-        text = json.dumps(record, separators=(",", ":"))
-        size = len(text) if size is None else size
-        if size > self.max_bytes:
+        encoded = encode_record(record, size, self.max_bytes)
+        if encoded is None:
             return False
+        text, size = encoded
         now = self.clock()
         with self._lock:
             db = self._db

@@ -35,6 +35,14 @@ class StoreUnavailable(Exception):
     """The store's database cannot be reached. Plain (one message argument) so it crosses Ray intact."""
 
 
+def encode_record(record: Any, size: int | None, max_bytes: int) -> tuple[str, int] | None:
+    """A database store's text of `record` and its size (the caller's, else the text's), or None when one record
+    alone is larger than the byte cap."""
+    text = json.dumps(record, separators=(",", ":"))
+    size = len(text) if size is None else size
+    return None if size > max_bytes else (text, size)
+
+
 class ResponseStoreCore:
     def __init__(self, max_items: int = 10_000, ttl_s: float = 3600.0, max_bytes: int = 512 * 1024 * 1024,
                  clock: Callable[[], float] = time.monotonic):
