@@ -67,9 +67,10 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict]]]]] = [
          _quantiles("ray_vllm_time_to_first_token_seconds", "ReplicaId")),
     ]),
     ("Tenants", [
-        ("429 / 529 per tenant", "reqps",
-         "Responses refused per second by tenant: 429 a tenant limit (or rate limit), 529 the service overloaded.",
-         [_q(f'sum by (tenant, status) (rate(ray_serve_app_requests_total{{status=~"429|529"}}[{R}]))',
+        ("429 / 503 / 529 per tenant", "reqps",
+         "Responses refused per second by tenant: 429 a tenant limit (or rate limit); the service overloaded is "
+         "529 on the Anthropic API and 503 on the OpenAI APIs (where a Responses store outage is 503 too).",
+         [_q(f'sum by (tenant, status) (rate(ray_serve_app_requests_total{{status=~"429|503|529"}}[{R}]))',
              "{{tenant}} {{status}}")]),
         ("Tenant refusals by limit", "reqps", "Requests a tenant's own limit refused, by the limit that refused.",
          [_q(f'sum by (tenant, outcome) (rate(ray_serve_app_tenant_requests_total{{outcome!="admitted"}}[{R}]))',

@@ -20,6 +20,9 @@ ErrorKind = Literal[
     "api_error",
 ]
 
+# Each kind's status in HTTP's own terms (RFC 9110): `ServiceError.status` unless the raiser named one. What reaches
+# the wire is each API's own table (ingress/openai_errors.py, ingress/anthropic/errors.py): Anthropic answers
+# overload with its 529.
 STATUS: dict[str, int] = {
     "invalid_request": 400,
     "authentication": 401,
@@ -27,7 +30,7 @@ STATUS: dict[str, int] = {
     "not_found": 404,
     "request_too_large": 413,
     "rate_limit": 429,
-    "overloaded": 529,
+    "overloaded": 503,
     "timeout": 504,
     "api_error": 500,
 }
@@ -50,6 +53,7 @@ class ServiceError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.status_override = status  # a status this error has whatever the API (415, 502, a store's 503)
         self.status = status or STATUS[kind]
 
 

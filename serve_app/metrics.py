@@ -220,7 +220,8 @@ ROUTER_DECISIONS = _Metric("counter", "router_decisions_total",
                            ("policy", "outcome"))
 QUEUE_DEPTH = _Metric("gauge", "queue_depth", "Requests waiting or running, by component", ("component",))
 INFLIGHT = _Metric("gauge", "inflight_requests", "Requests in flight in this ingress replica", ())
-OVERLOAD_REJECTIONS = _Metric("counter", "overload_rejections_total", "Requests answered 429/529 for overload",
+OVERLOAD_REJECTIONS = _Metric("counter", "overload_rejections_total",
+                              "Requests answered 429/503/529 for overload (503: the OpenAI APIs' overload)",
                               ("api",))
 
 TENANT_REQUESTS = _Metric("counter", "tenant_requests_total",
@@ -232,9 +233,14 @@ def observe_tenant(tenant: str, outcome: str) -> None:
     TENANT_REQUESTS.record(1, tenant=tenant, outcome=outcome)
 
 
+# 429 a rate limit; overload is Anthropic's 529 and the OpenAI APIs' 503 (ingress/openai_errors.py), where a
+# Responses store outage also answers 503: rare enough that the counter stays a fair overload signal.
+OVERLOAD_STATUSES = (429, 503, 529)
+
+
 def observe_request(api: str, status: int, tenant: str | None = None) -> None:
     REQUESTS.record(1, api=api, status=str(status), tenant=tenant or "none")
-    if status in (429, 529):
+    if status in OVERLOAD_STATUSES:
         OVERLOAD_REJECTIONS.record(1, api=api)
 
 

@@ -153,7 +153,7 @@ class IngressConfig(_Strict):
     tool_dispatch: bool = False  # Chat Completions `event: tool_call_dispatch` side channel, to requests with nvext.tool_dispatch
     ping_interval_s: float = 10.0
     render_timeout_s: float = 30.0
-    max_inflight_requests: int = 256  # per ingress replica; beyond it requests get 529 overloaded at once
+    max_inflight_requests: int = 256  # per ingress replica; beyond it: overloaded at once (529; OpenAI APIs 503)
     router_timeout_s: float = 0.5  # past this the ingress routes least-loaded without the Router
     # Signs thinking blocks / encrypts reasoning. A list is a key ring, newest first: new signatures use the
     # first, every listed key still verifies, so a key rotates without breaking sessions. Unset: the

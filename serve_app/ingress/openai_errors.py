@@ -10,21 +10,32 @@ from starlette.responses import JSONResponse
 
 from serve_app.errors import PromptTooLong, ServiceError
 
-ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "request_too_large": "invalid_request_error",
-    "rate_limit": "rate_limit_error",
-    "overloaded": "server_overloaded",
-    "timeout": "timeout",
-    "api_error": "server_error",
+# The one table of the OpenAI APIs: serve_app.errors kind → (HTTP status, error `type`). Overload is OpenAI's
+# 503 (`code` server_is_overloaded, set by errors.Overloaded), which the `openai` SDK and Codex retry; Anthropic's
+# 529 is not a status OpenAI clients know.
+ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_request_error"),
+    "authentication": (401, "authentication_error"),
+    "permission": (403, "permission_error"),
+    "not_found": (404, "not_found_error"),
+    "request_too_large": (413, "invalid_request_error"),
+    "rate_limit": (429, "rate_limit_error"),
+    "overloaded": (503, "service_unavailable_error"),
+    "timeout": (504, "timeout"),
+    "api_error": (500, "server_error"),
 }
 
 
+def error_type(kind: str | None) -> str:
+    return ERRORS.get(kind or "api_error", ERRORS["api_error"])[1]
+
+
+def status_of(exc: ServiceError) -> int:
+    return exc.status_override or ERRORS.get(exc.kind, ERRORS["api_error"])[0]
+
+
 def error_body(kind: str, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(kind, "server_error"), "param": param, "code": code}}
+    return {"error": {"message": message, "type": error_type(kind), "param": param, "code": code}}
 
 
 def error_response(exc: ServiceError, *, prompt_param: str = "messages") -> JSONResponse:
@@ -36,5 +47,5 @@ def error_response(exc: ServiceError, *, prompt_param: str = "messages") -> JSON
     message, param = exc.message, exc.param
     if isinstance(exc, PromptTooLong):
         message, param = exc.openai_message, prompt_param  # the words OpenAI clients match
-    return JSONResponse(error_body(exc.kind, message, param, exc.code), status_code=exc.status,
+    return JSONResponse(error_body(exc.kind, message, param, exc.code), status_code=status_of(exc),
                         headers=headers)

@@ -99,7 +99,7 @@ def test_the_panels_the_issue_asks_for():
     assert ("ray_vllm_num_requests_waiting", "ReplicaId") in grouped
     assert ("ray_vllm_kv_cache_usage_perc", "ReplicaId") in grouped
     assert ("ray_serve_app_queue_depth", "replica") in grouped
-    assert ("ray_serve_app_requests_total", "status", "429|529") in used
+    assert ("ray_serve_app_requests_total", "status", "429|503|529") in used
     assert ("ray_serve_app_requests_total", "tenant") in grouped
 
 

@@ -172,7 +172,7 @@ def test_refusal_before_output_keeps_status_and_retry_after():
 
     assert sse.refusal(sse.EMPTY).status == 500
     full = sse.refusal(Finish("error", error="the engine queue is full, retry shortly", error_kind="overloaded"))
-    assert full.kind == "overloaded" and full.status == 529 and full.retry_after and full.retry_after > 0
+    assert full.kind == "overloaded" and full.code == "server_is_overloaded" and full.retry_after > 0
     assert full.message == "the engine queue is full, retry shortly"
     failed = sse.refusal(Finish("error", error="boom", error_kind="api_error"))
     assert failed.status == 500 and failed.retry_after is None

@@ -28,6 +28,9 @@ def test_observe_functions_land_in_the_registry():
     metrics.observe_request("anthropic", 529)
     assert _value("requests_total", api="anthropic", status="529", tenant="none") == before + 1
     assert _value("overload_rejections_total", api="anthropic") == rejected + 1
+    chat_rejected = _value("overload_rejections_total", api="chat")
+    metrics.observe_request("chat", 503)  # the OpenAI APIs' overload status
+    assert _value("overload_rejections_total", api="chat") == chat_rejected + 1
     metrics.observe_request("anthropic", 429, "team-a")
     assert _value("requests_total", api="anthropic", status="429", tenant="team-a") == 1
 

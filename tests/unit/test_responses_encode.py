@@ -24,7 +24,14 @@ from serve_app.conversation import (
     Usage,
 )
 from serve_app.errors import ErrorKind
-from serve_app.ingress.responses.encode import ERROR_CODES, ResponsesEncoder, _JsonStringValue, error_code, fold
+from serve_app.ingress.responses.encode import (
+    CODEX_CODES,
+    ERROR_CODES,
+    ResponsesEncoder,
+    _JsonStringValue,
+    error_code,
+    fold,
+)
 
 ECHO = {"instructions": None, "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "metadata": {},
         "store": False, "temperature": 1.0, "top_p": 1.0, "text": {"format": {"type": "text"}}}
@@ -193,9 +200,11 @@ SDK_ERROR_CODES = set(typing.get_args(ResponseError.model_fields["code"].annotat
 
 
 @pytest.mark.parametrize("kind", typing.get_args(ErrorKind))
-def test_every_error_kind_maps_into_the_sdks_error_code_enum(kind):
-    assert error_code(kind) in SDK_ERROR_CODES
-    assert set(ERROR_CODES.values()) <= SDK_ERROR_CODES
+def test_every_error_kind_maps_into_the_sdks_error_code_enum_or_a_code_codex_reads(kind):
+    assert error_code(kind) in SDK_ERROR_CODES | CODEX_CODES
+    assert set(ERROR_CODES.values()) <= SDK_ERROR_CODES | CODEX_CODES
+    # the exceptions are only what the enum lacks (a code the SDK gains leaves the list)
+    assert not CODEX_CODES & SDK_ERROR_CODES
 
 
 def test_engine_error_becomes_response_failed_with_code():
@@ -203,14 +212,20 @@ def test_engine_error_becomes_response_failed_with_code():
     raw = raw_events(body)
     assert raw[-1]["type"] == "response.failed"
     err = raw[-1]["response"]["error"]
-    assert err == {"code": "server_error", "message": "queue full"}  # which Codex retries with backoff
+    assert err == {"code": "server_is_overloaded", "message": "queue full"}  # Codex's ServerOverloaded
     assert raw[-1]["response"]["status"] == "failed"
     # the partial message was still closed as an item before the failure, as one the failure cut off
     done = [e["item"] for e in raw if e["type"] == "response.output_item.done"]
     assert [(i["type"], i["status"]) for i in done] == [("message", "incomplete")]
     events = list(sdk_client(body).responses.create(model="m", input="x", stream=True))
-    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_error"
-    Response.model_validate(raw[-1]["response"])  # strictly: the code is a member of the SDK's enum
+    assert events[-1].type == "response.failed" and events[-1].response.error.code == "server_is_overloaded"
+
+
+def test_engine_error_codes_in_the_sdks_enum_validate_strictly():
+    body = encode([TextDelta("partial"), Finish("error", error="engine died", error_kind="api_error")])
+    failed = raw_events(body)[-1]["response"]
+    assert failed["error"] == {"code": "server_error", "message": "engine died"}
+    Response.model_validate(failed)  # strictly: the code is a member of the SDK's enum
 
 
 @pytest.mark.parametrize("reason", ["length", "context_window"])

@@ -201,20 +201,20 @@ async def test_decompressed_size_cap(replicas):
 
 
 @pytest.mark.parametrize("forced,retry_after", [("raise:overloaded", "2"), ("engine_full", "1")])
-async def test_overload_streams_as_response_failed_and_is_http_529_otherwise(replicas, forced, retry_after):
-    """A refusal (by the admission cap, or by the engine) reaches a streaming client in-stream, with a code from
-    the SDK's enum that Codex retries (`server_error`); not streaming, it is the OpenAI envelope's 529 with
-    retry-after."""
+async def test_overload_streams_as_response_failed_and_is_http_503_otherwise(replicas, forced, retry_after):
+    """A refusal (by the admission cap, or by the engine) reaches a streaming client in-stream as `response.failed`
+    with `server_is_overloaded`, the code Codex reads as ServerOverloaded; not streaming, it is what OpenAI answers:
+    503 with that code and retry-after (never Anthropic's 529, a status OpenAI clients do not know)."""
     app, _ = replicas[0]
     nvext = {"nvext": {"forced_script": forced}}
     events = [e async for e in await client(app).responses.create(model="m1", input="x", stream=True,
                                                                    extra_body=nvext)]
     assert [e.type for e in events][-1] == "response.failed"
-    assert events[-1].response.error.code == "server_error" and "retry" in events[-1].response.error.message
-    async with raw(app) as c:
-        r = await c.post("/v1/responses", json={"model": "m1", "input": "x", **nvext})
-    assert r.status_code == 529 and r.headers["retry-after"] == retry_after
-    assert r.json()["error"]["code"] == "server_is_overloaded"
+    assert events[-1].response.error.code == "server_is_overloaded" and "retry" in events[-1].response.error.message
+    with pytest.raises(openai.InternalServerError) as e:
+        await client(app).responses.create(model="m1", input="x", extra_body=nvext)
+    assert e.value.status_code == 503 and e.value.response.headers["retry-after"] == retry_after
+    assert e.value.code == "server_is_overloaded" and e.value.type == "service_unavailable_error"
 
 
 async def test_prompt_too_long_is_a_400_in_the_openai_envelope_when_not_streaming(replicas):

@@ -14,17 +14,20 @@ from starlette.responses import JSONResponse
 
 from serve_app.errors import ServiceError
 
-ERROR_TYPES: dict[str, str] = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "request_too_large": "request_too_large",
-    "rate_limit": "rate_limit_error",
-    "overloaded": "overloaded_error",
-    "timeout": "timeout_error",
-    "api_error": "api_error",
+# The one table of the Anthropic API: serve_app.errors kind → (HTTP status, error `type`), as its error docs list
+# them; overload is its 529 `overloaded_error` (the OpenAI APIs answer 503 instead: ingress/openai_errors.py).
+ERRORS: dict[str, tuple[int, str]] = {
+    "invalid_request": (400, "invalid_request_error"),
+    "authentication": (401, "authentication_error"),
+    "permission": (403, "permission_error"),
+    "not_found": (404, "not_found_error"),
+    "request_too_large": (413, "request_too_large"),
+    "rate_limit": (429, "rate_limit_error"),
+    "overloaded": (529, "overloaded_error"),
+    "timeout": (504, "timeout_error"),
+    "api_error": (500, "api_error"),
 }
+ERROR_TYPES: dict[str, str] = {kind: type_ for kind, (_, type_) in ERRORS.items()}
 
 
 def new_request_id() -> str:
@@ -33,6 +36,10 @@ def new_request_id() -> str:
 
 def error_type(kind: str | None) -> str:
     return ERROR_TYPES.get(kind or "api_error", "api_error")
+
+
+def status_of(exc: ServiceError) -> int:
+    return exc.status_override or ERRORS.get(exc.kind, ERRORS["api_error"])[0]
 
 
 def error_body(kind: str | None, message: str, request_id: str | None = None) -> dict[str, Any]:
@@ -47,7 +54,7 @@ def error_headers(exc: ServiceError, request_id: str) -> dict[str, str]:
     if exc.retry_after is not None:
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
         headers["retry-after-ms"] = str(max(1, int(exc.retry_after * 1000)))
-    if exc.status == 413:
+    if status_of(exc) == 413:
         # Anthropic's SDK would retry nothing here anyway; say so explicitly for other clients.
         headers["x-should-retry"] = "false"
     return headers
@@ -58,6 +65,6 @@ def error_response(exc: ServiceError, request_id: str | None = None) -> JSONResp
     request_id = request_id or new_request_id()
     return JSONResponse(
         error_body(exc.kind, exc.message, request_id),
-        status_code=exc.status,
+        status_code=status_of(exc),
         headers=error_headers(exc, request_id),
     )

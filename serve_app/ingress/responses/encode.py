@@ -15,7 +15,8 @@ the same in `output_item.added`, its deltas, its `*.done` events, `output_item.d
 
 and the response: response.created, response.in_progress, items…, then exactly one of response.completed /
 response.incomplete (a token limit: `incomplete_details.reason` "max_output_tokens", and the item it cut off
-says `status: "incomplete"`) / response.failed (an `error.code` from the SDK's `ResponseError` enum).
+says `status: "incomplete"`) / response.failed (an `error.code` from the SDK's `ResponseError` enum, or one of the
+two Codex reads that it lacks: ERROR_CODES).
 Each reasoning token goes out once per channel the client asked for (docs/codex.md, "Reasoning"): the service has
 no summarizer, so a requested summary is the reasoning itself, sent as the summary instead of as raw text, never as
 both; `encrypted_content` (on `include`) seals the same text into the finished item.
@@ -43,18 +44,21 @@ from serve_app.conversation import (
 )
 from serve_app.ingress import sse
 
-# serve_app.errors kind → `response.error.code` in `response.failed`: only members of the SDK's `ResponseError.code`
-# enum (tests/unit/test_responses_encode.py checks them against it). Codex retries `server_error` with backoff and
-# `rate_limit_exceeded` after the delay it reads from "try again in Ns" in the message. A prompt that does not fit
-# is `context_length_exceeded` (api.py: outside the enum, but what Codex compacts on; docs/limits.md).
+# serve_app.errors kind → `response.error.code` in `response.failed`: members of the SDK's `ResponseError.code` enum
+# (tests/unit/test_responses_encode.py checks them against it), except the codes OpenAI sends and Codex acts on by
+# name (codex-api `sse/responses.rs`) that the enum lacks, CODEX_CODES: overload is `server_is_overloaded` (Codex's
+# ServerOverloaded, as the OpenAI envelope's 503 is), and a prompt that does not fit is `context_length_exceeded`
+# (api.py; what Codex compacts on; docs/limits.md). Codex retries `server_error` with backoff and
+# `rate_limit_exceeded` after the delay it reads from "try again in Ns" in the message.
 ERROR_CODES = {
     "rate_limit": "rate_limit_exceeded",
-    "overloaded": "server_error",
+    "overloaded": "server_is_overloaded",
     "invalid_request": "invalid_prompt",
     "not_found": "invalid_prompt",
     "timeout": "server_error",
     "api_error": "server_error",
 }
+CODEX_CODES = frozenset({"server_is_overloaded", "context_length_exceeded"})
 
 
 def error_code(kind: str | None) -> str:
