@@ -1,8 +1,9 @@
 """OpenAI Responses API request wire model (what Codex CLI and the `openai` SDK send).
 
 Permissive about unknown fields (newer Codex builds add `client_metadata`, `service_tier`, ... — they must be
-ignored), strict about the types of the fields we use. Input items are a discriminated union on `type`; item
-types we cannot use (web_search_call, compaction, ...) are accepted and dropped by the converter.
+ignored), strict about the types of the fields we use. Input items are a discriminated union on `type`; an item of
+any other type parses as `OtherItem`, which the converter refuses with a 400 naming its type and index
+(ingress/responses/convert.py, `refuse_item`).
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ class CustomToolCallOutputItem(OpenModel):
 
 
 class OtherItem(OpenModel):
-    """Item types we accept and ignore (web_search_call, local_shell_call, compaction, item_reference, ...)."""
+    """Any other item type (web_search_call, local_shell_call, compaction, item_reference, ...): parsed so that the
+    converter can refuse it by name, with its index."""
 
     type: str
 

@@ -46,7 +46,6 @@ CODEX_BODY = {
         {"type": "custom_tool_call_output", "call_id": "c1", "output": [{"type": "input_text", "text": "ok"}]},
         {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}],
          "phase": "final_answer"},
-        {"type": "web_search_call", "status": "completed", "action": {"type": "search", "query": "x"}},
         {"type": "message", "role": "user", "content": "thanks"},
     ],
     "tools": [

@@ -17,6 +17,7 @@ import zstandard
 from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage
 from serve_app.errors import ModelNotFound, Overloaded, PromptTooLong
 from serve_app.ingress.context import IngressContext
+from serve_app.ingress.responses.convert import DOCUMENTED_ITEMS, HANDLED_ITEMS, refuse_item
 from serve_app.ingress.responses.store import ResponseStoreCore, StoreClient
 from serve_app.ingress.server import create_app
 from serve_app.service import PreparedRequest
@@ -255,3 +256,78 @@ async def test_bad_requests_are_400_naming_the_field(replicas):
     assert e.value.body["param"] == "input.0.call_id"
     with pytest.raises(openai.NotFoundError):
         await client(app).responses.create(model="nope", input="x")
+
+
+# -- input item types: each one the SDK defines is rendered or refused by name, never dropped -------------------
+
+
+def _sdk_item_types() -> set[str]:
+    import typing
+
+    from openai.types.responses.response_input_item_param import ResponseInputItemParam
+
+    def literals(t) -> list[str]:
+        if typing.get_origin(t) is typing.Literal:
+            return list(typing.get_args(t))
+        return [v for a in typing.get_args(t) for v in literals(a)]
+
+    return {v for m in typing.get_args(ResponseInputItemParam)
+            for v in literals(typing.get_type_hints(m).get("type"))}
+
+
+def test_the_documented_item_types_are_the_sdks_and_each_is_handled_or_refused():
+    sdk = _sdk_item_types()
+    assert set(DOCUMENTED_ITEMS) == sdk  # a type the SDK gains must be decided here: rendered or refused
+    assert set(HANDLED_ITEMS) < sdk
+    for t in sdk - set(HANDLED_ITEMS):
+        assert "not supported by this server" in refuse_item(t, "input[0]").message
+
+
+REFUSED = sorted(set(DOCUMENTED_ITEMS) - set(HANDLED_ITEMS))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("item_type", REFUSED)
+async def test_a_documented_item_type_the_server_does_not_serve_is_a_400_naming_it(replicas, item_type, stream):
+    """OpenAI's items for hosted tools, built-in client tools this server never offers, and server-side state:
+    silently dropping one would hide part of the conversation from the model."""
+    app, svc = replicas[0]
+    items = [{"type": "message", "role": "user", "content": "hi"},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+             {"type": item_type, "id": "x_1", "status": "completed"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        await client(app).responses.create(model="m1", input=items, stream=stream)
+    err = e.value.body
+    assert e.value.status_code == 400 and err["type"] == "invalid_request_error"
+    assert err["param"] == "input[3].type" and err["code"] == "unsupported_value"
+    assert f"`{item_type}` items are not supported" in err["message"] and "input[3]" in err["message"]
+    assert svc.prepared == []  # refused before generation
+
+
+async def test_an_unknown_item_type_is_a_400_listing_the_supported_ones(replicas):
+    app, svc = replicas[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        await client(app).responses.create(model="m1", input=[{"type": "message", "role": "user", "content": "a"},
+                                                               {"type": "telepathy_call", "thought": "b"}])
+    err = e.value.body
+    assert err["param"] == "input[1].type" and err["code"] == "invalid_value"
+    assert "Invalid value: 'telepathy_call'" in err["message"] and "'function_call_output'" in err["message"]
+    assert svc.prepared == []
+
+
+async def test_every_handled_item_type_reaches_the_model(replicas):
+    app, svc = replicas[0]
+    items = [{"type": "message", "role": "developer", "content": "rules"},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "go"}]},
+             {"type": "reasoning", "summary": [{"type": "summary_text", "text": "think"}]},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{\"a\": 1}"},
+             {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+             {"type": "function_call_output", "call_id": "c1", "output": "one"},
+             {"type": "custom_tool_call_output", "call_id": "c2", "output": "two"},
+             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "done"}]}]
+    assert {i["type"] for i in items} == set(HANDLED_ITEMS)
+    resp = await client(app).responses.create(model="m1", input=items)
+    assert resp.status == "completed"
+    roles = [m.role for m in svc.prepared[0].conversation.messages]
+    assert roles == ["developer", "user", "assistant", "tool", "tool", "assistant"]

@@ -120,6 +120,49 @@ def _tool_choice(req: ResponsesRequest, names: set[str]) -> ToolChoice:
     return ToolChoice("auto", parallel=parallel)  # allowed_tools, hosted tool types: no constraint we can apply
 
 
+# -- input item types -------------------------------------------------------------------------------------------
+# Every input item type the API documents (the current `openai` SDK's ResponseInputItemParam; a unit test keeps
+# the list equal to it): the list the 400 for an unknown type names. The ones items_to_messages renders are
+# HANDLED_ITEMS; every other one is refused with a 400 naming it and its index, never dropped, because dropping it
+# would hide part of the conversation from the model (docs/codex.md, "What the Responses endpoint does").
+DOCUMENTED_ITEMS = (
+    "additional_tools", "apply_patch_call", "apply_patch_call_output", "code_interpreter_call", "compaction",
+    "compaction_trigger", "computer_call", "computer_call_output", "configuration_update", "custom_tool_call",
+    "custom_tool_call_output", "file_search_call", "function_call", "function_call_output", "image_generation_call",
+    "item_reference", "local_shell_call", "local_shell_call_output", "mcp_approval_request", "mcp_approval_response",
+    "mcp_call", "mcp_list_tools", "message", "program", "program_output", "reasoning", "shell_call",
+    "shell_call_output", "tool_search_call", "tool_search_output", "web_search_call",
+)
+HANDLED_ITEMS = ("message", "reasoning", "function_call", "function_call_output", "custom_tool_call",
+                 "custom_tool_call_output")
+# Why each refused one cannot be served: they record work of tools this server does not run or offer (hosted tools
+# run by OpenAI; built-in client tools it never gives the model, so it never produced their calls), or name state
+# kept on OpenAI's side.
+_HOSTED = "this server runs no hosted tools (web and file search, code interpreter, image generation, MCP, tool search)"
+_BUILTIN = ("this server offers no built-in computer, shell, local_shell or apply_patch tool, so it produced no such "
+            "call; give the model function or custom tools")
+_STATE = "this server keeps no items, compactions or configuration of its own; send the history itself in `input`"
+_REFUSED_WHY = {
+    **dict.fromkeys(("code_interpreter_call", "file_search_call", "image_generation_call", "mcp_approval_request",
+                     "mcp_approval_response", "mcp_call", "mcp_list_tools", "tool_search_call", "tool_search_output",
+                     "additional_tools", "web_search_call", "program", "program_output"), _HOSTED),
+    **dict.fromkeys(("apply_patch_call", "apply_patch_call_output", "computer_call", "computer_call_output",
+                     "local_shell_call", "local_shell_call_output", "shell_call", "shell_call_output"), _BUILTIN),
+    **dict.fromkeys(("compaction", "compaction_trigger", "configuration_update", "item_reference"), _STATE),
+}
+
+
+def refuse_item(item_type: str, at: str) -> InvalidRequest:
+    """The 400 for an input item this server does not render: `at` is its place, as OpenAI names it (`input[3]`)."""
+    param = f"{at}.type"
+    if item_type in DOCUMENTED_ITEMS:
+        return InvalidRequest(f"{param}: `{item_type}` items are not supported by this server "
+                              f"({_REFUSED_WHY[item_type]})", param=param, code="unsupported_value")
+    supported = ", ".join(f"'{t}'" for t in DOCUMENTED_ITEMS)
+    return InvalidRequest(f"{param}: Invalid value: '{item_type}'. Supported values are: {supported}.",
+                          param=param, code="invalid_value")
+
+
 def reasoning_text(item: ReasoningItem, where: str, open_sealed: Callable[[str, str], str] | None) -> str:
     if item.encrypted_content:
         if open_sealed is None:
@@ -171,7 +214,8 @@ def items_to_messages(
                 content=_tool_output(item.output, f"{at}.output"),
                 name=call_names.get(item.call_id),
             )]))
-        # other item types (web_search_call, compaction, item_reference, ...) carry nothing the model can use
+        else:  # an OtherItem: a type no branch above renders
+            raise refuse_item(item.type, f"{where}[{i}]")
     return messages
 
 
