@@ -68,9 +68,16 @@ class ModelNotFound(ServiceError):
         self.model = model
 
 
+# What the Responses API says when the input does not fit, word for word (Codex shows it; it acts on the code).
+RESPONSES_CONTEXT_EXCEEDED = ("Your input exceeds the context window of this model. Please adjust your input and "
+                              "try again.")
+
+
 class PromptTooLong(ServiceError):
     """A prompt that alone fills the context. `message` is Anthropic's wording (Claude Code compacts on it);
-    `openai_message` OpenAI's, which the OpenAI envelope uses with the code `context_length_exceeded`."""
+    `openai_message` Chat Completions', `responses_message` the Responses API's (OpenAI words the two APIs'
+    errors differently), which the OpenAI envelope and `response.failed` use with the code
+    `context_length_exceeded`."""
 
     def __init__(self, prompt_tokens: int, max_tokens: int):
         super().__init__(
@@ -84,6 +91,7 @@ class PromptTooLong(ServiceError):
         self.openai_message = (f"This model's maximum context length is {max_tokens} tokens. However, your "
                                f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the "
                                f"messages.")
+        self.responses_message = RESPONSES_CONTEXT_EXCEEDED
 
 
 class Overloaded(ServiceError):

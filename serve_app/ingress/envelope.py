@@ -32,7 +32,7 @@ def openai_envelope(request: Request, err: ServiceError) -> Response:
 
 
 def responses_envelope(request: Request, err: ServiceError) -> Response:
-    return openai_error(err, prompt_param="input")  # Responses names its prompt `input`
+    return openai_error(err, responses=True)  # Responses' own words for a prompt too long, blamed on `input`
 
 
 def anthropic_envelope(request: Request, err: ServiceError) -> Response:

@@ -38,14 +38,15 @@ def error_body(kind: str, message: str, param: str | None = None, code: str | No
     return {"error": {"message": message, "type": error_type(kind), "param": param, "code": code}}
 
 
-def error_response(exc: ServiceError, *, prompt_param: str = "messages") -> JSONResponse:
-    """`prompt_param` is what this API calls the prompt: a prompt too long is blamed on it (Chat `messages`,
-    Responses `input`)."""
+def error_response(exc: ServiceError, *, responses: bool = False) -> JSONResponse:
+    """`responses`: the Responses API's answer, which words a prompt too long its own way and blames it on `input`
+    (Chat: `messages`)."""
     headers = {}
     if exc.retry_after is not None:  # rounded up: a client that waits what it is told is never early
         headers["retry-after"] = str(max(1, math.ceil(exc.retry_after)))
     message, param = exc.message, exc.param
     if isinstance(exc, PromptTooLong):
-        message, param = exc.openai_message, prompt_param  # the words OpenAI clients match
+        # the words OpenAI clients match
+        message, param = (exc.responses_message, "input") if responses else (exc.openai_message, "messages")
     return JSONResponse(error_body(exc.kind, message, param, exc.code), status_code=status_of(exc),
                         headers=headers)

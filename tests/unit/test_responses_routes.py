@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage
-from serve_app.errors import ModelNotFound, Overloaded, PromptTooLong
+from serve_app.errors import RESPONSES_CONTEXT_EXCEEDED, ModelNotFound, Overloaded, PromptTooLong
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.responses.convert import DOCUMENTED_ITEMS, HANDLED_ITEMS, refuse_item
 from serve_app.ingress.responses.store import ResponseStoreCore, StoreClient
@@ -226,7 +226,10 @@ async def test_prompt_too_long_is_a_400_in_the_openai_envelope_when_not_streamin
     assert e.value.status_code == 400 and e.value.code == "context_length_exceeded"
     assert e.value.body["type"] == "invalid_request_error"
     assert e.value.param == "input"  # Responses' own name for the prompt (Chat says `messages`)
-    assert "8192" in e.value.message and "9000" in e.value.message
+    # the Responses API's words, not Chat's ("This model's maximum context length is ...")
+    assert e.value.body["message"] == RESPONSES_CONTEXT_EXCEEDED
+    assert RESPONSES_CONTEXT_EXCEEDED == ("Your input exceeds the context window of this model. Please adjust your "
+                                          "input and try again.")
 
 
 async def test_prompt_too_long_streams_response_failed_with_the_code_codex_compacts_on(replicas):
@@ -237,7 +240,7 @@ async def test_prompt_too_long_streams_response_failed_with_the_code_codex_compa
         model="m1", input="x", stream=True, extra_body={"nvext": {"forced_script": "raise:too_long"}})]
     assert [e.type for e in events] == ["response.created", "response.in_progress", "response.failed"]
     err = events[-1].response.error
-    assert err.code == "context_length_exceeded" and "8192" in err.message and "9000" in err.message
+    assert err.code == "context_length_exceeded" and err.message == RESPONSES_CONTEXT_EXCEEDED
 
 
 async def test_midstream_error_is_response_failed_and_non_stream_is_http_error(replicas):

@@ -70,7 +70,7 @@ class ResponsesWire:
 
     def fail(self, err: ServiceError) -> bytes:
         if isinstance(err, PromptTooLong):  # outside the SDK's ResponseError enum, but what the API and Codex use
-            return b"".join(self.encoder.fail("context_length_exceeded", err.openai_message, err.kind))
+            return b"".join(self.encoder.fail("context_length_exceeded", err.responses_message, err.kind))
         code = error_code(err.kind)
         message = err.message
         if code == "rate_limit_exceeded" and err.retry_after:
