@@ -169,6 +169,10 @@ class IngressConfig(_Strict):
     # Unset: the SERVE_APP_RESPONSE_STORE_DSN environment variable of the store's replica (a Secret on KubeRay),
     # which keeps the password out of the config. Never logged.
     response_store_dsn: str | None = Field(default=None, repr=False)
+    # The longest a Responses store call may take (SQLite's wait for a write lock, PostgreSQL's connect and
+    # statement_timeout, and the store deployment's own bound on each call); past it the request gets 503
+    # `store_unavailable` instead of hanging on a stuck database.
+    response_store_timeout_s: float = Field(default=5.0, gt=0)
     response_store_max_items: int = 10_000
     response_store_ttl_s: float = 3600.0
     # Ingress replicas serve HTTP themselves behind Serve's HAProxy, with no Python proxy hop per token

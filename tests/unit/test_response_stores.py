@@ -7,13 +7,19 @@ database (503 in the API's envelope, the DSN's password nowhere)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
+import signal
+import sqlite3
 import threading
+from pathlib import Path
 
 import httpx
 import openai
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.responses.postgres_store import TABLE, PostgresResponseStore
@@ -45,19 +51,21 @@ def open_store(backend, request, tmp_path):
     dsn = fresh_database(request.getfixturevalue("postgres")) if backend == "postgres" else None
     opened = []
 
-    def open_(max_items=100, ttl_s=1e9, max_bytes=10_000, clock=None):
+    def open_(max_items=100, ttl_s=1e9, max_bytes=10_000, clock=None, timeout_s=5.0):
         clock = clock or Clock()
         if backend == "memory":
             s = ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
         elif backend == "sqlite":
-            s = SqliteResponseStore(str(tmp_path / "r.db"), max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes,
-                                    clock=clock)
+            s = SqliteResponseStore(open_.path, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes,
+                                    clock=clock, timeout_s=timeout_s)
         else:
-            s = PostgresResponseStore(dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock)
+            s = PostgresResponseStore(open_.dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock,
+                                      timeout_s=timeout_s)
         opened.append(s)
         return s
 
     open_.dsn = dsn
+    open_.path = str(tmp_path / "r.db")
     yield open_
     for s in opened:
         getattr(s, "close", lambda: None)()
@@ -187,6 +195,76 @@ def test_concurrent_puts_from_two_stores_keep_the_caps(open_store):
     assert all(k == list(range(30 - len(k), 30)) for k in kept)
 
 
+# -- persistent backends: a database that fails or hangs is StoreUnavailable (503), never a 500 or a hang --------
+
+
+class _WriteLock:
+    """Another client holding the store's table locked, as a stuck migration or a long transaction does: SQLite's
+    write lock (in WAL mode readers go on), PostgreSQL's ACCESS EXCLUSIVE lock (everything waits)."""
+
+    def __init__(self, backend: str, open_store):
+        self.backend, self.open_store = backend, open_store
+
+    def __enter__(self):
+        if self.backend == "sqlite":
+            self.conn = sqlite3.connect(self.open_store.path, isolation_level=None)
+            self.conn.execute("BEGIN IMMEDIATE")
+        else:
+            self.conn = psycopg.connect(self.open_store.dsn)
+            self.conn.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        return self
+
+    def __exit__(self, *exc):
+        self.conn.rollback()
+        self.conn.close()
+
+
+@persistent
+def test_a_database_locked_by_another_client_is_store_unavailable_and_recovers(backend, open_store):
+    """Without a bound the call would wait as long as the lock is held (PostgreSQL: forever)."""
+    s = open_store(timeout_s=0.2)
+    s.put("a", 1)
+    with _WriteLock(backend, open_store):
+        calls = [lambda: s.put("b", 2), lambda: s.delete("a")]
+        if backend == "postgres":
+            calls.append(lambda: s.get("a"))
+        for call in calls:
+            with pytest.raises(StoreUnavailable) as err:
+                call()
+            assert "retry shortly" in str(err.value)
+    assert s.get("a") == 1 and s.put("b", 2) and s.get("b") == 2  # the lock released, the same store serves
+
+
+@persistent
+def test_a_database_file_that_is_not_a_database_is_store_unavailable(backend, open_store):
+    if backend == "postgres":  # PostgreSQL's counterpart: a database that is not there
+        open_store.dsn = make_conninfo(open_store.dsn, dbname="no_such_database")
+    else:
+        Path(open_store.path).write_bytes(b"this is not a database " * 100)
+    s = open_store()
+    for call in (lambda: s.get("a"), lambda: s.put("a", 1), lambda: s.delete("a"), lambda: len(s)):
+        with pytest.raises(StoreUnavailable):
+            call()
+
+
+def test_sqlite_store_recovers_once_its_file_is_usable(tmp_path):
+    path = tmp_path / "r.db"
+    path.write_bytes(b"garbage " * 100)
+    s = SqliteResponseStore(str(path))
+    with pytest.raises(StoreUnavailable):
+        s.put("a", 1)
+    path.unlink()  # an operator removes the broken file: no restart needed
+    assert s.put("a", 1) and s.get("a") == 1
+    s.close()
+
+
+def test_postgres_statement_timeout_of_the_dsn_wins():
+    s = PostgresResponseStore("postgresql://u@h/db?options=-c%20statement_timeout%3D99", timeout_s=3)
+    assert s._connect_kwargs["options"] == "-c statement_timeout=3000 -c statement_timeout=99"  # the last wins
+    assert PostgresResponseStore("postgresql://u@h/db", timeout_s=0.25)._connect_kwargs == {
+        "connect_timeout": 1, "options": "-c statement_timeout=250"}
+
+
 # -- PostgreSQL -------------------------------------------------------------------------------------------------
 
 
@@ -250,17 +328,51 @@ def test_malformed_dsn_fails_at_start_without_echoing_it():
     assert "malformed" in str(err.value) and "hunter2" not in str(err.value)
 
 
-async def test_unreachable_database_answers_503_in_the_openai_envelope():
+@pytest.fixture(params=["postgres_down", "sqlite_corrupt", "sqlite_locked", "postgres_locked"])
+def failing_store(request, tmp_path):
+    """(kind, store): a store whose database cannot serve: PostgreSQL down, an SQLite file that is not a database,
+    or either one locked by another client past the store's timeout."""
+    kind = request.param
+    if kind == "postgres_down":
+        yield kind, PostgresResponseStore(DOWN, connect_timeout_s=2)
+        return
+    if kind == "sqlite_corrupt":
+        (tmp_path / "r.db").write_bytes(b"garbage " * 100)
+        yield kind, SqliteResponseStore(str(tmp_path / "r.db"))
+        return
+    backend = kind.split("_")[0]
+    where = type("Where", (), {})()  # what _WriteLock reads: the SQLite path or the PostgreSQL DSN
+    if backend == "sqlite":
+        where.path = str(tmp_path / "r.db")
+        store = SqliteResponseStore(where.path, timeout_s=0.2)
+    else:
+        where.dsn = fresh_database(request.getfixturevalue("postgres"))
+        store = PostgresResponseStore(where.dsn, timeout_s=0.2)
+    store.put("resp_1", {"response": {"id": "resp_1"}, "items": []})
+    with _WriteLock(backend, where):
+        yield kind, store
+    store.close()
+
+
+async def test_a_failing_database_answers_503_in_the_openai_envelope(failing_store):
+    kind, store = failing_store
     app = create_app(IngressContext(settings=SETTINGS, service=StubService(), secret=b"s",
-                                    response_store=StoreClient(PostgresResponseStore(DOWN, connect_timeout_s=2))))
+                                    response_store=StoreClient(store)))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
-        for r in (await c.get("/v1/responses/resp_1"), await c.delete("/v1/responses/resp_1"),
-                  await c.post("/v1/responses", json={"model": "m1", "input": "hi",
-                                                      "previous_response_id": "resp_1"})):
-            assert r.status_code == 503, r.text
-            err = r.json()["error"]
-            assert err["type"] == "server_error" and err["code"] == "store_unavailable"
-            assert "unreachable" in err["message"] and "hunter2" not in r.text
+        answers = {"delete": await c.delete("/v1/responses/resp_1"),
+                   "get": await c.get("/v1/responses/resp_1"),
+                   "follow-up": await c.post("/v1/responses", json={"model": "m1", "input": "hi",
+                                                                    "previous_response_id": "resp_1"})}
+    # SQLite runs in WAL mode: reads go on while another client holds the write lock; only writes wait.
+    refused = ["delete"] if kind == "sqlite_locked" else list(answers)
+    for what, r in answers.items():
+        if what not in refused:
+            assert r.status_code == 200, (what, r.text)
+            continue
+        assert r.status_code == 503, (what, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and err["code"] == "store_unavailable"
+        assert "retry shortly" in err["message"] and "hunter2" not in r.text
     # Storing after an answer is best effort: the answer still goes out.
     client = openai.AsyncOpenAI(api_key="x", base_url="http://app/v1", max_retries=0,
                                 http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
@@ -289,3 +401,20 @@ async def test_the_deployment_runs_the_postgres_store_off_the_event_loop(postgre
     assert await store.put("a", {"v": 1}) and await store.get("a") == {"v": 1}
     assert seen and loop_thread not in seen
     assert await store.delete("a") and await store.get("a") is None
+
+
+async def test_the_deployment_bounds_a_call_to_a_database_that_stops_answering(postgres):
+    """A server that took the connection and then never answers cannot enforce its statement_timeout (here its
+    backend process is stopped, as a hung or partitioned server is): the deployment's own bound turns the call
+    into StoreUnavailable, which the routes answer 503, instead of a request that hangs."""
+    store = ResponseStore.func_or_class(10, 60, 10_000, "postgres", None, fresh_database(postgres), 0.5)
+    assert await store.put("a", {"v": 1})
+    (conn,) = store.core._idle  # the pooled connection the next call takes
+    pid = conn.info.backend_pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(StoreUnavailable, match="did not answer within 0.5 s"):
+            await asyncio.wait_for(store.get("a"), 120)  # only a safety net: unbounded, the call never returns
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert await store.get("a") == {"v": 1}  # the server answers again: so does the store

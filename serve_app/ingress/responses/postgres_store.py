@@ -11,7 +11,11 @@ would each see the other's rows half-applied. Calls are blocking (psycopg's sync
 connections); the deployment runs them in worker threads, as it does the SQLite store's.
 
 An unreachable database raises `StoreUnavailable` (the routes answer 503 in the API's envelope); pooled connections
-the server dropped (a database restart) are replaced once before a call gives up.
+the server dropped (a database restart) are replaced once before a call gives up. So does a database that answers
+too slowly: every statement runs under a `statement_timeout` of `timeout_s` (set in the connection's options, from
+its first statement on; a DSN that sets its own keeps it), so a call stuck behind a lock or on an overloaded server
+is cancelled by the server and answers 503. A server that stops answering altogether cannot cancel anything: the
+ResponseStore deployment bounds each call on the client side too (store.py).
 """
 
 from __future__ import annotations
@@ -59,7 +63,8 @@ DELETE FROM {TABLE} WHERE id IN (
 
 class PostgresResponseStore:
     def __init__(self, dsn: str, max_items: int = 10_000, ttl_s: float = 3600.0, max_bytes: int = 512 * 1024 * 1024,
-                 clock: Callable[[], float] = time.time, pool_size: int = 4, connect_timeout_s: float = 5.0):
+                 clock: Callable[[], float] = time.time, pool_size: int = 4, connect_timeout_s: float | None = None,
+                 timeout_s: float = 5.0):
         try:
             params = conninfo_to_dict(dsn)
         except psycopg.Error:  # libpq's message quotes the string, password included
@@ -68,9 +73,14 @@ class PostgresResponseStore:
         self._dsn = dsn
         self._secrets = [s for s in (dsn, params.get("password")) if s]
         # The DSN's own connect_timeout wins; without one a down database fails a call in seconds, not minutes.
-        self._connect_kwargs = {"connect_timeout": max(1, round(connect_timeout_s))}
-        if "connect_timeout" in params:
-            self._connect_kwargs = {}
+        self._connect_kwargs: dict[str, Any] = {}
+        if "connect_timeout" not in params:
+            self._connect_kwargs["connect_timeout"] = max(1, round(connect_timeout_s or timeout_s))
+        # Every statement, the schema's included, is cancelled by the server past timeout_s. Prepended to the DSN's
+        # own options: a later `-c` wins, so a statement_timeout the DSN sets is kept.
+        self.timeout_s = timeout_s
+        own = f"-c statement_timeout={max(1, round(timeout_s * 1000))}"
+        self._connect_kwargs["options"] = f"{own} {params['options']}" if params.get("options") else own
         self.max_items = max_items
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
@@ -92,6 +102,9 @@ class PostgresResponseStore:
 
     def _unavailable(self, err: Exception) -> StoreUnavailable:
         log.warning("Responses store: PostgreSQL unavailable: %s", self._redact(str(err)).strip())
+        if isinstance(err, psycopg.errors.QueryCanceled):  # our statement_timeout: reached, but stuck or slow
+            return StoreUnavailable(f"the Responses store's PostgreSQL database did not answer within "
+                                    f"{self.timeout_s:g} s; retry shortly")
         return StoreUnavailable("the Responses store's PostgreSQL database is unreachable; retry shortly")
 
     def _connect(self) -> psycopg.Connection:
@@ -132,6 +145,9 @@ class PostgresResponseStore:
                 raise self._unavailable(err) from None
             try:
                 result = work(conn)
+            except psycopg.errors.QueryCanceled as err:  # statement_timeout: the server is there, retrying would
+                conn.close()  # only wait as long again
+                raise self._unavailable(err) from None
             except psycopg.OperationalError as err:
                 conn.close()
                 if pooled and attempt == 0:  # the server dropped idle connections (a restart): drop the rest of

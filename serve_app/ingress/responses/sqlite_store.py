@@ -4,18 +4,26 @@ Same interface and bounds as `ResponseStoreCore` (put/get/delete; a TTL; past th
 stored entries go first), on a file on the local disk of the node running the ResponseStore replica. Expiry uses
 wall-clock time, which, unlike a monotonic clock, means the same thing after a restart. Calls are blocking; the
 deployment runs them in a worker thread (one connection, serialised by a lock).
+
+A database that cannot be used (a file that is not a database, a directory it cannot write, a write lock another
+process holds past `timeout_s`) raises `StoreUnavailable`, as the PostgreSQL store does when its server is down,
+so the routes answer 503 `store_unavailable` instead of a 500. The connection is opened on first use and again
+after a failure, so a store whose file is fixed (or unlocked) recovers without a restart.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from serve_app.ingress.responses.store import encode_record
+from serve_app.ingress.responses.store import StoreUnavailable, encode_record
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "~/.cache/serve_app/responses.sqlite3"
 
@@ -34,23 +42,54 @@ CREATE INDEX IF NOT EXISTS responses_expires ON responses (expires);
 
 class SqliteResponseStore:
     def __init__(self, path: str | None = None, max_items: int = 10_000, ttl_s: float = 3600.0,
-                 max_bytes: int = 512 * 1024 * 1024, clock: Callable[[], float] = time.time):
+                 max_bytes: int = 512 * 1024 * 1024, clock: Callable[[], float] = time.time, timeout_s: float = 5.0):
         self.path = Path(path or DEFAULT_PATH).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_items = max_items
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self.clock = clock
+        self.timeout_s = timeout_s  # how long a write waits for another process's write lock
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
-        self._db.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (not a power cut), faster
-        self._db.executescript(_SCHEMA)
+        self._db: sqlite3.Connection | None = None
+        try:
+            self._run(lambda db: None)  # open now, so a bad path shows in the log at start
+        except StoreUnavailable:
+            pass  # logged; every call tries again and answers 503 until the database can be used
+
+    def _unavailable(self, err: Exception) -> StoreUnavailable:
+        log.warning("Responses store: SQLite database %s unusable: %s", self.path, err)
+        return StoreUnavailable(f"the Responses store's SQLite database is unavailable ({err}); retry shortly")
+
+    def _open(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=self.timeout_s)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
+            db.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (not a power cut), faster
+            db.executescript(_SCHEMA)
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _run(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
+        with self._lock:
+            try:
+                if self._db is None:
+                    self._db = self._open()
+                return work(self._db)
+            except (sqlite3.Error, OSError) as err:
+                if self._db is not None:  # reopened on the next call: a replaced or repaired file is seen afresh
+                    self._db.close()
+                    self._db = None
+                raise self._unavailable(err) from None
 
     def __len__(self) -> int:
-        with self._lock:
-            self._db.execute("DELETE FROM responses WHERE expires <= ?", (self.clock(),))
-            return self._db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+        def count(db):
+            db.execute("DELETE FROM responses WHERE expires <= ?", (self.clock(),))
+            return db.execute("SELECT COUNT(*) FROM responses").fetchone()[0]
+
+        return self._run(count)
 
     def put(self, key: str, record: Any, size: int | None = None) -> bool:
         """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
@@ -59,8 +98,8 @@ class SqliteResponseStore:
             return False
         text, size = encoded
         now = self.clock()
-        with self._lock:
-            db = self._db
+
+        def put(db):
             db.execute("BEGIN IMMEDIATE")
             try:
                 db.execute("DELETE FROM responses WHERE expires <= ?", (now,))
@@ -74,20 +113,23 @@ class SqliteResponseStore:
                     count, total = count - 1, total - osize
                 db.execute("COMMIT")
             except BaseException:
-                db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise
-        return True
+            return True
+
+        return self._run(put)
 
     def get(self, key: str) -> Any | None:
-        with self._lock:
-            row = self._db.execute("SELECT record FROM responses WHERE id = ? AND expires > ?",
-                                   (key, self.clock())).fetchone()
+        row = self._run(lambda db: db.execute("SELECT record FROM responses WHERE id = ? AND expires > ?",
+                                              (key, self.clock())).fetchone())
         return None if row is None else json.loads(row[0])
 
     def delete(self, key: str) -> bool:
-        with self._lock:
-            return self._db.execute("DELETE FROM responses WHERE id = ?", (key,)).rowcount > 0
+        return self._run(lambda db: db.execute("DELETE FROM responses WHERE id = ?", (key,)).rowcount > 0)
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None

@@ -6,8 +6,9 @@ item or byte cap the least recently used entries are evicted. Three stores behin
 chosen by `ingress.response_store_backend`: `SqliteResponseStore` (sqlite_store.py, the default: it survives a
 restart of the app on one node), `PostgresResponseStore` (postgres_store.py: a server database, for a multi-node
 cluster where the store's replica may come back on another node) and `ResponseStoreCore` (in memory); all plain
-logic, unit-tested without Ray. A store whose database cannot be reached raises `StoreUnavailable`, which
-`StoreClient` turns into a 503 in the API's envelope.
+logic, unit-tested without Ray. A store whose database cannot be reached or used, or does not answer within
+`ingress.response_store_timeout_s`, raises `StoreUnavailable`, which `StoreClient` turns into a 503
+`store_unavailable` in the API's envelope.
 `ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is passed to the
 Ingress deployment, arrives there as a DeploymentHandle and reaches the routes as a `StoreClient`).
 
@@ -98,11 +99,11 @@ class ResponseStoreCore:
 
 
 def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max_bytes: int,
-               dsn: str | None = None, environ=os.environ):
+               dsn: str | None = None, environ=os.environ, timeout_s: float = 5.0):
     if backend == "sqlite":
         from serve_app.ingress.responses.sqlite_store import SqliteResponseStore
 
-        return SqliteResponseStore(path, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
+        return SqliteResponseStore(path, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, timeout_s=timeout_s)
     if backend == "postgres":
         # Read here, in the store's replica: that is the process that connects, and the DSN then never travels in
         # the deployment's arguments when it comes from the environment.
@@ -115,7 +116,7 @@ def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max
         except ImportError as err:
             raise ImportError("ingress.response_store_backend 'postgres' needs psycopg: pip install "
                               "'serve_app[postgres]'") from err
-        return PostgresResponseStore(dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
+        return PostgresResponseStore(dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, timeout_s=timeout_s)
     return ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
 
 
@@ -125,14 +126,24 @@ class ResponseStore:
     consistency to manage); with PostgreSQL the database owns them, and the replica may come back on any node."""
 
     def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
-                 path: str | None = None, dsn: str | None = None):
-        self.core = make_store(backend, path, max_items, ttl_s, max_bytes, dsn)
+                 path: str | None = None, dsn: str | None = None, timeout_s: float = 5.0):
+        self.core = make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s)
         # SQLite blocks on disk and PostgreSQL on the network: off the replica's event loop. The in-memory core is
         # cheap enough to call inline.
         self._blocking = backend != "memory"
+        self.timeout_s = timeout_s
 
     async def _call(self, fn, *args):
-        return await asyncio.to_thread(fn, *args) if self._blocking else fn(*args)
+        if not self._blocking:
+            return fn(*args)
+        # The databases bound their own waits (SQLite's busy timeout, PostgreSQL's statement_timeout), but a server
+        # that stops answering cannot cancel a statement: past the bound the caller gets its 503 while the worker
+        # thread waits on (the call completes or fails there, unobserved).
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise StoreUnavailable(f"the Responses store did not answer within {self.timeout_s:g} s; "
+                                   f"retry shortly") from None
 
     async def put(self, key: str, record: Any) -> bool:
         return await self._call(self.core.put, key, record)
@@ -148,7 +159,8 @@ def bind_store(settings) -> Any:
     """The bound store deployment for `build_app` (serve_app/app.py)."""
     ing = settings.ingress
     return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
-                              ing.response_store_backend, ing.response_store_path, ing.response_store_dsn)
+                              ing.response_store_backend, ing.response_store_path, ing.response_store_dsn,
+                              ing.response_store_timeout_s)
 
 
 class StoreClient:
