@@ -7,6 +7,7 @@ import json
 import uuid
 
 import httpx
+import openai
 import pytest
 
 from serve_app.conversation import Finish, ReasoningDelta, TextDelta, ToolCallArgsDelta, ToolCallEnd, ToolCallStart, Usage
@@ -114,6 +115,17 @@ async def test_refusals_before_any_output_keep_their_http_status(stream):
         assert r.json()["error"]["code"] == "server_is_overloaded" and r.headers["retry-after"] == "1"
         r = await c.post("/v1/chat/completions", json={**body("x", stream=stream), "model": "busy"})
         assert r.status_code == 503 and r.headers["retry-after"] == "3"  # 2.5 s, rounded up
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_overload_is_what_the_openai_sdk_knows_as_a_503(stream):
+    app = create_app(IngressContext(settings=SETTINGS, service=StubService(), secret=b"s"))
+    sdk = openai.AsyncOpenAI(api_key="x", base_url="http://t/v1", max_retries=0,
+                             http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+    with pytest.raises(openai.InternalServerError) as e:
+        await sdk.chat.completions.create(model="busy", messages=[{"role": "user", "content": "x"}], stream=stream)
+    assert e.value.status_code == 503 and e.value.code == "server_is_overloaded"
+    assert e.value.response.headers["retry-after"] == "3"
 
 
 async def test_failures_after_output_end_the_stream_in_protocol():
