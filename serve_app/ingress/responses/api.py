@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE = b": keep-alive\n\n"
 # Refusals a streaming client gets in-protocol (`response.failed`: `rate_limit_exceeded`, which Codex retries after
-# the delay in the message, and `server_is_overloaded`, its ServerOverloaded), not as HTTP; and a prompt too long for the context, whose
-# `context_length_exceeded` in `response.failed` is the only form Codex reads as "context window exceeded" (and
-# compacts on): an HTTP 400 is a plain invalid request to it (codex-api `api_bridge.rs`). Everything else raised
-# before generation is an HTTP error in the OpenAI envelope, as the API answers it.
+# the delay in the message, and `server_is_overloaded`, its ServerOverloaded), not as HTTP; and a prompt too long
+# for the context, whose `context_length_exceeded` in `response.failed` is the only form Codex reads as "context
+# window exceeded" (and compacts on): an HTTP 400 is a plain invalid request to it (codex-api `api_bridge.rs`).
+# Everything else raised before generation is an HTTP error in the OpenAI envelope, as the API answers it.
 STREAMED_FAILURES = ("rate_limit", "overloaded")
 
 

@@ -16,7 +16,7 @@ the same in `output_item.added`, its deltas, its `*.done` events, `output_item.d
 and the response: response.created, response.in_progress, items…, then exactly one of response.completed /
 response.incomplete (a token limit: `incomplete_details.reason` "max_output_tokens", and the item it cut off
 says `status: "incomplete"`) / response.failed (an `error.code` from the SDK's `ResponseError` enum, or one of the
-two Codex reads that it lacks: ERROR_CODES).
+two Codex reads that it lacks: CODEX_CODES).
 Each reasoning token goes out once per channel the client asked for (docs/codex.md, "Reasoning"): the service has
 no summarizer, so a requested summary is the reasoning itself, sent as the summary instead of as raw text, never as
 both; `encrypted_content` (on `include`) seals the same text into the finished item.
