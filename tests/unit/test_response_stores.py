@@ -258,11 +258,15 @@ def test_sqlite_store_recovers_once_its_file_is_usable(tmp_path):
     s.close()
 
 
-def test_postgres_statement_timeout_of_the_dsn_wins():
-    s = PostgresResponseStore("postgresql://u@h/db?options=-c%20statement_timeout%3D99", timeout_s=3)
-    assert s._connect_kwargs["options"] == "-c statement_timeout=3000 -c statement_timeout=99"  # the last wins
-    assert PostgresResponseStore("postgresql://u@h/db", timeout_s=0.25)._connect_kwargs == {
-        "connect_timeout": 1, "options": "-c statement_timeout=250"}
+def test_postgres_connections_carry_the_statement_timeout_unless_the_dsn_sets_its_own(postgres):
+    dsn = fresh_database(postgres)
+    for store_dsn, expected in ((dsn, "3s"), (make_conninfo(dsn, options="-c statement_timeout=99"), "99ms")):
+        s = PostgresResponseStore(store_dsn, timeout_s=3)
+        conn, _ = s._take()
+        try:
+            assert conn.execute("SHOW statement_timeout").fetchone()[0] == expected
+        finally:
+            conn.close()
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------------------------
