@@ -38,6 +38,8 @@ import aiohttp
 import psutil
 import yaml
 
+from serve_app.settings import RouterConfig
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 MODEL_ID = "tiny"
@@ -53,7 +55,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ours_config(port: int, model_path: str, ingress_replicas: int) -> dict:
+def ours_config(port: int, model_path: str, ingress_replicas: int, placement: str | None = None) -> dict:
     model = {
         "id": MODEL_ID,
         "source": model_path,
@@ -67,17 +69,21 @@ def ours_config(port: int, model_path: str, ingress_replicas: int) -> dict:
     if ingress_replicas != 1:
         ingress["deployment"] = {"num_replicas": ingress_replicas}
     served = yaml.safe_load((ROOT / "config.yaml").read_text())  # Serve's own settings as the README runs them
+    router = {"policy": "kv"}
+    if placement:  # else the shipped default (settings.RouterConfig.placement)
+        router["placement"] = placement
     return {
         **{k: served[k] for k in ("controller_options", "proxy_location") if k in served},
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
-                          "args": {"models": [model], "router": {"policy": "kv"}, "ingress": ingress}}],
+                          "args": {"models": [model], "router": router, "ingress": ingress}}],
     }
 
 
-def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str]) -> subprocess.Popen:
+def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
+               placement: str | None = None) -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
-    path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas)))
+    path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement)))
     return subprocess.Popen([str(Path(PY).parent / "serve"), "run", str(path)], stdout=log, stderr=log, cwd=ROOT,
                             env={**os.environ, **env}, start_new_session=True)
 
@@ -365,6 +371,8 @@ def main() -> None:
     ap.add_argument("--levels", default=",".join(map(str, LEVELS)))
     ap.add_argument("--scale", type=float, default=1.0, help="requests per round = scale * max(8, 2c) (c for c>=128)")
     ap.add_argument("--ingress-replicas", type=int, default=1)
+    ap.add_argument("--router-placement", choices=("ingress", "deployment"),
+                    help="where routing decisions are made (default: the shipped RouterConfig's)")
     ap.add_argument("--only", choices=("ours", "vllm"), help="measure one server only (profiling)")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (Ray Serve's own settings), repeatable")
@@ -388,7 +396,7 @@ def main() -> None:
     procs = {}
     if "ours" in names:
         procs["ours"] = start_ours(ports["ours"], model_path, a.ingress_replicas, log,
-                                   dict(kv.split("=", 1) for kv in a.serve_env))
+                                   dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement)
     if "vllm" in names:
         procs["vllm"] = start_vllm(ports["vllm"], model_path, log)
     try:
@@ -425,6 +433,7 @@ def main() -> None:
             "tokens_per_request": a.tokens,
             "rounds": a.rounds,
             "ingress_replicas": a.ingress_replicas,
+            "router_placement": a.router_placement or RouterConfig().placement,
             "serve_env": a.serve_env,
             "load_generator_ceiling": ceiling,
             "levels": {},

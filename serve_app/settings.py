@@ -113,6 +113,13 @@ class RouterConfig(_Strict):
     prediction_ttl_s: float = 120.0
     prediction_max_blocks: int = 200_000
     kv_events: bool = True
+    # Where decisions are made. `ingress`: each Ingress replica holds its own routing table, fed by every
+    # engine's KV events and following the Router deployment's membership and policy (routing/local.py), so a
+    # decision is a function call, not a Serve round trip per request (docs/serving-path.md); loads and
+    # reservations are then per ingress replica (exact with one, approximate with several). `deployment`: the one
+    # Router replica decides every request, with the load of all ingresses.
+    placement: Literal["ingress", "deployment"] = "ingress"
+    sync_interval_s: float = Field(default=1.0, gt=0)  # how often an ingress-local table follows the Router
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
 

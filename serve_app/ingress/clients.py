@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator
 
 from serve_app import metrics
 from serve_app.engine.delta_channel import DeltaReceiver, Inbox
 from serve_app.engine.types import EngineChunk, EngineRequest, merge_chunks
 from serve_app.routing.types import Decision, RouteRequest
+
+if TYPE_CHECKING:
+    from serve_app.routing.local import LocalRouter
 
 log = logging.getLogger(__name__)
 
@@ -20,13 +23,16 @@ _GONE_RETRIES = 2  # Serve may pick the dead replica again until its controller 
 
 
 class ServeEngineClient:
-    def __init__(self, engines: dict, router, router_timeout_s: float = 0.5):
+    def __init__(self, engines: dict, router, router_timeout_s: float = 0.5, local: LocalRouter | None = None):
+        """`local`: this ingress's own routing table (`router.placement: ingress`); without it every decision is
+        a call to the Router deployment `router`."""
         # Calls go over Serve's gRPC transport (`_by_reference=False`) rather than as Ray actor calls and object
         # refs: a streamed token costs a fraction of the CPU (docs/serving-path.md), and the replicas' results
         # are never passed on by reference anyway.
         self._engines = {key: h.options(_by_reference=False) for key, h in engines.items()}  # key -> handle
         self._router = router.options(_by_reference=False) if router is not None else None
         self._router_timeout_s = router_timeout_s
+        self.local = local
         self._infos: dict[str, dict] = {}  # engine key -> its `info()`: fixed for the engine's life
         self._receiver: DeltaReceiver | None = None
         self._leases: set[asyncio.Task] = set()
@@ -48,6 +54,15 @@ class ServeEngineClient:
         await self._engines[engine_key].check_health.remote()
 
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
+        if self.local is not None:
+            await self.local.ready(self._router_timeout_s)
+            decision = self.local.choose(engine_key, req)
+            if decision is None:
+                metrics.observe_router_decision("fallback", "no_replicas_known")
+            else:
+                metrics.observe_router_decision(decision.policy,
+                                                "cache_hit" if decision.cached_blocks else "cache_miss")
+            return decision
         if self._router is None:
             return None
         try:
@@ -64,14 +79,18 @@ class ServeEngineClient:
         return decision
 
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
-        if self._router is not None:
+        if self.local is not None:
+            self.local.mark_prefilled(engine_key, request_id, cached_tokens)
+        elif self._router is not None:
             try:
                 self._router.mark_prefilled.remote(engine_key, request_id, cached_tokens)  # fire and forget
             except Exception:  # noqa: BLE001
                 pass
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
-        if self._router is not None:
+        if self.local is not None:
+            self.local.release(engine_key, request_id, output_tokens)
+        elif self._router is not None:
             try:
                 self._router.release.remote(engine_key, request_id, output_tokens)
             except Exception:  # noqa: BLE001
@@ -108,6 +127,8 @@ class ServeEngineClient:
                     # (serve_router.py).
                     log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
                                 type(e).__name__, req.request_id)
+                    if self.local is not None and req.target_replica is not None:
+                        self.local.drop_replica(engine_key, req.target_replica)  # not until the next snapshot
                     req.target_replica = None
         except BaseException:
             receiver.unregister(key)

