@@ -109,7 +109,42 @@ class ServeEngineClient:
         the ingress has committed a response head, and becomes a plain 429/529.
 
         The call then stays open as the request's lease while its deltas arrive over the delta channel
-        (engine/delta_channel.py): one frame per engine step for all of this process's requests on a replica."""
+        (engine/delta_channel.py): one frame per engine step for all of this process's requests on a replica.
+        A replica that dies after taking the request but before its first delta (a node lost mid-admission) has
+        shown the client nothing: the request starts again on a live replica instead of failing."""
+        return self._failover(engine_key, req, await self._open(engine_key, req))
+
+    async def _failover(self, engine_key: str, req: EngineRequest, stream: AsyncIterator[EngineChunk]
+                        ) -> AsyncIterator[EngineChunk]:
+        restarts = 0
+        try:
+            while True:
+                started = False
+                try:
+                    async for chunk in stream:
+                        started = True
+                        yield chunk
+                    return
+                except Exception as e:
+                    if started or type(e).__name__ not in REPLICA_GONE or restarts == _GONE_RETRIES:
+                        raise
+                    log.warning("replica %s died before request %s's first token (%s); starting it on a live one",
+                                req.target_replica or "(Serve's pick)", req.request_id, type(e).__name__)
+                    self._forget(engine_key, req)
+                restarts += 1
+                await stream.aclose()
+                stream = await self._open(engine_key, req)
+        finally:
+            await stream.aclose()
+
+    def _forget(self, engine_key: str, req: EngineRequest) -> None:
+        """The request's replica is gone: route away from it (the local table now; Serve's request router has
+        dropped it on the failed call and reports that to the Router, serve_router.py)."""
+        if self.local is not None and req.target_replica is not None:
+            self.local.drop_replica(engine_key, req.target_replica)
+        req.target_replica = None
+
+    async def _open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         receiver = self._deltas()
         key, inbox = receiver.register()
         req.reply_to = (receiver.address, key)
@@ -127,9 +162,7 @@ class ServeEngineClient:
                     # (serve_router.py).
                     log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
                                 type(e).__name__, req.request_id)
-                    if self.local is not None and req.target_replica is not None:
-                        self.local.drop_replica(engine_key, req.target_replica)  # not until the next snapshot
-                    req.target_replica = None
+                    self._forget(engine_key, req)
         except BaseException:
             receiver.unregister(key)
             raise

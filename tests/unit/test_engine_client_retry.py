@@ -112,3 +112,59 @@ def test_other_failures_are_not_retried():
     with pytest.raises(ValueError):
         asyncio.run(_texts(client, req))
     assert h.sent == ["r-dead"]
+
+
+class ActorUnavailableError(Exception):
+    pass
+
+
+class DyingGen(Gen):
+    """A replica that takes the request, sends `chunks` and then dies (its node lost): the lease fails."""
+
+    async def __anext__(self):
+        if not self.accepted:
+            self.accepted = True
+            return EngineChunk(text="", token_ids=[])
+        address, key = self.reply_to
+        for chunk in self.chunks:
+            SENDER.send(address, key, chunk)
+        self.chunks = []
+        await asyncio.sleep(0.05)  # the deltas reach the ingress before the lease's failure does
+        raise ActorUnavailableError("node lost")
+
+
+class DyingHandle(Handle):
+    """The first call goes to a replica that dies after accepting, having sent `before` chunks."""
+
+    def __init__(self, before):
+        super().__init__()
+        self.before = before
+
+    def remote(self, req):
+        if self.sent:
+            return super().remote(req)
+        self.sent.append(req.target_replica)
+        gen = DyingGen(None, self.before, req.reply_to)
+        self.gens.append(gen)
+        return gen
+
+
+def test_a_replica_that_dies_before_the_first_token_hands_the_request_to_a_live_one():
+    h = DyingHandle(before=[])
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dying")
+    assert asyncio.run(_texts(ServeEngineClient({"e": h}, None), req)) == ["ok"]
+    assert h.sent == ["r-dying", None]
+
+
+def test_a_replica_that_dies_after_streaming_fails_the_request():
+    h = DyingHandle(before=[EngineChunk(text="partial", token_ids=[5])])
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dying")
+    seen = []
+
+    async def run():
+        async for c in await ServeEngineClient({"e": h}, None).open("e", req):
+            seen.append(c.text)
+
+    with pytest.raises(ActorUnavailableError):
+        asyncio.run(run())
+    assert seen == ["partial"] and h.sent == ["r-dying"]  # the client saw output: no silent second answer
