@@ -27,10 +27,11 @@ class Engine:
         # vLLM's engine metrics (queue, KV usage, prefix-cache hits, its own TTFT) go through Ray's metrics like
         # the service's, tagged with this replica's id: its default Prometheus logger would fill a registry in
         # this process that nothing serves.
-        from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+        # (engine/stat_logger.py: all of vLLM's metrics but the one recorded per generated token)
+        from serve_app.engine.stat_logger import EngineStatLogger
 
         self.engine = VLLMEngine(cfg, path, forced_scripts=forced_scripts, kv_events=kv_events,
-                                 stat_loggers=[RayPrometheusStatLogger])
+                                 stat_loggers=[EngineStatLogger])
         self.engine.start()
         self.engine_key = engine_key
         self._deltas = DeltaSender()

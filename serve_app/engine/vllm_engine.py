@@ -170,6 +170,12 @@ class VLLMEngine:
         before = reaper.children()
         self.engine = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
         self._reaper = reaper.guard(reaper.children() - before)
+        # vLLM reads its settings from the environment through a module __getattr__ on every access, several
+        # times per output on the output path (a tenth of the replica's output thread, profiled); its engine core
+        # freezes them after start-up and so does this process now that the engine is up.
+        from vllm import envs
+
+        envs.enable_envs_cache()
         cfg = self.engine.vllm_config
         self.block_size = cfg.cache_config.block_size
         self.max_model_len = cfg.model_config.max_model_len

@@ -120,3 +120,7 @@ def test_every_dashboard_panel_has_data_after_traffic(serve_url):
     kv = [ls for n, ls, _ in scraped if n == "ray_vllm_kv_cache_usage_perc"]
     assert kv and all(ls.get("ReplicaId") for ls in kv)
     assert {ls["model_name"] for ls in kv} >= {MODEL}
+    # ... all of them but the one vLLM records per generated token (serve_app/engine/stat_logger.py): the
+    # engine's own TTFT is there, its inter-token histogram never observes (the ingress's above stands in).
+    assert _total(scraped, "ray_vllm_time_to_first_token_seconds_count") >= 1
+    assert _total(scraped, "ray_vllm_inter_token_latency_seconds_count") == 0
