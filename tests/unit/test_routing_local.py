@@ -204,3 +204,12 @@ async def test_the_ingress_table_indexes_an_engines_kv_events_from_the_routers_r
     finally:
         await local.close()
         pub.shutdown()
+
+
+def test_the_router_deployment_subscribes_to_kv_events_only_where_it_decides():
+    from serve_app.routing.deployment import Router
+
+    router_class = Router.func_or_class  # the class under Serve's decorator: no cluster needed
+    assert router_class(RouterConfig(placement="ingress").model_dump()).table.kv_events is False
+    assert router_class(RouterConfig(placement="deployment").model_dump()).table.kv_events is True
+    assert router_class(RouterConfig(placement="deployment", kv_events=False).model_dump()).table.kv_events is False
