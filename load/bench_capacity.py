@@ -331,10 +331,12 @@ def request_phases(log_path: str) -> list[dict]:
 def phase_summary(records: list[dict], windows: list[tuple[float, float]]) -> dict:
     """p50 and p99 of each TTFT phase over the requests that finished inside the level's measured windows."""
     picked = [r["phases_ms"] for r in records if any(a <= r["ts"] <= b for a, b in windows)]
-    names = list(dict.fromkeys(k for p in picked for k in p))
+    by_phase: dict[str, list[float]] = {}
+    for p in picked:
+        for k, v in p.items():
+            by_phase.setdefault(k, []).append(v)
     return {"requests": len(picked),
-            **{k: {"p50_ms": round(pct([p[k] for p in picked if k in p], 0.5), 2),
-                   "p99_ms": round(pct([p[k] for p in picked if k in p], 0.99), 2)} for k in names}}
+            **{k: {"p50_ms": round(pct(v, 0.5), 2), "p99_ms": round(pct(v, 0.99), 2)} for k, v in by_phase.items()}}
 
 
 def git_commit() -> str:

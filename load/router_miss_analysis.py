@@ -20,7 +20,6 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from load.sim_router import RESULTS, SHIPPED, UNSEEN, _provenance, simulate, trace_rows
 from serve_app.routing.core import RouterCore

@@ -418,7 +418,7 @@ class GenerationService:
                 tool_schemas=prepared.tool_schemas,
                 starts_in_reasoning=prepared.starts_in_reasoning,
             )
-            completion = reasoning_tokens = cached = 0
+            reasoning_tokens = cached = 0
             saw_tool = False
             warm = prepared.options.hints.speculative_prefill
             generated: list[int] = []  # kept only to warm the next turn's prefix
