@@ -59,6 +59,12 @@ class LocalRouter:
         for key in self._keys:
             try:
                 snap = await asyncio.wait_for(self._control.snapshot.remote(key), SNAPSHOT_TIMEOUT_S)
+                core = self.table.cores.get(key)
+                if not snap.get("live") and core is not None and core.loads:
+                    # A Router replica that restarted knows no replicas until Serve's running set next changes;
+                    # keep routing on what this table knows (a replica that really went fails its call and is
+                    # dropped here then, clients.py).
+                    continue
                 self.table.follow(key, snap)
             except asyncio.CancelledError:
                 raise

@@ -213,3 +213,20 @@ def test_the_router_deployment_subscribes_to_kv_events_only_where_it_decides():
     assert router_class(RouterConfig(placement="ingress").model_dump()).table.kv_events is False
     assert router_class(RouterConfig(placement="deployment").model_dump()).table.kv_events is True
     assert router_class(RouterConfig(placement="deployment", kv_events=False).model_dump()).table.kv_events is False
+
+
+async def test_a_restarted_router_that_knows_no_replicas_does_not_empty_the_ingress_table():
+    cp = control_plane("kv")
+    cp.register_replica(KEY, "a", None, None, BS)
+    cp.sync_replicas(KEY, ["a"])
+    handle = Remote(cp)
+    local = LocalRouter(RouterConfig(policy="kv", sync_interval_s=0.05), handle, [KEY])
+    try:
+        assert await local.ready(5.0)
+        handle.target = control_plane("kv")  # the Router replica restarted: no registrations, no live set yet
+        syncs = local.syncs
+        await _until(lambda: local.syncs > syncs + 2)
+        assert list(local.table.cores[KEY].loads) == ["a"]
+        assert local.choose(KEY, RouteRequest("q", OURS, len(TOKENS))).replica_id == "a"
+    finally:
+        await local.close()
