@@ -21,8 +21,10 @@ class Router:
         cfg = RouterConfig.model_validate(config)
         self.table = RoutingTable(cfg, kv_events=cfg.kv_events and cfg.placement == "deployment")
 
-    async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint, block_size: int):
-        self.table.register_replica(engine_key, replica_id, events_endpoint, replay_endpoint, block_size)
+    async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint,
+                               block_size: int, refresh: bool = False):
+        self.table.register_replica(engine_key, replica_id, events_endpoint, replay_endpoint, block_size,
+                                    refresh=refresh)
 
     async def sync_replicas(self, engine_key: str, replica_ids: list[str]) -> None:
         self.table.sync_replicas(engine_key, replica_ids)

@@ -45,9 +45,15 @@ class RoutingTable:
 
     # ---- membership ----
     def register_replica(self, engine_key: str, replica_id: str, events_endpoint: str | None,
-                         replay_endpoint: str | None, block_size: int) -> None:
-        self.registrations.setdefault(engine_key, Registrations()).add(
-            replica_id, (events_endpoint, replay_endpoint, block_size))
+                         replay_endpoint: str | None, block_size: int, *, refresh: bool = False) -> None:
+        """`refresh`: the engine repeating a registration it made before (it does so periodically, so a Router
+        replica that restarted learns it again). A registration this table already holds is then left alone —
+        its index, and a replica dropped from the running set stays dropped."""
+        registration = (events_endpoint, replay_endpoint, block_size)
+        regs = self.registrations.setdefault(engine_key, Registrations())
+        if refresh and regs.get(replica_id) == registration:
+            return
+        regs.add(replica_id, registration)
         self.core(engine_key, block_size)
         self.feeds[engine_key].register(replica_id, events_endpoint, replay_endpoint, block_size)
         log.info("engine %s replica %s registered (block size %s)", engine_key, replica_id, block_size)

@@ -230,3 +230,20 @@ async def test_a_restarted_router_that_knows_no_replicas_does_not_empty_the_ingr
         assert local.choose(KEY, RouteRequest("q", OURS, len(TOKENS))).replica_id == "a"
     finally:
         await local.close()
+
+
+def test_an_engines_repeated_registration_changes_nothing_but_teaches_a_restarted_router():
+    cp = control_plane("kv")
+    cp.register_replica(KEY, "a", None, None, BS)
+    cp.register_replica(KEY, "b", None, None, BS)
+    cp.sync_replicas(KEY, ["a", "b"])
+    cp.cores[KEY].blocks_stored("a", OURS[:2])
+    cp.register_replica(KEY, "a", None, None, BS, refresh=True)
+    assert set(cp.cores[KEY].index.replicas["a"].blocks) == set(OURS[:2])  # the index is kept
+    cp.sync_replicas(KEY, ["a"])  # b left Serve's running set (draining) but still repeats its registration
+    cp.register_replica(KEY, "b", None, None, BS, refresh=True)
+    assert cp.snapshot(KEY)["live"] == ["a"]
+
+    restarted = control_plane("kv")  # a new Router replica: an empty table
+    restarted.register_replica(KEY, "a", None, None, BS, refresh=True)
+    assert restarted.snapshot(KEY)["live"] == ["a"] and list(restarted.snapshot(KEY)["registrations"]) == ["a"]
