@@ -59,10 +59,7 @@ class ServeEngineClient:
             decision = self.local.choose(engine_key, req)
             if decision is None:
                 metrics.observe_router_decision("fallback", "no_replicas_known")
-            else:
-                metrics.observe_router_decision(decision.policy,
-                                                "cache_hit" if decision.cached_blocks else "cache_miss")
-            return decision
+            return _observed(decision)
         if self._router is None:
             return None
         try:
@@ -74,9 +71,7 @@ class ServeEngineClient:
             # this request will not report back under it.
             self.release(engine_key, req.request_id)
             return None
-        if decision is not None:
-            metrics.observe_router_decision(decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss")
-        return decision
+        return _observed(decision)
 
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
         if self.local is not None:
@@ -200,6 +195,12 @@ class ServeEngineClient:
                 # generator, and AsyncLLM aborts the request and frees its KV blocks.
                 gen.cancel()
                 lease.cancel()
+
+
+def _observed(decision: Decision | None) -> Decision | None:
+    if decision is not None:
+        metrics.observe_router_decision(decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss")
+    return decision
 
 
 async def _watch_lease(gen, inbox: Inbox) -> None:

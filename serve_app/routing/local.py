@@ -45,7 +45,6 @@ class LocalRouter:
         if self._task is not None:
             return
         self._loop = asyncio.get_running_loop()
-        self._synced = asyncio.Event()  # bound to this loop
         self._task = self._loop.create_task(self._follow())
 
     async def _follow(self) -> None:

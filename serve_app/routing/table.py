@@ -87,7 +87,7 @@ class RoutingTable:
         return {
             "policy": core.policy,
             "live": live,
-            "registrations": {rid: list(regs.get(rid)) for rid in live if regs.get(rid) is not None},
+            "registrations": {rid: list(reg) for rid in live if (reg := regs.get(rid)) is not None},
         }
 
     def follow(self, engine_key: str, snap: dict[str, Any]) -> None:

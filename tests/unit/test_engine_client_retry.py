@@ -13,6 +13,10 @@ class ActorDiedError(Exception):  # named like Ray's: the client classifies erro
     pass
 
 
+class ActorUnavailableError(Exception):
+    pass
+
+
 SENDER = DeltaSender()  # lives as long as the replica's does: a closed socket drops what it has not sent
 
 
@@ -20,9 +24,11 @@ class Gen:
     """The Engine deployment's call: the acceptance, then (as the real replica does) the deltas over the delta
     channel to the address the request names, while the call itself ends."""
 
-    def __init__(self, error, chunks, reply_to):
+    def __init__(self, error, chunks, reply_to, lost=None):
+        """`error`: the call fails before acceptance; `lost`: the replica dies after sending `chunks`."""
         self.error, self.chunks, self.cancelled, self.reply_to = error, list(chunks), False, reply_to
         self.accepted = False
+        self.lost = lost
 
     async def __anext__(self):
         if self.error is not None:
@@ -34,6 +40,9 @@ class Gen:
         for chunk in self.chunks:
             SENDER.send(address, key, chunk)
         self.chunks = []
+        if self.lost is not None:
+            await asyncio.sleep(0.05)  # the deltas reach the ingress before the lease's failure does
+            raise self.lost
         raise StopAsyncIteration
 
     def __aiter__(self):
@@ -114,25 +123,6 @@ def test_other_failures_are_not_retried():
     assert h.sent == ["r-dead"]
 
 
-class ActorUnavailableError(Exception):
-    pass
-
-
-class DyingGen(Gen):
-    """A replica that takes the request, sends `chunks` and then dies (its node lost): the lease fails."""
-
-    async def __anext__(self):
-        if not self.accepted:
-            self.accepted = True
-            return EngineChunk(text="", token_ids=[])
-        address, key = self.reply_to
-        for chunk in self.chunks:
-            SENDER.send(address, key, chunk)
-        self.chunks = []
-        await asyncio.sleep(0.05)  # the deltas reach the ingress before the lease's failure does
-        raise ActorUnavailableError("node lost")
-
-
 class DyingHandle(Handle):
     """The first call goes to a replica that dies after accepting, having sent `before` chunks."""
 
@@ -144,7 +134,7 @@ class DyingHandle(Handle):
         if self.sent:
             return super().remote(req)
         self.sent.append(req.target_replica)
-        gen = DyingGen(None, self.before, req.reply_to)
+        gen = Gen(None, self.before, req.reply_to, lost=ActorUnavailableError("node lost"))
         self.gens.append(gen)
         return gen
 

@@ -1,7 +1,6 @@
 """KV events: vLLM's own event structs and encoder/publisher -> our index (store, remove, clear, gap -> resync)."""
 
 import asyncio
-import socket
 
 import msgspec
 import pytest
@@ -17,6 +16,7 @@ from serve_app.routing.core import RouteRequest, RouterCore
 from serve_app.routing.hashing import block_hashes
 from serve_app.routing.index import EVENTS
 from serve_app.routing.kv_events import KvFeeds, ReplicaFeed, decode_batch
+from tests.support.aio import free_port, until
 
 BS = 4
 TOKENS = list(range(100, 124))  # 6 blocks
@@ -147,24 +147,9 @@ def test_publisher_restart_resets_the_index():
     assert blocks(c) == set(block_hashes(TOKENS[8:12], BS))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _until(cond, timeout=20.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
-
-
 @pytest.mark.asyncio
 async def test_subscriber_against_vllms_zmq_publisher_with_replay_and_gap():
-    port, replay_port = _free_port(), _free_port()
+    port, replay_port = free_port(), free_port()
     pub = ZmqEventPublisher(0, endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}")
     c = new_core()
     try:
@@ -172,18 +157,18 @@ async def test_subscriber_against_vllms_zmq_publisher_with_replay_and_gap():
         pub.publish(KVEventBatch(ts=0.0, events=[stored([b"h0", b"h1"], None, TOKENS[:8])]))
         await asyncio.sleep(0.2)
         c.feeds.register("r", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}", BS)
-        await _until(lambda: blocks(c) == set(OURS[:2]))
+        await until(lambda: blocks(c) == set(OURS[:2]))
         # Live events, until the subscription is certainly up.
         pub.publish(KVEventBatch(ts=1.0, events=[stored([b"h2"], b"h1", TOKENS[8:12])]))
-        await _until(lambda: OURS[2] in blocks(c))
+        await until(lambda: OURS[2] in blocks(c))
         # Lose two batches on our side, then the next live one reveals the gap and replay refills them.
         feed = c.feeds.feeds["r"]
         pub.publish(KVEventBatch(ts=2.0, events=[stored([b"h3"], b"h2", TOKENS[12:16])]))
-        await _until(lambda: feed.last_seq == 2)
+        await until(lambda: feed.last_seq == 2)
         feed.last_seq = 0
         c.blocks_removed("r", [OURS[2], OURS[3]])
         pub.publish(KVEventBatch(ts=3.0, events=[removed([b"h0"])]))
-        await _until(lambda: feed.last_seq == 3)
+        await until(lambda: feed.last_seq == 3)
         assert blocks(c) == {OURS[1], OURS[2], OURS[3]}
         assert feed.stats()["gaps"] == 1 and feed.stats()["resyncs"] >= 1
     finally:

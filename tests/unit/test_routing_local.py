@@ -3,7 +3,6 @@ deployment's snapshot (live replicas, registrations, policy), subscribes to the 
 decides with function calls. The control plane here is the Router deployment's own RoutingTable, without Ray."""
 
 import asyncio
-import socket
 
 import pytest
 from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher
@@ -15,6 +14,7 @@ from serve_app.routing.local import LocalRouter
 from serve_app.routing.table import RoutingTable
 from serve_app.routing.types import RouteRequest
 from serve_app.settings import RouterConfig
+from tests.support.aio import free_port, until
 
 BS = 4
 TOKENS = list(range(100, 124))
@@ -52,24 +52,15 @@ class Remote:
         return _M
 
 
-def control_plane(policy="kv") -> RoutingTable:
-    """The Router deployment's table with placement `ingress`: registrations and membership, no feeds."""
-    return RoutingTable(RouterConfig(policy=policy, placement="ingress"), kv_events=False)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def _until(cond, timeout=20.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError("condition not reached")
-        await asyncio.sleep(0.02)
+def control_plane(policy="kv", replicas=()) -> RoutingTable:
+    """The Router deployment's table with placement `ingress`: registrations and membership, no feeds; `replicas`
+    registered without KV endpoints and running."""
+    cp = RoutingTable(RouterConfig(policy=policy, placement="ingress"), kv_events=False)
+    for rid in replicas:
+        cp.register_replica(KEY, rid, None, None, BS)
+    if replicas:
+        cp.sync_replicas(KEY, list(replicas))
+    return cp
 
 
 def test_snapshot_lists_live_replicas_with_their_registrations_and_the_policy():
@@ -86,10 +77,7 @@ def test_snapshot_lists_live_replicas_with_their_registrations_and_the_policy():
 
 
 def test_a_follower_takes_membership_and_policy_and_keeps_its_own_reservations():
-    cp = control_plane("kv")
-    for rid in ("a", "b"):
-        cp.register_replica(KEY, rid, None, None, BS)
-    cp.sync_replicas(KEY, ["a", "b"])
+    cp = control_plane("kv", ["a", "b"])
     local = RoutingTable(RouterConfig(policy="kv"))
     local.follow(KEY, cp.snapshot(KEY))
     assert sorted(local.cores[KEY].loads) == ["a", "b"]
@@ -112,9 +100,7 @@ def test_a_follower_takes_membership_and_policy_and_keeps_its_own_reservations()
 
 
 def test_a_replica_that_restarts_with_new_endpoints_gets_a_new_feed():
-    cp = control_plane()
-    cp.register_replica(KEY, "a", None, None, BS)
-    cp.sync_replicas(KEY, ["a"])
+    cp = control_plane(replicas=["a"])
     local = RoutingTable(RouterConfig())
     local.follow(KEY, cp.snapshot(KEY))
     local.cores[KEY].blocks_stored("a", OURS[:2])
@@ -126,10 +112,7 @@ def test_a_replica_that_restarts_with_new_endpoints_gets_a_new_feed():
 
 
 def test_drop_replica_stops_routing_there_before_the_next_snapshot():
-    cp = control_plane("least_loaded")
-    for rid in ("a", "b"):
-        cp.register_replica(KEY, rid, None, None, BS)
-    cp.sync_replicas(KEY, ["a", "b"])
+    cp = control_plane("least_loaded", ["a", "b"])
     local = RoutingTable(RouterConfig(policy="least_loaded"))
     local.follow(KEY, cp.snapshot(KEY))
     local.drop_replica(KEY, "a")
@@ -137,9 +120,7 @@ def test_drop_replica_stops_routing_there_before_the_next_snapshot():
 
 
 async def test_local_router_decides_without_calling_the_router_and_survives_its_loss():
-    cp = control_plane("kv")
-    cp.register_replica(KEY, "a", None, None, BS)
-    cp.sync_replicas(KEY, ["a"])
+    cp = control_plane("kv", ["a"])
     handle = Remote(cp)
     local = LocalRouter(RouterConfig(policy="kv", sync_interval_s=0.05), handle, [KEY])
     client = ServeEngineClient({}, handle, local=local)
@@ -153,7 +134,7 @@ async def test_local_router_decides_without_calling_the_router_and_survives_its_
 
         handle.fail = True  # the Router replica is gone: routing goes on from the last membership
         syncs = local.syncs
-        await _until(lambda: local.syncs > syncs + 1)
+        await until(lambda: local.syncs > syncs + 1)
         assert local.sync_failures > 0
         d = await client.choose(KEY, RouteRequest("q2", OURS, len(TOKENS)))
         assert d is not None and d.replica_id == "a"
@@ -161,7 +142,7 @@ async def test_local_router_decides_without_calling_the_router_and_survives_its_
         handle.fail = False
         cp.register_replica(KEY, "b", None, None, BS)
         cp.sync_replicas(KEY, ["a", "b"])
-        await _until(lambda: sorted(local.table.cores[KEY].loads) == ["a", "b"])
+        await until(lambda: sorted(local.table.cores[KEY].loads) == ["a", "b"])
     finally:
         await local.close()
 
@@ -183,7 +164,7 @@ async def test_ready_gives_up_after_its_timeout_when_the_router_never_answers():
 
 @pytest.mark.asyncio
 async def test_the_ingress_table_indexes_an_engines_kv_events_from_the_routers_registration():
-    port, replay_port = _free_port(), _free_port()
+    port, replay_port = free_port(), free_port()
     pub = ZmqEventPublisher(0, endpoint=f"tcp://*:{port}", replay_endpoint=f"tcp://*:{replay_port}")
     cp = control_plane("kv")
     cp.register_replica(KEY, "a", f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay_port}", BS)
@@ -196,7 +177,7 @@ async def test_the_ingress_table_indexes_an_engines_kv_events_from_the_routers_r
             lora_id=None, medium="GPU", lora_name=None)]))
         assert await local.ready(5.0)
         core = local.table.cores[KEY]
-        await _until(lambda: set(core.index.replicas["a"].blocks) == set(OURS[:3]))
+        await until(lambda: set(core.index.replicas["a"].blocks) == set(OURS[:3]))
         assert core.index.replicas["a"].mode == EVENTS
         assert not cp.cores[KEY].index.replicas["a"].blocks  # the control plane subscribes to nothing
         d = local.choose(KEY, RouteRequest("q", OURS, len(TOKENS)))
@@ -216,16 +197,14 @@ def test_the_router_deployment_subscribes_to_kv_events_only_where_it_decides():
 
 
 async def test_a_restarted_router_that_knows_no_replicas_does_not_empty_the_ingress_table():
-    cp = control_plane("kv")
-    cp.register_replica(KEY, "a", None, None, BS)
-    cp.sync_replicas(KEY, ["a"])
+    cp = control_plane("kv", ["a"])
     handle = Remote(cp)
     local = LocalRouter(RouterConfig(policy="kv", sync_interval_s=0.05), handle, [KEY])
     try:
         assert await local.ready(5.0)
         handle.target = control_plane("kv")  # the Router replica restarted: no registrations, no live set yet
         syncs = local.syncs
-        await _until(lambda: local.syncs > syncs + 2)
+        await until(lambda: local.syncs > syncs + 2)
         assert list(local.table.cores[KEY].loads) == ["a"]
         assert local.choose(KEY, RouteRequest("q", OURS, len(TOKENS))).replica_id == "a"
     finally:
@@ -233,10 +212,7 @@ async def test_a_restarted_router_that_knows_no_replicas_does_not_empty_the_ingr
 
 
 def test_an_engines_repeated_registration_changes_nothing_but_teaches_a_restarted_router():
-    cp = control_plane("kv")
-    cp.register_replica(KEY, "a", None, None, BS)
-    cp.register_replica(KEY, "b", None, None, BS)
-    cp.sync_replicas(KEY, ["a", "b"])
+    cp = control_plane("kv", ["a", "b"])
     cp.cores[KEY].blocks_stored("a", OURS[:2])
     cp.register_replica(KEY, "a", None, None, BS, refresh=True)
     assert set(cp.cores[KEY].index.replicas["a"].blocks) == set(OURS[:2])  # the index is kept
