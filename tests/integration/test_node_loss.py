@@ -37,7 +37,7 @@ ARGS = {
     "models": [{
         "id": MODEL,
         "max_model_len": 4096,
-        "max_output_tokens": 2048,
+        "max_output_tokens": 3800,
         "chat_template": "serve_app/templates/smollm2_tools.jinja",
         # Two engines share the cores: the OS schedules their threads instead of both pinning the same ones.
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"},
@@ -235,7 +235,9 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     assert any("Engine" in " ".join(p.cmdline()) for p in node_procs), "the joined replica runs on the worker"
 
     # -- streams on both replicas; learn where each went from the Router's per-replica counts
-    script = " ".join(rng.choice(WORDS) for _ in range(2000))
+    # Long enough that no stream can finish before the node is lost, however fast this machine decodes (the
+    # streams start one after another until each API has one on the joining replica).
+    script = " ".join(rng.choice(WORDS) for _ in range(4000))
     on: dict[int, str] = {}
     lines: dict[int, list[str]] = {}
     survivors_after_kill: dict[int, int] = {}
@@ -243,11 +245,12 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     t_kill = 0.0
     after_kill: list[tuple[float, float, int, str]] = []  # (sent, seconds after the kill; took; status; content)
     ended: dict[int, float] = {}  # stream -> seconds after the kill it ended
+    finished_early: set[int] = set()  # streams that ended before the kill (the test's own premise broken)
     dropped = [None]  # seconds after the kill the Router no longer listed the lost replica
 
     async def stream(i: int, api: str, client: httpx.AsyncClient, started: asyncio.Event):
         path, body = _stream_body(api, f"stream {i}: " + " ".join(rng.choice(WORDS) for _ in range(100)),
-                                  script, 1500)
+                                  script, 3600)
         lines[i] = []
         async with client.stream("POST", url + path, json=body) as resp:
             assert resp.status_code == 200, await resp.aread()
@@ -261,6 +264,8 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
                             break  # still streaming well after the node went: enough, hang up
         if killed.is_set():
             ended[i] = time.monotonic() - t_kill
+        else:
+            finished_early.add(i)
 
     async def scenario():
         nonlocal t_kill
@@ -310,6 +315,7 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
 
     asyncio.run(scenario())
 
+    assert not finished_early, f"streams {sorted(finished_early)} ended before the node was lost: make them longer"
     victims = [i for i in on if on[i] == joined]
     for i in victims:
         _assert_engine_error(APIS[i % 3], lines[i])
