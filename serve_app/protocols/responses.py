@@ -140,7 +140,9 @@ class CustomTool(OpenModel):
 
 
 class OtherTool(OpenModel):
-    type: str  # local_shell, web_search, tool_search, image_generation, namespace, ...
+    """Any other tool type: accepted and ignored, or a 400 if the SDK has no such type (convert.py, TOOL_TYPES)."""
+
+    type: str
 
 
 _tool_tag = type_discriminator(("function", "custom"), "other")

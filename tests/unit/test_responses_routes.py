@@ -334,3 +334,52 @@ async def test_every_handled_item_type_reaches_the_model(replicas):
     assert resp.status == "completed"
     roles = [m.role for m in svc.prepared[0].conversation.messages]
     assert roles == ["developer", "user", "assistant", "tool", "tool", "assistant"]
+
+
+# -- tool types: offered, or accepted and ignored, or a 400 for a type the SDK lacks (test_responses_tools.py) ----
+
+
+def _codex_tools() -> list:
+    """The tool types Codex sends (harness-contracts B5), built with the SDK's param types."""
+    from openai.types.responses import CustomToolParam, FunctionToolParam, NamespaceToolParam, ToolSearchToolParam
+    from openai.types.responses import WebSearchToolParam
+    from openai.types.responses.tool_param import ImageGeneration, LocalShell
+
+    return [FunctionToolParam(type="function", name="exec_command", strict=False,
+                              parameters={"type": "object", "properties": {"cmd": {"type": "string"}}}),
+            CustomToolParam(type="custom", name="apply_patch", format={"type": "grammar", "syntax": "lark",
+                                                                       "definition": "start: /.+/"}),
+            LocalShell(type="local_shell"), WebSearchToolParam(type="web_search", search_context_size="low"),
+            ToolSearchToolParam(type="tool_search", execution="client"), ImageGeneration(type="image_generation"),
+            NamespaceToolParam(type="namespace", name="crm", description="CRM", tools=[
+                {"type": "function", "name": "lookup", "parameters": {"type": "object", "properties": {}}}])]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_codex_tool_types_are_accepted_and_only_function_and_custom_reach_the_model(replicas, stream):
+    """A 200 whose model saw only the function and custom tools; the response echoes the tools as sent, as the
+    API does."""
+    app, svc = replicas[0]
+    tools = _codex_tools()
+    if stream:
+        async with client(app).responses.stream(model="m1", input="hi", tools=tools) as s:
+            resp = await s.get_final_response()
+    else:
+        resp = await client(app).responses.create(model="m1", input="hi", tools=tools)
+    assert resp.status == "completed"
+    assert [t.type for t in resp.tools] == [t["type"] for t in tools]
+    assert [(t.name, t.kind) for t in svc.prepared[0].conversation.tools] == [("exec_command", "function"),
+                                                                             ("apply_patch", "custom")]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_tool_type_the_sdk_lacks_is_a_400_naming_it(replicas, stream):
+    app, svc = replicas[0]
+    with pytest.raises(openai.BadRequestError) as e:
+        await client(app).responses.create(model="m1", input="hi", stream=stream,
+                                           tools=[*_codex_tools()[:2], {"type": "telepathy"}])
+    err = e.value.body
+    assert e.value.status_code == 400 and err["type"] == "invalid_request_error"
+    assert err["param"] == "tools[2].type" and err["code"] == "invalid_value"
+    assert "Invalid value: 'telepathy'" in err["message"] and "'web_search'" in err["message"]
+    assert svc.prepared == []  # refused before generation

@@ -91,6 +91,63 @@ def _tool_output(output: str | list[InputContent], where: str) -> str | list[Par
     return parts
 
 
+# -- tool types -------------------------------------------------------------------------------------------------
+# What happens to a `tools[]` entry, by type: every type the current `openai` SDK's ToolParam defines (a unit test
+# keeps this table equal to it, so a type the SDK gains fails CI until someone decides it here). OFFERED ones are
+# given to the model; every other one is accepted and ignored, for the reason given: the model is never told of it,
+# since it would call a tool nobody here executes or emit a call shape this server does not produce. A type
+# outside the table is a 400 naming `tools[N].type`. docs/codex.md ("Tool types") carries `tool_types_table()`.
+OFFERED_TOOLS = ("function", "custom")
+_HOSTED = "hosted (OpenAI runs it on its side): "
+_BUILTIN = "built-in (the model calls it with `{}` items, which this server never produces): "
+TOOL_TYPES: dict[str, str] = {
+    "function": "given to the model as it is; its calls come back as `function_call` items",
+    "custom": (f"given to the model as a function with one string parameter, `{CUSTOM_PARAM}` (a grammar in "
+               "`format` is added to its description); its calls come back as `custom_tool_call` items"),
+    "file_search": _HOSTED + "this server keeps no vector stores",
+    **dict.fromkeys(("web_search", "web_search_2025_08_26", "web_search_preview", "web_search_preview_2025_03_11"),
+                    _HOSTED + "this server has no web access"),
+    "code_interpreter": _HOSTED + "this server runs no code containers",
+    "image_generation": _HOSTED + "this server serves text models only",
+    "mcp": (_HOSTED + "this server makes no outbound MCP connections; give MCP tools as function tools, as Codex "
+            "does (`mcp__server__tool`)"),
+    "programmatic_tool_calling": _HOSTED + "this server runs no model-written programs",
+    "tool_search": ("hosted (OpenAI runs the search) or, with `execution: \"client\"`, built-in (the model calls "
+                    "it with `tool_search_call` items, which this server never produces): function tools marked "
+                    "`defer_loading` are given to the model up front instead"),
+    "local_shell": (_BUILTIN.format("local_shell_call") + "Codex sends it only for a model profile with "
+                    "`shell_type: local`; the catalog `codex-config` writes says `shell_command`, so Codex's shell "
+                    "arrives as a function tool, which is offered"),
+    "shell": _BUILTIN.format("shell_call") + "Codex's shell arrives as a function tool here (see `local_shell`)",
+    "apply_patch": (_BUILTIN.format("apply_patch_call") + "Codex's apply_patch arrives as a `custom` tool under the "
+                    "catalog's `apply_patch_tool_type: freeform`, which is offered"),
+    **dict.fromkeys(("computer", "computer_use_preview"), _BUILTIN.format("computer_call")
+                    + "the served models are not trained for its screenshot loop"),
+    "namespace": ("its member tools' calls carry a `namespace` field this server does not produce (and are usually "
+                  "deferred behind `tool_search`); send them as top-level function or custom tools"),
+}
+assert set(OFFERED_TOOLS) <= set(TOOL_TYPES)
+
+
+def tool_types_table() -> str:
+    """The Markdown table docs/codex.md carries (a unit test keeps the two equal)."""
+    rows = ["| `tools[].type` | Here | Why |", "|---|---|---|"]
+    for t, why in TOOL_TYPES.items():
+        rows.append(f"| `{t}` | {'offered to the model' if t in OFFERED_TOOLS else 'accepted, ignored'} | {why} |")
+    return "\n".join(rows)
+
+
+def offered_tools(tools: list[Any]) -> list[FunctionTool | CustomTool]:
+    """The tools the model is told of; any other type in the table is dropped here, on purpose (TOOL_TYPES)."""
+    for i, t in enumerate(tools):
+        if t.type not in TOOL_TYPES:
+            param = f"tools[{i}].type"
+            supported = ", ".join(f"'{k}'" for k in TOOL_TYPES)
+            raise InvalidRequest(f"{param}: Invalid value: '{t.type}'. Supported values are: {supported}.",
+                                 param=param, code="invalid_value")
+    return [t for t in tools if t.type in OFFERED_TOOLS]
+
+
 def _tool_spec(tool: FunctionTool | CustomTool) -> ToolSpec:
     if isinstance(tool, CustomTool):
         desc = tool.description or ""
@@ -256,8 +313,7 @@ def responses_to_conversation(
         current = current[1:]
     messages.extend(current)
 
-    usable = [t for t in req.tools if isinstance(t, (FunctionTool, CustomTool))]
-    tools = [_tool_spec(t) for t in usable]
+    tools = [_tool_spec(t) for t in offered_tools(req.tools)]
     conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, {t.name for t in tools}))
 
     effort = req.reasoning.effort if req.reasoning else None
