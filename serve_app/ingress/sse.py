@@ -90,15 +90,21 @@ class _Empty:
 EMPTY = _Empty()  # what `peek` returns as the first item of a stream that yielded nothing
 
 
+def finish_error(ev: Finish) -> ServiceError:
+    """The error a `Finish("error")` stands for, before any output (the HTTP answer) or after it (the stream's error
+    object), so both carry the same type and code."""
+    if ev.error_kind == "overloaded":
+        # A full engine queue is worth retrying soon: the answer carries retry-after like the admission cap's.
+        return Overloaded(ev.error or "the service is overloaded, retry shortly")
+    return ServiceError(ev.error_kind or "api_error", ev.error or "engine error")
+
+
 def refusal(first) -> ServiceError | None:
     """The error to answer with, when a peeked stream ended or failed before producing anything."""
     if first is EMPTY:
         return ServiceError("api_error", "the generation ended before it started")
     if isinstance(first, Finish) and first.reason == "error":
-        if first.error_kind == "overloaded":
-            # A full engine queue is worth retrying soon: the answer carries retry-after like the admission cap's.
-            return Overloaded(first.error or "the service is overloaded, retry shortly")
-        return ServiceError(first.error_kind or "api_error", first.error or "engine error")
+        return finish_error(first)
     return None
 
 

@@ -170,6 +170,30 @@ def test_engine_error_mid_stream_is_an_error_frame_then_done():
     assert events[-1] == (None, "[DONE]")
 
 
+@pytest.mark.parametrize("kind,status,etype,code", [("overloaded", 503, "service_unavailable_error",
+                                                       "server_is_overloaded"),
+                                                      ("api_error", 500, "server_error", None)])
+def test_an_error_mid_stream_has_the_type_and_code_of_the_same_error_answered_before_output(kind, status, etype, code):
+    """An overload after the first token (a replica's engine queue filled, the route was lost) is the same error as
+    the 503 a request refused before any output gets: OpenAI's type and code, which clients branch on."""
+    from serve_app.errors import ServiceError
+    from serve_app.ingress import sse
+    from serve_app.ingress.openai_errors import error_response
+
+    fail = Finish("error", error="the engine queue is full, retry shortly", error_kind=kind)
+    before = error_response(sse.refusal(fail))  # the non-stream / refused-before-output answer
+    enc = ChatStreamEncoder("m", "r1")
+    events = parse_sse(enc.event(TextDelta("a")) + enc.event(fail))
+    assert events[-1] == (None, "[DONE]")
+    err = events[-2][1]["error"]
+    assert before.status_code == status and json.loads(before.body)["error"] == err
+    assert err["type"] == etype and err["code"] == code
+    # Folded (not streamed), a failure after output raises that error too, with its code and retry-after.
+    with pytest.raises(ServiceError) as e:
+        completion_body("m", "r1", [TextDelta("a"), fail])
+    assert (e.value.kind, e.value.code) == (kind, code)
+
+
 def test_empty_deltas_are_not_sent():
     enc = ChatStreamEncoder("m", "r1")
     assert enc.event(TextDelta("")) == [] and enc.event(ReasoningDelta("")) == []

@@ -37,7 +37,7 @@ class ChatWire:
 
     def fail(self, err: ServiceError) -> bytes:
         self.finished = True
-        return b"".join(self.encoder.error(err.kind, err.message))
+        return b"".join(self.encoder.error(err))
 
     def fold(self, events: list[Event]) -> dict[str, Any]:
         return completion_body(self.model, self.request_id, events)

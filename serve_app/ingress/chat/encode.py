@@ -97,7 +97,7 @@ class ChatStreamEncoder:
             return []
         if isinstance(ev, Finish):
             if ev.reason == "error":
-                return self.error(ev.error_kind or "api_error", ev.error or "engine error")
+                return self.error(sse.finish_error(ev))
             out = [self._chunk({}, FINISH.get(ev.reason, "stop"))]
             if self.include_usage and self._usage is not None:
                 out.append(self._usage_chunk(self._usage))
@@ -109,9 +109,10 @@ class ChatStreamEncoder:
         return sse.frame({"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                           "model": self.model, "choices": [], "usage": usage_dict(usage)})
 
-    def error(self, kind: str, message: str) -> list[bytes]:
-        """The stream's end for a failure: the OpenAI error object as a data frame, then [DONE]."""
-        return [sse.frame(error_body(kind, message)), sse.DONE]
+    def error(self, err: ServiceError) -> list[bytes]:
+        """The stream's end for a failure: the OpenAI error object as a data frame, then [DONE]. Its type and code
+        are the ones the same failure gets as an HTTP answer (overload: `server_is_overloaded`)."""
+        return [sse.frame(error_body(err.kind, err.message, err.param, err.code)), sse.DONE]
 
 
 class _Fold(ChatStreamEncoder):
@@ -142,8 +143,8 @@ class _Fold(ChatStreamEncoder):
         self.usage = usage
         return b""
 
-    def error(self, kind: str, message: str) -> list[bytes]:
-        raise ServiceError(kind, message)  # type: ignore[arg-type]
+    def error(self, err: ServiceError) -> list[bytes]:
+        raise err
 
     def body(self) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant",
