@@ -109,8 +109,7 @@ TOOL_TYPES: dict[str, str] = {
                     _HOSTED + "this server has no web access"),
     "code_interpreter": _HOSTED + "this server runs no code containers",
     "image_generation": _HOSTED + "this server serves text models only",
-    "mcp": (_HOSTED + "this server makes no outbound MCP connections; give MCP tools as function tools, as Codex "
-            "does (`mcp__server__tool`)"),
+    "mcp": _HOSTED + "this server makes no outbound MCP connections; give MCP tools as function tools, as Codex does",
     "programmatic_tool_calling": _HOSTED + "this server runs no model-written programs",
     "tool_search": ("hosted (OpenAI runs the search) or, with `execution: \"client\"`, built-in (the model calls "
                     "it with `tool_search_call` items, which this server never produces): function tools marked "
@@ -123,8 +122,8 @@ TOOL_TYPES: dict[str, str] = {
                     "catalog's `apply_patch_tool_type: freeform`, which is offered"),
     **dict.fromkeys(("computer", "computer_use_preview"), _BUILTIN.format("computer_call")
                     + "the served models are not trained for its screenshot loop"),
-    "namespace": ("its member tools' calls carry a `namespace` field this server does not produce (and are usually "
-                  "deferred behind `tool_search`); send them as top-level function or custom tools"),
+    "namespace": ("its member tools' calls carry a `namespace` field this server does not produce (and members may "
+                  "be deferred behind `tool_search`); send them as top-level function or custom tools"),
 }
 assert set(OFFERED_TOOLS) <= set(TOOL_TYPES)
 
