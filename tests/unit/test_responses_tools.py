@@ -137,3 +137,14 @@ def test_a_type_the_sdk_does_not_define_is_a_400_naming_its_index(bad, shown):
     err = e.value
     assert err.status == 400 and err.param == "tools[2].type" and err.code == "invalid_value"
     assert f"Invalid value: '{shown}'" in err.message and "'local_shell'" in err.message
+
+
+def test_required_with_only_ignored_tools_is_the_tool_choice_400():
+    """No call could satisfy it: the service refuses it (service.prepare → check_choice), as docs/codex.md says."""
+    from serve_app.parsers.tool_grammar import check_choice
+
+    req = parse_responses_request({"model": "m", "input": "hi", "tool_choice": "required",
+                                   "tools": [SDK_TOOLS["web_search"], SDK_TOOLS["local_shell"]]})
+    conv, _ = responses_to_conversation(req)
+    assert conv.tools == [] and check_choice(conv.tool_choice, conv.tools) == (
+        "tool_choice requires a tool call, but no tools were given")
