@@ -111,7 +111,8 @@ class EngineClient(Protocol):
 def engine_key(model: ModelConfig) -> str:
     """Models with the same weights and engine settings share one Engine deployment; this names it."""
     ident = json.dumps(
-        [model.model_source, model.max_model_len, model.hf_overrides, model.engine_kwargs, model.engine_env],
+        [model.model_source, model.max_model_len, model.hf_overrides, model.engine_kwargs, model.engine_env]
+        + ([model.sliding_window] if model.sliding_window else []),  # absent: keys of existing configs unchanged
         sort_keys=True,
         default=str,
     )

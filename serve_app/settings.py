@@ -59,6 +59,12 @@ class ModelConfig(_Strict):
     chat_template: str | None = None  # a path or an inline Jinja template overriding the tokenizer's
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
+    # Every layer attends to at most this many preceding tokens (vLLM's sliding-window attention, switched on
+    # through the model's config): a model trained at N tokens serves a longer max_model_len with prefill cost
+    # linear in the length, and within the window it is the unmodified model (docs/architecture.md, "Long context
+    # on the CPU default"). Only for architectures whose vLLM implementation reads `layer_types` (Llama, Qwen,
+    # Mistral, ...): the engine refuses to start if vLLM did not apply it.
+    sliding_window: int | None = Field(default=None, gt=0)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)  # extra AsyncEngineArgs fields
     engine_env: dict[str, str] = Field(default_factory=dict)  # env vars for the engine replica (e.g. KV cache GiB)
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
@@ -99,6 +105,9 @@ class ModelConfig(_Strict):
     def _check_lengths(self) -> "ModelConfig":
         if self.max_output_tokens > self.max_model_len:
             raise ValueError(f"max_output_tokens ({self.max_output_tokens}) > max_model_len ({self.max_model_len})")
+        if self.sliding_window is not None and self.sliding_window >= self.max_model_len:
+            raise ValueError(f"sliding_window ({self.sliding_window}) must be below max_model_len "
+                             f"({self.max_model_len}): a window that long changes nothing")
         return self
 
 

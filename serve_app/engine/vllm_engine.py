@@ -92,6 +92,22 @@ def vllm_reasoning_parser(name: str | None, model_path: str) -> str | None:
     return vllm_name if len(tokenizer.encode(fmt.end, add_special_tokens=False)) == 1 else None
 
 
+def sliding_window_overrides(model_path: str, window: int, max_model_len: int) -> dict[str, Any]:
+    """The model-config overrides that make every layer a sliding-window layer of `window` tokens.
+
+    vLLM's model implementations read the window per layer from `layer_types`; `max_position_embeddings` is raised
+    to `max_model_len` because vLLM refuses a longer context than the config declares (with rotary embeddings
+    only relative distances reach the attention, and within the window they stay in the trained range)."""
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_path).get_text_config()
+    return {
+        "layer_types": ["sliding_attention"] * cfg.num_hidden_layers,
+        "sliding_window": window,
+        "max_position_embeddings": max(getattr(cfg, "max_position_embeddings", 0) or 0, max_model_len),
+    }
+
+
 def build_engine_args(
     model: ModelConfig,
     model_path: str,
@@ -112,8 +128,11 @@ def build_engine_args(
         # Priority lets `agent_hints.priority` reach vLLM's scheduler.
         "scheduling_policy": "priority" if priority_scheduling else "fcfs",
     }
-    if model.hf_overrides:
-        kwargs["hf_overrides"] = model.hf_overrides
+    overrides = dict(model.hf_overrides)
+    if model.sliding_window:
+        overrides = {**sliding_window_overrides(model_path, model.sliding_window, model.max_model_len), **overrides}
+    if overrides:
+        kwargs["hf_overrides"] = overrides
     if kv_events_port is not None:
         kwargs["kv_events_config"] = KVEventsConfig(
             enable_kv_cache_events=True,
@@ -177,6 +196,11 @@ class VLLMEngine:
 
         envs.enable_envs_cache()
         cfg = self.engine.vllm_config
+        applied = cfg.model_config.get_sliding_window()
+        if self.model.sliding_window and applied != self.model.sliding_window:
+            self.shutdown()
+            raise RuntimeError(f"sliding_window {self.model.sliding_window} was not applied by vLLM's implementation "
+                               f"of this model (window in effect: {applied}); remove it from the model's config")
         self.block_size = cfg.cache_config.block_size
         self.max_model_len = cfg.model_config.max_model_len
 

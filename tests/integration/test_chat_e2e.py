@@ -13,6 +13,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 MODEL = "smollm2-135m-instruct"
+LONG = "smollm2-135m-instruct-32k"  # its own engine: 32K context, 4K sliding window (tests/configs/test.yaml)
 SLASHED = "org/smollm2-test"  # an alias of MODEL in tests/configs/test.yaml: served ids may contain `/`
 
 
@@ -31,6 +32,16 @@ def test_capital_of_france(client):
     r = ask(client, "What is the capital of France?", max_tokens=30)
     assert "Paris" in r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_long_context_engine_is_the_native_model_within_its_window(client):
+    """The 32K engine (every layer a 4K sliding window, `sliding_window` in tests/configs/test.yaml) answers a short
+    prompt token for token as the 8K engine with the same weights does: within the window nothing is stretched.
+    (The YaRN x4 stretch it replaced no longer said Paris here.)"""
+    native = ask(client, "What is the capital of France?", max_tokens=30)
+    long = ask(client, "What is the capital of France?", max_tokens=30, model=LONG)
+    assert "Paris" in long.choices[0].message.content
+    assert long.choices[0].message.content == native.choices[0].message.content
 
 
 def test_stream_folds_to_the_same_text_and_usage(client):
