@@ -169,6 +169,9 @@ class VLLMEngine:
         self.block_size: int | None = None
         self.max_model_len: int = model.max_model_len
         self.reasoning_gate = False  # vLLM holds grammars back until the think block ends
+        # Sampling defaults for what a request leaves unset: the model's generation_config.json with the config's
+        # `override_generation_config` on top, as vLLM's own server applies them (read at start).
+        self.default_sampling: dict[str, Any] = {}
 
     def start(self) -> None:
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -201,6 +204,10 @@ class VLLMEngine:
             self.shutdown()
             raise RuntimeError(f"sliding_window {self.model.sliding_window} was not applied by vLLM's implementation "
                                f"of this model (window in effect: {applied}); remove it from the model's config")
+        self.default_sampling = {k: v for k, v in cfg.model_config.get_diff_sampling_param().items()
+                                 if k != "max_tokens"}  # the service sizes every request's max_tokens itself
+        if self.default_sampling:
+            log.info("sampling defaults for requests that set none: %s", self.default_sampling)
         self.block_size = cfg.cache_config.block_size
         self.max_model_len = cfg.model_config.max_model_len
 
@@ -214,6 +221,7 @@ class VLLMEngine:
                 raise ValueError("forced scripts are disabled on this engine")
             extra = {"forced_token_ids": req.forced_token_ids, "forced_eos_id": req.forced_eos_id}
         params: dict[str, Any] = {
+            **self.default_sampling,  # what the request sets below wins
             "max_tokens": req.max_tokens,
             "output_kind": RequestOutputKind.DELTA,
             "skip_special_tokens": req.skip_special_tokens,
