@@ -103,6 +103,8 @@ class Recorded:
     def __getattr__(self, name):
         if name in ("args", "kwargs"):
             raise AttributeError(name)
+        if name == "type" and "function" in self.kwargs:
+            return self.kwargs.get("type", "function")  # a ToolCall's type defaults to "function"
         return self.kwargs.get(name)
 
 
@@ -128,7 +130,7 @@ class StubModule(types.ModuleType):
 
 
 class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    ROOTS = ("vllm", "transformers", "tests", "mistral_common", "torch")
+    ROOTS = ("vllm", "transformers", "tests", "mistral_common", "torch", "partial_json_parser")
 
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in self.ROOTS:
@@ -375,6 +377,8 @@ class Internal:
     def __gt__(self, o): return self._touch()
     def __le__(self, o): return self._touch()
     def __lt__(self, o): return self._touch()
+    def __add__(self, o): return self._touch()
+    __radd__ = __sub__ = __rsub__ = __add__
     def __hash__(self): return 0
     def __iter__(self): return iter(())
     def __bool__(self):
@@ -391,9 +395,12 @@ STATE = {"in_assert": False, "failures": 0, "touched": False, "p_touched": False
 class Delta(types.SimpleNamespace):
     """What the probe's streaming method answers (vLLM's DeltaMessage shape)."""
 
-    def __init__(self, content=None, reasoning=None, tool_calls=None):
+    def __init__(self, content=None, reasoning=None, tool_calls=None, role=None, **k):
         super().__init__(content=content, reasoning=reasoning, reasoning_content=reasoning, tool_calls=tool_calls,
-                         role=None)
+                         role=role)
+
+
+_CLASSES["DeltaMessage"] = Delta  # so a test's isinstance(delta, DeltaMessage) holds
 
 
 class DeltaCall(types.SimpleNamespace):
@@ -554,33 +561,42 @@ class Recording:
         plan = self.plan
         if plan is None:
             return None
-        n = plan["counts"][st.index]
-        if st.calls < n - 1 or (st.calls == n - 1 and n == 1):
+        n, k = plan["counts"][st.index], plan["k"]
+        # where the folded result goes: all in the last delta ("whole"); split over the last two, so only a test
+        # that folds the deltas sees a whole sentinel, one that looks at a single delta sees half of one and
+        # records nothing ("split"); or one call per delta pair, for tests that want a single call per delta
+        # ("spread": the last 2K deltas, call i's halves in pair i, the content's halves in the first pair)
+        m = {"whole": 1, "split": min(n, 2), "spread": max(2, 2 * k)}[plan["layout"]]
+        j = st.calls - 1 - (n - m)  # this delta's place in the window
+        if j < 0:
             return None if plan["shape"] == "none" else Delta(content="", tool_calls=[])
-        # a stream of several deltas: the folded texts are split over its last two, so only a test that folds the
-        # deltas sees a whole sentinel (one that looks at a single delta sees half of one, and records nothing)
-        if not plan["split"]:
-            return self.folded_message(st, plan["k"], None) if st.calls == n else (
-                None if plan["shape"] == "none" else Delta(content="", tool_calls=[]))
-        return self.folded_message(st, plan["k"], (0 if st.calls == n - 1 else 1) if n > 1 else None)
+        if m == 1:
+            return self.folded_message(st, [(i, None) for i in range(k)], None)
+        if plan["layout"] == "split":
+            return self.folded_message(st, [(i, j) for i in range(k)], j)
+        return self.folded_message(st, [(j // 2, j % 2)] if j // 2 < k else [], j if j < 2 else "none")
 
-    def folded_message(self, st, k, half):
-        def s(tag, path):
+    def folded_message(self, st, calls_spec, content_half):
+        """A message holding sentinels for the folded result: `calls_spec` (call index, half or None for whole),
+        `content_half` (None: whole, 0/1: that half, "none": no content)."""
+        def s(tag, path, half):
             key = f"\u27e6{st.index}:{tag}\u27e7"
             SENTINELS[key] = (st, path)
-            if half is None or tag[0] in "NI":
+            if half is None:
                 return key
             return key[:len(key) - 2] if half == 0 else key[len(key) - 2:]
         calls = []
-        for i in range(k):
+        for i, half in calls_spec:
             base = (("attr", "tool_calls"), ("item", i))
             first = half in (None, 0)  # the id and the name come whole, with a call's first delta
-            fn = DeltaFn(name=s(f"N{i}", base + (("attr", "function"), ("attr", "name"))) if first else None,
-                         arguments=s(f"A{i}", base + (("attr", "function"), ("attr", "arguments"))))
+            fn = DeltaFn(name=s(f"N{i}", base + (("attr", "function"), ("attr", "name")), None) if first else None,
+                         arguments=s(f"A{i}", base + (("attr", "function"), ("attr", "arguments")), half))
             calls.append(DeltaCall(index=i, type="function", function=fn, id=(
-                "call_" + s(f"I{i}", base + (("attr", "id"),))) if first else None))
-        return Delta(content=s("C", (("attr", "content"),)), reasoning=s("R", (("attr", "reasoning"),)),
-                     tool_calls=calls)
+                "call_" + s(f"I{i}", base + (("attr", "id"),), None)) if first else None))
+        if content_half == "none":
+            return Delta(content=None, tool_calls=calls)
+        return Delta(content=s("C", (("attr", "content"),), content_half),
+                     reasoning=s("R", (("attr", "reasoning"),), content_half), tool_calls=calls)
 
     def harmony_text(self, token_ids) -> str:
         """The model's part of a rendered Harmony conversation: from the first assistant message on, without the
@@ -707,13 +723,18 @@ def _json_shim():
             return P(vec, path + (("json",),))
         return json.loads(s, *a, **k)
 
-    m.loads = loads
+    def dumps(v, *a, **k):
+        return v._touch() if isinstance(v, Internal) else json.dumps(v, *a, **k)
+
+    m.loads, m.dumps = loads, dumps
     return m
 
 
 def _len(x):
     if isinstance(x, Internal):
         return x._touch()
+    if STATE["in_assert"] and isinstance(x, str) and _has_sentinel(x):
+        STATE["touched"] = True  # the length of a recorded id or text says nothing about the folded result
     if isinstance(x, P):
         return P(x._v, x._p + (("len",),))
     return builtins.len(x)
@@ -786,6 +807,21 @@ def _rows(fn_tables):
         yield out
 
 
+def _detokenize_incrementally(tokenizer, all_input_ids, prev_tokens=None, prefix_offset=0, read_offset=0, **k):
+    """vLLM's incremental detokenizer over the one-token-per-character tokenizer: the new token's character."""
+    c = chr(all_input_ids[-1])
+    return [c], c, 0, 0
+
+
+# vLLM / library helpers the streaming tests call, as the recording needs them: text through the one-character
+# tokenizer, and partial_json_parser.ensure_json on a finished arguments text (the folded text: unchanged)
+STREAM_HELPERS = {"detokenize_incrementally": _detokenize_incrementally,
+                  "ensure_json": lambda text, *a, **k: text}
+# a test module's own helper that only rewrites real token ids (mistral: the [TOOL_CALLS] text tokens to its
+# control token): with one token per character the text, and so the ids, stay as they are
+MODULE_HELPERS = {"fix_tool_call_tokenization": lambda tokens, *a, **k: tokens}
+
+
 def record_inline(path: Path, harmony=None) -> list[Vec]:
     rec = Recording(harmony)
     TABLES.clear()
@@ -799,7 +835,7 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
     manager = types.SimpleNamespace(get_tool_parser=lambda *a: rec.ProbeParser,
                                     get_reasoning_parser=lambda *a: rec.ProbeParser)
     StubModule.extra = {**helpers, "_probe_parser": rec.ProbeParser, "ToolParserManager": manager,
-                        "ReasoningParserManager": manager}
+                        "ReasoningParserManager": manager, **STREAM_HELPERS}
     if harmony is not None:
         def parse_chat_output(token_ids):
             v = Vec(harmony.decode(token_ids), None)
@@ -807,6 +843,7 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
             return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),)), Stub()
         StubModule.extra.update(get_encoding=lambda *a: harmony, parse_chat_output=parse_chat_output)
     exec(compile(tree, str(path), "exec"), ns)
+    ns.update({n: f for n, f in MODULE_HELPERS.items() if n in ns})
     ns.update({"_vllm_eq": _eq, "_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in, "json": _json_shim(), "len": _len,
                "print": lambda *a, **k: None})
     tables: dict[str, list] = {}
@@ -845,9 +882,11 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
             if rec.streams:
                 counts = [st.calls for st in rec.streams]
                 chosen = []
-                for shape, split in (("none", True), ("empty", True), ("none", False), ("empty", False)):
+                for layout, shape in itertools.product(("split", "whole", "spread"), ("none", "empty")):
                     for k in range(6):
-                        plan = {"counts": counts, "shape": shape, "k": k, "split": split}
+                        if layout == "spread" and min(counts) < max(2, 2 * k):
+                            continue
+                        plan = {"counts": counts, "shape": shape, "k": k, "layout": layout}
                         if attempt(plan) is None and not STATE["failures"] and \
                                 [st.calls for st in rec.streams] == counts:
                             chosen.append((k, [v for v in rec.vectors[start:]]))
