@@ -161,7 +161,8 @@ TOOL_PARSERS: dict[str, object] = {
     "minimax_m2": XmlFormat(
         "minimax_m2", starts=("<minimax:tool_call>",), section_end="</minimax:tool_call>",
         func_open="<invoke name=", func_head_end=">", func_close="</invoke>",
-        param_open="<parameter name=", param_head_end=">", value_close="</parameter>", special_tokens=True),
+        param_open="<parameter name=", param_head_end=">", value_close="</parameter>", undescribed_string=True,
+        special_tokens=True),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
 }

@@ -2,7 +2,8 @@
 
 XML formats carry every value as text; the schema says which ones are numbers, booleans, objects or arrays.
 Values whose schema allows a string are streamed as JSON strings as they arrive; values that must be typed, and
-values the schema does not describe (an unknown tool or parameter: decoded as JSON when they parse, vLLM's rule),
+values the schema does not describe (an unknown tool or parameter: decoded as JSON when they parse, vLLM's rule;
+minimax_m2 streams them as strings instead, see XmlFormat.undescribed_string),
 are buffered until they close and converted here.
 """
 

@@ -69,6 +69,9 @@ class XmlFormat:
     # a lone parameter of one of these names (not in the tool's schema) holding a JSON object is the whole
     # arguments object, wrapped (DeepSeek V3.2/V4 write <parameter name="arguments">{...}</parameter>)
     unwrap_params: tuple[str, ...] = ()
+    # a value no schema describes (an unknown tool or parameter) is a string, not decoded as JSON: MiniMax-M2's
+    # own rule (its reference parser and vLLM's type it "string" by default); the other formats decode it
+    undescribed_string: bool = False
     special_tokens: bool = False
     harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
 
@@ -139,7 +142,8 @@ class XmlEngine(SectionEngine):
             if self.schemas.nullable_string(self.fname, key):
                 mode = "nstring"  # held while it may still be `null`, then streamed
             else:
-                mode = "string" if self.schemas.streams_as_string(self.fname, key) else "typed"
+                mode = "string" if self.schemas.streams_as_string(self.fname, key) or (
+                    self.fmt.undescribed_string and not self.schemas.types(self.fname, key)) else "typed"
         if self.deferred:  # the wrapper was not alone: it is an ordinary parameter after all
             sink.args(self.idx, "{" + self.deferred[0])
             self.deferred = None

@@ -268,6 +268,10 @@ REPORTED = {  # id -> (text, parser kwargs, expected fold)
                                         [("call", "update_profile", {"nickname": "nul"})]),
     "minimax_nullable_string": (_MM.format("Alice"), {"tools": "minimax_m2", "tool_schemas": _NULLABLE},
                                 [("call", "update_profile", {"nickname": "Alice"})]),
+    # minimax_m2: a value no schema describes is a string (MiniMax's rule), however much it looks like JSON
+    "minimax_undescribed_is_string": (_MM.format("5") + _MM.format('{"a": 1}'), {"tools": "minimax_m2"},
+                                      [("call", "update_profile", {"nickname": "5"}),
+                                       ("call", "update_profile", {"nickname": '{"a": 1}'})]),
     # glm45: a call cut off before </tool_call> keeps its text in the non-streaming answer
     "glm45_cut_off": ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>",
                       {"tools": "glm45"},

@@ -3,12 +3,16 @@ formats this service ships (see NOTICE.md for what is taken and from which revis
 
     python tests/data/vllm_parser_tables/harvest.py /path/to/vllm-checkout [--commit SHA]
 
+    python tests/data/vllm_parser_tables/harvest.py /path/to/vllm-checkout --debug   # + how each streaming test went
+
 Each test module is executed with its vLLM/transformers imports stubbed (no vLLM, tokenizer or network needed;
 openai_harmony is the real one, to render the gpt-oss conversations). Three sources: module-level reasoning dicts
 (`{"output", "reasoning", "content"}`), `ToolParserTestConfig` fixtures, and every test function that parses a
 whole text, run against a probe parser that records the text and the assertions made on the result (a test that
 streams the text through vLLM's test helpers is recorded as its whole text; a stubbed tokenizer encodes one token
-per character, so tests that cut a text into token chunks still yield it).
+per character, so tests that cut a text into token chunks still yield it). A test that calls the parser's streaming
+method itself yields a vector with the delta sequences it fed (`delta_sequences`) and its assertions on the folded
+result (see `Recording.stream_call`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DEBUG = False
+DEBUG = "--debug" in sys.argv
 
 # vLLM reasoning test file -> (our reasoning parser, prompt opens the think block). The second field is the prompt
 # state vLLM's parser assumes: its qwen3/deepseek_r1/minimax_m2/nemotron_v3/kimi parsers treat output without a start
@@ -99,6 +103,8 @@ class Recorded:
     def __getattr__(self, name):
         if name in ("args", "kwargs"):
             raise AttributeError(name)
+        if name == "type" and "function" in self.kwargs:
+            return self.kwargs.get("type", "function")  # a ToolCall's type defaults to "function"
         return self.kwargs.get(name)
 
 
@@ -124,7 +130,7 @@ class StubModule(types.ModuleType):
 
 
 class StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    ROOTS = ("vllm", "transformers", "tests", "mistral_common", "torch")
+    ROOTS = ("vllm", "transformers", "tests", "mistral_common", "torch", "partial_json_parser")
 
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in self.ROOTS:
@@ -291,8 +297,11 @@ class P:
     def __getattr__(self, n):
         if n.startswith("__"):
             raise AttributeError(n)
+        STATE["p_touched"] = True
         return P(self._v, self._p + (("attr", n),))
-    def __getitem__(self, k): return P(self._v, self._p + (("item", k),))
+    def __getitem__(self, k):
+        STATE["p_touched"] = True
+        return P(self._v, self._p + (("item", k),))
     # a loop over a list: its length is unknown here, so the elements are "iter" steps, checked only if present
     def __iter__(self): return (P(self._v, self._p + (("iter", i),)) for i in range(16))
     def __call__(self, *a, **k):
@@ -348,11 +357,132 @@ def _kwargs_of(request):
     return kw if isinstance(kw, dict) else None
 
 
+class Internal:
+    """vLLM's internal parser state, read by a streaming test: opaque. Any assertion that touches it is skipped."""
+
+    def _touch(self):
+        STATE["touched"] = True
+        return self
+
+    def __getattr__(self, n):
+        if n.startswith("__"):
+            raise AttributeError(n)
+        return self._touch()
+
+    def __getitem__(self, k): return self._touch()
+    def __call__(self, *a, **k): return self._touch()
+    def __eq__(self, o): return self._touch()
+    def __ne__(self, o): return self._touch()
+    def __ge__(self, o): return self._touch()
+    def __gt__(self, o): return self._touch()
+    def __le__(self, o): return self._touch()
+    def __lt__(self, o): return self._touch()
+    def __add__(self, o): return self._touch()
+    __radd__ = __sub__ = __rsub__ = __add__
+    def __hash__(self): return 0
+    def __iter__(self): return iter(())
+    def __bool__(self):
+        self._touch()
+        return True
+
+
+INTERNAL_USE: set[str] = set()  # the internal attributes the current test read
+
+SENTINELS: dict[str, tuple] = {}  # sentinel string -> (stream vector, path of the folded value it stands for)
+STATE = {"in_assert": False, "failures": 0, "touched": False, "p_touched": False}
+
+
+class Delta(types.SimpleNamespace):
+    """What the probe's streaming method answers (vLLM's DeltaMessage shape)."""
+
+    def __init__(self, content=None, reasoning=None, tool_calls=None, role=None, **k):
+        super().__init__(content=content, reasoning=reasoning, reasoning_content=reasoning, tool_calls=tool_calls,
+                         role=role)
+
+
+_CLASSES["DeltaMessage"] = Delta  # so a test's isinstance(delta, DeltaMessage) holds
+
+
+class DeltaCall(types.SimpleNamespace):
+    pass
+
+
+class DeltaFn(types.SimpleNamespace):
+    pass
+
+
+def _sentinel(v):
+    """The (vector, path) a string stands for, None for a plain string; a string that mixes a sentinel with other
+    text (two folded values joined) cannot be recorded."""
+    if not isinstance(v, str) or ("\u27e6" not in v and "\u27e7" not in v):
+        return None
+    if v in SENTINELS:
+        return SENTINELS[v]
+    if v.startswith("call_") and v[5:] in SENTINELS:
+        return SENTINELS[v[5:]]
+    raise Skip("one delta's part of a folded value, or a folded value mixed with other text")
+
+
+class Skip(Exception):
+    """An assertion that says nothing about the folded result: neither recorded nor counted as failing."""
+
+
+def _bind(got, want, bindings) -> bool:
+    """Unify a value built from sentinels with a literal: collect (vector, path, literal) bindings; False on a
+    concrete mismatch."""
+    sg, sw = _sentinel(got), _sentinel(want)
+    if sg and sw:
+        raise Abort("two folded values compared")
+    if sg or sw:
+        (vec, path), lit = (sg, want) if sg else (sw, got)
+        if isinstance(lit, (str, type(None))):
+            bindings.append((vec, path, lit))
+            return True
+        return False
+    if isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)):
+        return len(got) == len(want) and all(_bind(a, b, bindings) for a, b in zip(got, want))
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(_bind(got[x], want[x], bindings) for x in got)
+    return got == want
+
+
+def _has_sentinel(v) -> bool:
+    if isinstance(v, str):
+        return "\u27e6" in v or "\u27e7" in v
+    if isinstance(v, (list, tuple)):
+        return any(_has_sentinel(x) for x in v)
+    if isinstance(v, dict):
+        return any(_has_sentinel(x) for x in v.values()) or any(_has_sentinel(x) for x in v)
+    return False
+
+
+def _eq(a, b, negate=False, direct=False):
+    if isinstance(a, Internal) or isinstance(b, Internal):
+        return (a if isinstance(a, Internal) else b)._touch()
+    if isinstance(a, P) or isinstance(b, P):
+        if _has_sentinel(a if isinstance(b, P) else b):
+            return True  # a streamed value compared with a non-streamed one: neither is a literal
+        return (a != b) if negate else (a == b)
+    if not STATE["in_assert"] or not (_has_sentinel(a) or _has_sentinel(b)):
+        return (a != b) if negate else (a == b)
+    if not direct:  # inside any(), not, or: its truth is not a statement about the folded value
+        STATE["touched"] = True
+        return (a != b) if negate else (a == b)
+    bindings: list = []
+    if not _bind(a, b, bindings):
+        return negate
+    for vec, path, lit in bindings:
+        vec.checks.append([list(path), "!=" if negate else "==", lit])
+    return True
+
+
 class Recording:
     """One harvested file's probe parser and helpers."""
 
     def __init__(self, harmony=None):
         self.vectors: list[Vec] = []
+        self.streams: list[Vec] = []
+        self.plan = None  # streaming runs: {"counts": deltas per stream, "shape": fill, "k": calls}
         self.harmony = harmony
         rec = self
 
@@ -378,15 +508,95 @@ class Recording:
                 v = self._vec(model_output, request)
                 return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),))
 
+            def extract_tool_calls_streaming(self, previous_text="", current_text="", delta_text="",
+                                             previous_token_ids=None, current_token_ids=None, delta_token_ids=None,
+                                             request=None):
+                return rec.stream_call(self, previous_text, current_text, delta_text, request)
+
             def __getattr__(self, n):
                 # calls that only query or adjust state (not parse text) pass through, so a test that makes one
-                # before parsing still yields its vectors; anything else (a patched regex, a streaming method)
-                # ends the test, since its assertions would not be about the text alone
+                # before parsing still yields its vectors; anything else (a patched regex) ends the test, since its
+                # assertions would not be about the text alone. In a streaming test, the parser's internal state
+                # (prev_tool_call_arr, streamed_args_for_tool, ...) is an opaque value: assertions on it are skipped
                 if n in ("adjust_request", "is_reasoning_end", "is_reasoning_end_streaming", "extract_content_ids"):
                     return Stub()
+                if rec.streams:
+                    INTERNAL_USE.add(n)
+                    return Internal()
                 raise Abort(f"parser.{n}")
 
+            def __setattr__(self, n, v):
+                if n in ("tools", "kwargs"):
+                    object.__setattr__(self, n, v)  # a test resetting vLLM's internal state: not ours
+
         self.ProbeParser = ProbeParser
+
+    # -- streaming tests -----------------------------------------------------------------------------------------
+    #
+    # A test that drives `extract_tool_calls_streaming` itself is run several times. The first run only counts the
+    # deltas of each stream (every call answers None). Then, for a number of calls K and two fill shapes (the deltas
+    # before the last answer None, or an empty message), the last delta of each stream answers one message holding
+    # the whole folded result as sentinel strings: content, reasoning, and per call an id, a name and arguments. The
+    # test's own code folds the deltas as it always does; an assertion that compares a folded value with a literal
+    # binds that sentinel to the literal, which is recorded as a check on the folded result. A run counts only if
+    # every concrete assertion of the test holds (with the wrong K, `len(calls) == 1` fails); assertions on one
+    # particular delta (which delta carries what, None while incomplete) are about vLLM's delta protocol, not the
+    # folded result, and are not recorded.
+
+    def stream_call(self, parser, previous_text, current_text, delta_text, request):
+        st = parser.__dict__.get("_stream")
+        # the same stream while the texts continue it (some tests pass previous_text="" throughout)
+        if st is None or (previous_text != st.text and current_text != st.text + delta_text):
+            st = Vec("", _tools_of(request) or parser.tools)
+            st.deltas, st.calls, st.index = [], 0, len(self.streams)
+            st.current_mismatch = False
+            self.streams.append(st)
+            self.vectors.append(st)
+            parser.__dict__["_stream"] = st
+        if current_text != st.text + delta_text:
+            st.current_mismatch = True
+        st.deltas.append(delta_text)
+        st.text += delta_text
+        st.calls += 1
+        plan = self.plan
+        if plan is None:
+            return None
+        n, k = plan["counts"][st.index], plan["k"]
+        # where the folded result goes: all in the last delta ("whole"); split over the last two, so only a test
+        # that folds the deltas sees a whole sentinel, one that looks at a single delta sees half of one and
+        # records nothing ("split"); or one call per delta pair, for tests that want a single call per delta
+        # ("spread": the last 2K deltas, call i's halves in pair i, the content's halves in the first pair)
+        m = {"whole": 1, "split": min(n, 2), "spread": max(2, 2 * k)}[plan["layout"]]
+        j = st.calls - 1 - (n - m)  # this delta's place in the window
+        if j < 0:
+            return None if plan["shape"] == "none" else Delta(content="", tool_calls=[])
+        if m == 1:
+            return self.folded_message(st, [(i, None) for i in range(k)], None)
+        if plan["layout"] == "split":
+            return self.folded_message(st, [(i, j) for i in range(k)], j)
+        return self.folded_message(st, [(j // 2, j % 2)] if j // 2 < k else [], j if j < 2 else "none")
+
+    def folded_message(self, st, calls_spec, content_half):
+        """A message holding sentinels for the folded result: `calls_spec` (call index, half or None for whole),
+        `content_half` (None: whole, 0/1: that half, "none": no content)."""
+        def s(tag, path, half):
+            key = f"\u27e6{st.index}:{tag}\u27e7"
+            SENTINELS[key] = (st, path)
+            if half is None:
+                return key
+            return key[:len(key) - 2] if half == 0 else key[len(key) - 2:]
+        calls = []
+        for i, half in calls_spec:
+            base = (("attr", "tool_calls"), ("item", i))
+            first = half in (None, 0)  # the id and the name come whole, with a call's first delta
+            fn = DeltaFn(name=s(f"N{i}", base + (("attr", "function"), ("attr", "name")), None) if first else None,
+                         arguments=s(f"A{i}", base + (("attr", "function"), ("attr", "arguments")), half))
+            calls.append(DeltaCall(index=i, type="function", function=fn, id=(
+                "call_" + s(f"I{i}", base + (("attr", "id"),), None)) if first else None))
+        if content_half == "none":
+            return Delta(content=None, tool_calls=calls)
+        return Delta(content=s("C", (("attr", "content"),), content_half),
+                     reasoning=s("R", (("attr", "reasoning"),), content_half), tool_calls=calls)
 
     def harmony_text(self, token_ids) -> str:
         """The model's part of a rendered Harmony conversation: from the first assistant message on, without the
@@ -422,18 +632,31 @@ class Recording:
 
 class _Asserts(ast.NodeTransformer):
     """`assert E` -> `_vllm_check(lambda: E, True)`, `assert not E` -> `_vllm_check(lambda: E, False)`; `is (not) None` ->
-    `== / !=` so the probe sees the comparison."""
+    `== / !=`, and `==`/`!=`/`in` go through `_vllm_eq`/`_vllm_in`, so the probe and the sentinels see them."""
 
     def visit_Compare(self, node):
         self.generic_visit(node)
+        direct = ast.Constant(getattr(node, "_vllm_direct", False))
         if len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn)):
             fn = "_vllm_in" if isinstance(node.ops[0], ast.In) else "_vllm_not_in"
-            return ast.copy_location(ast.Call(ast.Name(fn, ast.Load()), [node.left, node.comparators[0]], []), node)
+            return ast.copy_location(ast.Call(ast.Name(fn, ast.Load()), [node.left, node.comparators[0], direct],
+                                              []), node)
         node.ops = [ast.Eq() if isinstance(o, ast.Is) else ast.NotEq() if isinstance(o, ast.IsNot) else o
                     for o in node.ops]
+        if len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            return ast.copy_location(ast.Call(ast.Name("_vllm_eq", ast.Load()),
+                                              [node.left, node.comparators[0],
+                                               ast.Constant(isinstance(node.ops[0], ast.NotEq)), direct], []),
+                                     node)
         return node
 
     def visit_Assert(self, node):
+        # only a comparison that is the assertion itself (or one of its `and` terms) states a folded value; one
+        # inside any(), not, or a generator does not bind a sentinel
+        direct = node.test.values if isinstance(node.test, ast.BoolOp) and isinstance(node.test.op, ast.And) \
+            else [node.test]
+        for d in direct:
+            d._vllm_direct = True
         self.generic_visit(node)
         test, want = node.test, True
         if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
@@ -445,22 +668,46 @@ class _Asserts(ast.NodeTransformer):
 
 
 def _check(f, want):
+    STATE["in_assert"], STATE["touched"], STATE["p_touched"] = True, False, False
     try:
         v = f()
     except Abort:
         raise
-    except Exception:
+    except Exception as e:
+        if not STATE["touched"] and not isinstance(e, Skip):
+            STATE["failures"] += 1  # only streaming runs look at this: the assertion could not even be evaluated
         return
+    finally:
+        STATE["in_assert"] = False
+    if STATE["touched"] or isinstance(v, Internal):
+        return  # about vLLM's internal state, not the parsed result
     if isinstance(v, P):
         v._rec("truthy", want)
+    elif _sentinel(v) if isinstance(v, str) else False:
+        vec, path = _sentinel(v)
+        vec.checks.append([list(path), "truthy", want])
+    elif bool(v) != want and not STATE["p_touched"]:  # (a type check on a recorded value is not a failure)
+        STATE["failures"] += 1
 
 
-def _in(a, b):
-    return b._rec("contains", a) if isinstance(b, P) else a in b
+def _contains(a, b, negate, direct):
+    if isinstance(b, P):
+        return b._rec("not contains" if negate else "contains", a)
+    if STATE["in_assert"] and not direct and _has_sentinel(b):
+        STATE["touched"] = True
+    elif STATE["in_assert"] and direct and isinstance(b, str) and _sentinel(b) and isinstance(a, str):
+        vec, path = _sentinel(b)
+        vec.checks.append([list(path), "not contains" if negate else "contains", a])
+        return True
+    return (a not in b) if negate else (a in b)
 
 
-def _not_in(a, b):
-    return b._rec("not contains", a) if isinstance(b, P) else a not in b
+def _in(a, b, direct=False):
+    return _contains(a, b, False, direct)
+
+
+def _not_in(a, b, direct=False):
+    return _contains(a, b, True, direct)
 
 
 def _json_shim():
@@ -469,13 +716,25 @@ def _json_shim():
     def loads(s, *a, **k):
         if isinstance(s, P):
             return P(s._v, s._p + (("json",),))
+        if isinstance(s, Internal):
+            return s._touch()
+        if isinstance(s, str) and _sentinel(s):
+            vec, path = _sentinel(s)
+            return P(vec, path + (("json",),))
         return json.loads(s, *a, **k)
 
-    m.loads = loads
+    def dumps(v, *a, **k):
+        return v._touch() if isinstance(v, Internal) else json.dumps(v, *a, **k)
+
+    m.loads, m.dumps = loads, dumps
     return m
 
 
 def _len(x):
+    if isinstance(x, Internal):
+        return x._touch()
+    if STATE["in_assert"] and isinstance(x, str) and _has_sentinel(x):
+        STATE["touched"] = True  # the length of a recorded id or text says nothing about the folded result
     if isinstance(x, P):
         return P(x._v, x._p + (("len",),))
     return builtins.len(x)
@@ -548,6 +807,21 @@ def _rows(fn_tables):
         yield out
 
 
+def _detokenize_incrementally(tokenizer, all_input_ids, prev_tokens=None, prefix_offset=0, read_offset=0, **k):
+    """vLLM's incremental detokenizer over the one-token-per-character tokenizer: the new token's character."""
+    c = chr(all_input_ids[-1])
+    return [c], c, 0, 0
+
+
+# vLLM / library helpers the streaming tests call, as the recording needs them: text through the one-character
+# tokenizer, and partial_json_parser.ensure_json on a finished arguments text (the folded text: unchanged)
+STREAM_HELPERS = {"detokenize_incrementally": _detokenize_incrementally,
+                  "ensure_json": lambda text, *a, **k: text}
+# a test module's own helper that only rewrites real token ids (mistral: the [TOOL_CALLS] text tokens to its
+# control token): with one token per character the text, and so the ids, stay as they are
+MODULE_HELPERS = {"fix_tool_call_tokenization": lambda tokens, *a, **k: tokens}
+
+
 def record_inline(path: Path, harmony=None) -> list[Vec]:
     rec = Recording(harmony)
     TABLES.clear()
@@ -561,7 +835,7 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
     manager = types.SimpleNamespace(get_tool_parser=lambda *a: rec.ProbeParser,
                                     get_reasoning_parser=lambda *a: rec.ProbeParser)
     StubModule.extra = {**helpers, "_probe_parser": rec.ProbeParser, "ToolParserManager": manager,
-                        "ReasoningParserManager": manager}
+                        "ReasoningParserManager": manager, **STREAM_HELPERS}
     if harmony is not None:
         def parse_chat_output(token_ids):
             v = Vec(harmony.decode(token_ids), None)
@@ -569,7 +843,9 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
             return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),)), Stub()
         StubModule.extra.update(get_encoding=lambda *a: harmony, parse_chat_output=parse_chat_output)
     exec(compile(tree, str(path), "exec"), ns)
-    ns.update({"_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in, "json": _json_shim(), "len": _len})
+    ns.update({n: f for n, f in MODULE_HELPERS.items() if n in ns})
+    ns.update({"_vllm_eq": _eq, "_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in,
+               "json": _json_shim(), "len": _len, "print": lambda *a, **k: None})
     tables: dict[str, list] = {}
     for t in TABLES:
         tables.setdefault(t["func"], []).append(t)
@@ -582,17 +858,75 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
     for owner, name, fn in funcs:
         params = [p for p in inspect.signature(fn).parameters if p != "self"]
         for row in _rows(tables.get(fn.__qualname__, [])):
-            try:
-                fn(*[_resolve(p, owner, ns, rec, row) for p in params])
-            except Abort:
-                pass
-            except Exception as e:  # a test that needs more than the recording offers: its vectors so far count
-                if DEBUG:
-                    print("  ", fn.__qualname__, type(e).__name__, e, file=sys.stderr)
+            start = len(rec.vectors)
+
+            def attempt(plan):
+                del rec.vectors[start:]
+                rec.streams.clear()
+                rec.plan = plan
+                STATE["failures"] = 0
+                error = None
+                try:
+                    fn(*[_resolve(p, owner, ns, rec, row) for p in params])
+                except Abort:
+                    pass
+                except Exception as e:  # needs more than the recording offers: its vectors so far count
+                    error = e
+                    if DEBUG:
+                        print("  ", fn.__qualname__, plan and (plan["shape"], plan["k"]), type(e).__name__, e,
+                              file=sys.stderr)
+                return error
+
+            INTERNAL_USE.clear()
+            attempt(None)
+            if rec.streams:
+                counts = [st.calls for st in rec.streams]
+                chosen = []
+                for layout, shape in itertools.product(("split", "whole", "spread"), ("none", "empty")):
+                    for k in range(6):
+                        if layout == "spread" and min(counts) < max(2, 2 * k):
+                            continue
+                        plan = {"counts": counts, "shape": shape, "k": k, "layout": layout}
+                        if attempt(plan) is None and not STATE["failures"] and \
+                                [st.calls for st in rec.streams] == counts:
+                            chosen.append((k, [v for v in rec.vectors[start:]]))
+                    if chosen:
+                        break
+                if chosen:
+                    ks = [k for k, _ in chosen]
+                    vecs = chosen[0][1]
+                    for st in (v for v in vecs if hasattr(v, "deltas")):
+                        # the call count is pinned only when a single one meets all the test's assertions
+                        if len(ks) == 1 and st.checks:
+                            st.checks.append([[["attr", "tool_calls"], ["len"]], "==", ks[0]])
+                    del rec.vectors[start:]
+                    for v in vecs:  # one test case feeding the same text cut several ways is one vector
+                        same = next((u for u in rec.vectors[start:] if hasattr(u, "deltas") and hasattr(v, "deltas")
+                                     and (u.text, u.checks) == (v.text, v.checks)), None)
+                        if same is not None:
+                            same.sequences.append(v.deltas)
+                            same.current_mismatch |= v.current_mismatch
+                        else:
+                            if hasattr(v, "deltas"):
+                                v.sequences = [v.deltas]
+                            rec.vectors.append(v)
+                else:
+                    attempt(None)
+                    del rec.vectors[start:]  # its non-streaming part alone (if any) is not recorded either
+                got = [v for v in rec.vectors[start:] if hasattr(v, "deltas") and v.checks]
+                STREAM_REPORT.append((path.name, fn.__qualname__, "vector" if got else "internal" if INTERNAL_USE
+                                      else "per-delta" if chosen else "unexpressed", sorted(INTERNAL_USE)))
+                rec.plan = None
             for v in rec.vectors:
                 if not hasattr(v, "func"):
                     v.func = fn.__qualname__
     return [v for v in rec.vectors if v.checks and isinstance(v.text, str)]
+
+
+# per streaming test case: (file, test, what it yields, vLLM internals it read). "vector": a folded expectation;
+# "internal": its assertions are only about vLLM's parser state; "per-delta": only about which delta carries what;
+# "unexpressed": no folded result meets its assertions under the recording (printed, to be read by hand)
+STREAM_REPORT: list[tuple] = []
 
 
 def harvest(root: Path) -> list[dict]:
@@ -614,19 +948,25 @@ def harvest(root: Path) -> list[dict]:
             harmony = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
         counts: dict[str, int] = {}
         for v in record_inline(root / rel, harmony if uses_harmony else None):
-            if not v.text or (rparser, tparser, v.text) in known:  # no text (a tokenizer-built input) or known
+            streamed = hasattr(v, "deltas")
+            if not v.text or (not streamed and (rparser, tparser, v.text) in known):  # no text, or known
                 continue
             n = counts[v.func] = counts.get(v.func, 0) + 1
             vec = {"id": f"{tparser or rparser}/{v.func}#{n}", "source": f"{rel}::{v.func}",
                    "reasoning_parser": rparser, "tool_parser": tparser,
                    "prompt_opens_think": False if v.thinking_off else opens,
                    "model_output": v.text, "expect": {"checks": v.checks}}
+            if streamed:  # the exact deltas vLLM's test fed (the chunking is part of the vector)
+                vec["delta_sequences"] = v.sequences
+                if v.current_mismatch:
+                    print(f"  {vec['id']}: current_text is not previous_text + delta_text", file=sys.stderr)
             if v.tools:
                 vec["tools"] = v.tools
             vectors.append(vec)
     seen, unique = set(), []
     for v in vectors:  # the same vector listed twice (streaming / non-streaming variants) counts once
-        key = (v["reasoning_parser"], v["tool_parser"], v["model_output"], json.dumps(v["expect"], sort_keys=True))
+        key = (v["reasoning_parser"], v["tool_parser"], v["model_output"], json.dumps(v["expect"], sort_keys=True),
+               json.dumps(v.get("delta_sequences")))
         if key not in seen:
             seen.add(key)
             unique.append(v)
@@ -638,6 +978,7 @@ def main() -> None:
     ap.add_argument("checkout", type=Path)
     ap.add_argument("--commit", help="the checkout's vLLM commit (default: git rev-parse HEAD)")
     ap.add_argument("--out", type=Path, default=HERE / "tables.json")
+    ap.add_argument("--debug", action="store_true", help="say why each test that yields no vector stopped")
     a = ap.parse_args()
     commit = a.commit or subprocess.run(["git", "-C", str(a.checkout), "rev-parse", "HEAD"], capture_output=True,
                                         text=True).stdout.strip()
@@ -645,6 +986,9 @@ def main() -> None:
     a.out.write_text(json.dumps({"repository": "https://github.com/vllm-project/vllm", "commit": commit,
                                  "license": "Apache-2.0", "vectors": vectors}, ensure_ascii=False, indent=1) + "\n")
     print(f"{len(vectors)} vectors -> {a.out}")
+    if a.debug:
+        for row in sorted(set((f, t, kind, ", ".join(attrs)) for f, t, kind, attrs in STREAM_REPORT)):
+            print(*row, sep="\t")
 
 
 if __name__ == "__main__":
