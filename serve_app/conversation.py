@@ -191,10 +191,13 @@ class Usage:
     estimated: bool = False
 
 
-# "length": the client's max_tokens (or the model's output cap) was reached. "context_window": generation stopped
+# "length": the client's max_tokens was reached (or the model's output cap, where the client asked for nothing
+# more). "output_cap": the model's output cap in the service's config stopped generation below the max_tokens the
+# client asked for (a limit of this deployment, not of the request). "context_window": generation stopped
 # because the context window was full, before either of those (max_tokens was clamped to the room left); each API
 # reports the two as its vendor does (docs/limits.md).
-FinishReason = Literal["stop", "length", "context_window", "tool_calls", "stop_sequence", "error", "abort"]
+FinishReason = Literal["stop", "length", "output_cap", "context_window", "tool_calls", "stop_sequence", "error",
+                       "abort"]
 
 
 @dataclass(slots=True)

@@ -34,7 +34,9 @@ from serve_app.settings import AppSettings
 # The IR's finish reason → (Anthropic stop_reason, Chat finish_reason, Responses status, incomplete reason).
 TABLE = {
     "stop": ("end_turn", "stop", "completed", None),
-    "length": ("max_tokens", "length", "incomplete", "max_output_tokens"),  # max_tokens or the model's cap
+    "length": ("max_tokens", "length", "incomplete", "max_output_tokens"),  # the client's max_tokens
+    # the model's output cap in the service's config, below the client's max_tokens: Anthropic pauses the turn
+    "output_cap": ("pause_turn", "length", "incomplete", "max_output_tokens"),
     "context_window": ("model_context_window_exceeded", "length", "incomplete", "max_output_tokens"),
 }
 EVENTS = [Usage(50, 0, estimated=True), TextDelta("Hel"), TextDelta("lo"), Usage(50, 2)]

@@ -135,12 +135,15 @@ def test_max_tokens_is_clamped_to_what_fits():
     (800, None, 200, "context_window"),  # the default (the model's cap) does not fit either
     (900, 50, 50, "length"),  # the client's own max_tokens
     (900, 100, 100, "length"),  # the client's limit and the context's at once: the client got what it asked for
-    (10, 10**6, 300, "length"),  # the model's output cap
-    (10, None, 300, "length"),
+    (10, 10**6, 300, "output_cap"),  # the model's output cap, below what the client asked for
+    (10, None, 300, "length"),  # the cap as the default: the client asked for nothing more
+    (10, 300, 300, "length"),  # the client asked for exactly the cap
+    (700, 10**6, 300, "output_cap"),  # the cap and the room left are the same: the cap is what stopped it
 ])
 def test_a_length_stop_says_whose_limit_it_was(prompt, asked, max_tokens, cut):
     """max_tokens is clamped to min(asked, cap, room); a length stop is the context's only when the room left was
-    below both the client's max_tokens and the model's cap (docs/limits.md)."""
+    below both the client's max_tokens and the model's cap, and the deployment's cap's when the client asked for
+    more than the cap (docs/limits.md)."""
     for engine_finish, expected in (("length", cut), ("stop", "stop")):
         svc = make_service(ReplayEngines([EngineChunk("a", [1], finish_reason=engine_finish)]), n_tokens=prompt)
         p = run(svc.prepare(conv(), GenerationOptions(max_tokens=asked), "m"))
@@ -610,7 +613,7 @@ def test_sampling_penalties_and_token_biases_reach_vllms_sampling_params():
     run(collect(svc, run(svc.prepare(conv(), opts, "m"))))
     req = engines.requests[-1]
     assert (req.frequency_penalty, req.presence_penalty, req.logit_bias) == (0.5, -0.25, {7: -100.0})
-    params = VLLMEngine.sampling_params(SimpleNamespace(forced_scripts=False), req)
+    params = VLLMEngine.sampling_params(SimpleNamespace(forced_scripts=False, default_sampling={}), req)
     assert (params.frequency_penalty, params.presence_penalty, params.logit_bias) == (0.5, -0.25, {7: -100.0})
     with pytest.raises(InvalidRequest) as e:  # a token the model does not have is the client's error
         run(svc.prepare(conv(), GenerationOptions(logit_bias={100: 1.0}), "m"))

@@ -36,6 +36,10 @@ StreamEvent = tuple[str, dict[str, Any]]  # (SSE event name, data)
 STOP_REASONS = {
     "stop": "end_turn",
     "length": "max_tokens",
+    # The service's own cap stopped a longer answer the client allowed: the turn is paused, and sending it back
+    # as-is continues it (the last assistant message is continued). `max_tokens` would read as the client's own
+    # limit: Claude Code then reports "exceeded the 32000 output token maximum" (docs/limits.md).
+    "output_cap": "pause_turn",
     "context_window": "model_context_window_exceeded",  # the context filled before max_tokens (docs/limits.md)
     "tool_calls": "tool_use",
     "stop_sequence": "stop_sequence",

@@ -25,8 +25,8 @@ from serve_app.ingress import sse
 from serve_app.ingress.openai_errors import error_body
 
 # Chat has one reason for every token limit, the client's or the context's (docs/limits.md).
-FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "context_window": "length",
-          "tool_calls": "tool_calls", "abort": "stop"}
+FINISH = {"stop": "stop", "stop_sequence": "stop", "length": "length", "output_cap": "length",
+          "context_window": "length", "tool_calls": "tool_calls", "abort": "stop"}
 
 def usage_dict(u: Usage) -> dict[str, Any]:
     return {

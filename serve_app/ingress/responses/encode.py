@@ -400,7 +400,7 @@ class ResponsesEncoder:
             return self.fail(error_code(fin.error_kind), fin.error or "engine error", fin.error_kind)
         # The client's max_output_tokens, the model's cap and a full context all end the same way: OpenAI reports
         # a context that fills during generation as `max_output_tokens` too (docs/limits.md).
-        cut = fin.reason in ("length", "context_window")
+        cut = fin.reason in ("length", "output_cap", "context_window")
         out = self._end("incomplete" if cut else "completed")
         if out is None:
             return []
