@@ -15,6 +15,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 PLAIN = "smollm2-135m-instruct"  # no reasoning parser, hermes tools
+CAPPED = "smollm2-capped"  # the same engine with a 6-token output cap
 THINK = "test-qwen3"  # qwen3 reasoning parser + hermes tools
 LONG = "claude-sonnet-4-6"  # alias of the 32K (YaRN) engine
 
@@ -151,6 +152,23 @@ def test_max_tokens(client):
     m = client.messages.create(model=PLAIN, max_tokens=3, messages=USER,
                                extra_body=forced("a long answer that goes on and on and on"))
     assert m.stop_reason == "max_tokens" and m.usage.output_tokens == 3
+
+
+def test_a_stop_at_the_deployments_output_cap_pauses_the_turn(client, serve_url):
+    """`smollm2-capped` serves the 8K engine with a 6-token output cap. A client that allowed more gets
+    `pause_turn` (the service's limit, not the client's: docs/limits.md), streamed and not; one whose own
+    max_tokens binds gets `max_tokens`; Chat reports either as `length`."""
+    args = dict(model=CAPPED, max_tokens=1000, messages=USER, extra_body=forced("one two three four five six seven"))
+    with client.messages.stream(**args) as s:
+        streamed = s.get_final_message()
+    for m in (streamed, client.messages.create(**args)):
+        assert m.stop_reason == "pause_turn" and m.usage.output_tokens == 6, m
+        assert m.content[0].text.startswith("one two") and "seven" not in m.content[0].text
+    own = client.messages.create(**{**args, "max_tokens": 3})
+    assert own.stop_reason == "max_tokens" and own.usage.output_tokens == 3
+    chat = httpx.post(f"{serve_url}/v1/chat/completions", timeout=120, json={
+        "model": CAPPED, "max_tokens": 1000, "messages": USER, **args["extra_body"]})
+    assert chat.json()["choices"][0]["finish_reason"] == "length" and chat.json()["usage"]["completion_tokens"] == 6
 
 
 def test_context_full_is_model_context_window_exceeded(client):
