@@ -98,7 +98,7 @@ def main() -> None:
 
     batched, points = asyncio.run(measure(a.model, [int(x) for x in a.sizes.split(",")], a.chunk, a.dtype,
                                           a.sliding_window))
-    lin, quad = fit(points)
+    lin, quad = fit(points) if len(points) > 1 else (float("nan"), float("nan"))  # one size: measured only
     target = a.target or target_tokens()
     out = {
         "command": " ".join([Path(sys.executable).name, "-m", "load.bench_prefill", *sys.argv[1:]]),
@@ -110,10 +110,11 @@ def main() -> None:
         "dtype": a.dtype or "the config's default for this host",
         "sliding_window": "the config's" if a.sliding_window is None else (a.sliding_window or "none (full attention)"),
         "cold_prefill_s": {str(n): round(t, 2) for n, t in points},
-        "fit": {"linear_s_per_token": lin, "quadratic_s_per_token2": quad},
+        "fit": {"linear_s_per_token": lin, "quadratic_s_per_token2": quad} if len(points) > 1 else None,
         "target_tokens": target,
-        "predicted_cold_prefill_s": round(lin * target + quad * target ** 2, 1) if target else None,
-        "predicted_attention_share": round(quad * target / (lin + quad * target), 3) if target else None,
+        "predicted_cold_prefill_s": round(lin * target + quad * target ** 2, 1) if target and len(points) > 1 else None,
+        "predicted_attention_share": (round(quad * target / (lin + quad * target), 3) if target and len(points) > 1
+                                      else None),
         "measured_at_target_s": dict(points).get(target) and round(dict(points)[target], 1),
     }
     print(json.dumps(out, indent=2))
