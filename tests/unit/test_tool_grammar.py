@@ -119,6 +119,52 @@ def test_each_mode_allows_exactly_what_it_should(fmt, compiler, tok):
         assert allows(compiler, tok, none, "Paris is sunny.") and not allows(compiler, tok, none, one)
 
 
+# two tools with one schema: a call of either is the same text but for the name, so only the allowance decides
+TWINS = [ToolSpec("get_weather", parameters=WEATHER), ToolSpec("get_forecast", parameters=WEATHER)]
+
+
+@pytest.mark.parametrize("fmt", sorted(SHAPES))
+def test_allowed_tools_limit_the_calls_to_the_listed_ones(fmt, compiler, tok):
+    weather = answer(fmt)
+    forecast = weather.replace("get_weather", "get_forecast")
+    for mode in ("required", "auto"):
+        lead = "" if mode == "required" else "Let me check. "
+        only_weather = structural_tag(fmt, TWINS, ToolChoice(mode, allowed=("get_weather",)))
+        only_forecast = structural_tag(fmt, TWINS, ToolChoice(mode, allowed=("get_forecast",)))
+        assert allows(compiler, tok, only_weather, lead + weather), mode
+        assert not allows(compiler, tok, only_weather, lead + forecast), mode
+        assert allows(compiler, tok, only_forecast, lead + forecast), mode
+        assert not allows(compiler, tok, only_forecast, lead + weather), mode
+    # required: calls only; auto: text alone is an answer
+    assert not allows(compiler, tok, structural_tag(fmt, TWINS, ToolChoice("required", allowed=("get_weather",))),
+                      "Sure, here it is.")
+    assert allows(compiler, tok, structural_tag(fmt, TWINS, ToolChoice("auto", allowed=("get_weather",))),
+                  "No call needed.")
+    # parallel_tool_calls still applies
+    single = structural_tag(fmt, TWINS, ToolChoice("required", allowed=("get_weather",), parallel=False))
+    two = (one_call(fmt) * 2 if fmt == "mistral" else
+           answer(fmt, 2) if SHAPES[fmt].section_begin is not None else
+           one_call(fmt) + SHAPES[fmt].separator + one_call(fmt))
+    assert allows(compiler, tok, single, weather) and not allows(compiler, tok, single, two)
+
+
+@pytest.mark.parametrize("fmt", sorted(SHAPES))
+def test_allowing_every_tool_or_none_is_auto_or_none(fmt):
+    everything = ToolChoice("auto", allowed=("get_forecast", "get_weather"))
+    assert structural_tag(fmt, TWINS, everything) is None  # nothing to enforce: the plain auto
+    assert structural_tag(fmt, TWINS, ToolChoice("auto", allowed=())) == structural_tag(fmt, TWINS, ToolChoice("none"))
+
+
+@pytest.mark.parametrize("fmt, bare", [
+    ("qwen3_coder", "<function=get_forecast>\n<parameter=city>\nParis\n</parameter>\n</function>"),
+    ("openai", '<|start|>assistant to=functions.get_forecast<|channel|>commentary json<|message|>{"city": "P"}<|call|>'),
+])
+def test_auto_text_cannot_hold_a_call_the_triggers_miss(fmt, bare, compiler, tok):
+    assert calls_of(fmt, bare, TWINS)  # the parser would read it as a call of a tool that is not allowed
+    tag = structural_tag(fmt, TWINS, ToolChoice("auto", allowed=("get_weather",)))
+    assert not allows(compiler, tok, tag, "Checking. " + bare)
+
+
 @pytest.mark.parametrize("fmt", sorted(SHAPES))
 def test_the_parser_reads_what_the_grammar_writes(fmt):
     assert calls_of(fmt, answer(fmt)) == [("get_weather", {"city": "Paris"})]
@@ -150,6 +196,10 @@ def test_check_choice_names_what_is_wrong():
     assert "'nope'" in check_choice(ToolChoice("tool", name="nope"), TOOLS)
     assert "no tools" in check_choice(ToolChoice("required"), [])
     assert check_choice(ToolChoice("none"), []) is None and check_choice(ToolChoice("tool", name="get_time"), TOOLS) is None
+    assert "'nope'" in check_choice(ToolChoice("auto", allowed=("get_time", "nope")), TOOLS)
+    assert "allows none" in check_choice(ToolChoice("required", allowed=()), TOOLS)
+    assert check_choice(ToolChoice("required", allowed=("get_time",)), TOOLS) is None
+    assert check_choice(ToolChoice("auto", allowed=()), TOOLS) is None
 
 
 def test_the_engine_gets_the_tag_as_json_text():
@@ -196,7 +246,8 @@ def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, 
     rng = random.Random(fmt)
     schemas = {t.name: t.parameters for t in BOUNDED}
     done = 0
-    for choice in (ToolChoice("required"), ToolChoice("tool", name="get_weather")):
+    for choice in (ToolChoice("required"), ToolChoice("tool", name="get_weather"),
+                   ToolChoice("required", allowed=("set_flag",))):
         tag = structural_tag(fmt, BOUNDED, choice)
         for _ in range(3):
             text = _walk(compiler, info, tok, solid, tag, rng)
@@ -206,6 +257,8 @@ def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, 
             assert calls, text
             if choice.mode == "tool":
                 assert [n for n, _ in calls] == ["get_weather"], text
+            if choice.allowed is not None:
+                assert {n for n, _ in calls} <= set(choice.allowed), text
             for name, arguments in calls:
                 if SHAPES[fmt].args != "json":
                     # xgrammar's XML styles let whitespace pad a value ("<parameter=city> Paris\n</parameter>" is
