@@ -29,13 +29,14 @@ from typing import Any
 
 from serve_app.conversation import ToolChoice, ToolSpec
 from serve_app.parsers.formats import REASONING_PARSERS
+from serve_app.parsers.pythonic_grammar import keyword_arguments
 
 
 @dataclass(frozen=True, slots=True)
 class CallShape:
     """How one tool format writes calls. `call_begin` holds `{name}`; `args` is xgrammar's JSON-schema style
-    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml") or "text" (free text up to `call_end`: the call
-    is forced, its arguments are not checked)."""
+    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml") or "python" (keyword arguments, Python
+    literals: pythonic_grammar.py)."""
 
     call_begin: str
     call_end: str
@@ -93,8 +94,8 @@ SHAPES: dict[str, CallShape] = {
     # per answer; `none` forbids addressing a function.
     "openai": CallShape("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>", "<|call|>",
                         triggers=("<|channel|>commentary to=",), separator="", none_excludes=("to=functions.",)),
-    # Pythonic: Python call syntax has no xgrammar style; the call is forced, its arguments are free text.
-    "pythonic": CallShape("{name}(", ")", args="text", section_begin="[", section_end="]", separator=", ",
+    # Pythonic: Python call syntax has no xgrammar style; pythonic_grammar.py writes an EBNF grammar per tool.
+    "pythonic": CallShape("{name}(", ")", args="python", section_begin="[", section_end="]", separator=", ",
                           triggers=("[",), none_excludes=()),
 }
 
@@ -108,8 +109,8 @@ def _args_schema(tool: ToolSpec) -> dict[str, Any] | bool:
 
 
 def _call_tag(shape: CallShape, tool: ToolSpec) -> dict[str, Any]:
-    if shape.args == "text":
-        args: dict[str, Any] = {"type": "any_text"}
+    if shape.args == "python":
+        args: dict[str, Any] = keyword_arguments(_args_schema(tool)) or {"type": "const_string", "value": ""}
     else:
         args = {"type": "json_schema", "json_schema": _args_schema(tool), "style": shape.args}
     parts: list[dict[str, Any]] = []

@@ -29,7 +29,7 @@ ARGS = {
     "minimax_xml": '<parameter name="city">Paris</parameter>\n',
     "deepseek_xml": '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n',
     "glm_xml": "<arg_key>city</arg_key><arg_value>Paris</arg_value>",
-    "text": 'city="Paris"',
+    "python": 'city="Paris"',
 }
 REASONING = {"openai": "gpt_oss"}  # Harmony parses the whole stream: its tool format goes with its channels
 
@@ -241,7 +241,7 @@ def _walk(compiler, info, tok, solid, tag, rng: random.Random, limit: int = 400)
     return None
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47", "pythonic"])
 def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, compiler, info, tok, solid):
     rng = random.Random(fmt)
     schemas = {t.name: t.parameters for t in BOUNDED}
@@ -267,3 +267,70 @@ def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, 
                 jsonschema.validate(arguments, schemas[name])
             done += 1
     assert done >= 3
+
+
+# -- pythonic: keyword arguments, Python literals, checked against the schema --------------------------------------
+
+RICH = ToolSpec("plan", parameters={"type": "object", "properties": {
+    "title": {"type": "string", "minLength": 2},
+    "steps": {"type": "array", "items": {"type": "object", "properties": {
+        "done": {"type": "boolean"}, "note": {"type": ["string", "null"]}}, "required": ["done"]}, "maxItems": 2},
+    "mode": {"enum": ["fast", None, True]},
+    "extra": {},
+    "ratio": {"type": "number", "minimum": 0},
+}, "required": ["title", "steps"]})
+NOARGS = ToolSpec("ping", parameters={"type": "object", "properties": {}})
+
+
+@pytest.mark.parametrize("args, ok", [
+    ('title="Go", steps=[]', True),
+    ('title="Go", steps=[{"done": True, "note": None}, {"done": False}], mode=None, extra={"k": [1, False]}, '
+     'ratio=0.5', True),
+    ('title="Go", steps=[], mode="fast"', True),
+    ('title="Go", steps=[], mode=True', True),
+    ('title="Go", steps=[], ratio=2', True),
+    ('steps=[]', False),  # a required name missing
+    ('title="Go"', False),
+    ('title="G", steps=[]', False),  # minLength, xgrammar's own check
+    ('title="Go", steps=[{"done": true}]', False),  # JSON's true is not Python's
+    ('title="Go", steps=[{"note": "x"}]', False),  # a required key of a nested dict missing
+    ('title="Go", steps=[{"done": True}, {"done": True}, {"done": True}]', False),  # maxItems
+    ('title="Go", steps=[], mode="slow"', False),  # not in the enum
+    ('title="Go", steps=[], ratio=-1', False),  # minimum
+    ('title=3, steps=[]', False),  # wrong type
+    ('title="Go", steps=[], colour="red"', False),  # an undeclared name
+    ('steps=[], title="Go"', False),  # the schema's order, as xgrammar's JSON styles keep it
+])
+def test_pythonic_arguments_follow_the_schema(args, ok, compiler, tok):
+    tag = structural_tag("pythonic", [RICH, NOARGS], ToolChoice("required"))
+    text = f"[plan({args})]"
+    assert allows(compiler, tok, tag, text) is ok
+    if ok:  # and the parser reads them as schema-valid arguments
+        [(name, parsed)] = calls_of("pythonic", text, [RICH, NOARGS])
+        assert name == "plan"
+        jsonschema.validate(parsed, RICH.parameters)
+
+
+def test_pythonic_calls_without_arguments_and_with_a_free_schema(compiler, tok):
+    tag = structural_tag("pythonic", [RICH, NOARGS], ToolChoice("tool", name="ping"))
+    assert allows(compiler, tok, tag, "[ping()]") and not allows(compiler, tok, tag, "[ping(x=1)]")
+    free = [ToolSpec("anything", parameters={"type": "object", "additionalProperties": True,
+                                             "$defs": {}, "$ref": "#/$defs/x"})]
+    tag = structural_tag("pythonic", free, ToolChoice("required"))
+    # a schema the composition does not follow: any keyword arguments, each a Python literal
+    assert allows(compiler, tok, tag, '[anything(a=1, b=[True, None])]') and allows(compiler, tok, tag, "[anything()]")
+    assert not allows(compiler, tok, tag, "[anything(a=true)]") and not allows(compiler, tok, tag, "[anything(1)]")
+
+
+def test_pythonic_optional_arguments_may_all_be_left_out_and_the_grammar_grows_linearly(compiler, tok):
+    def tool(n):
+        return ToolSpec("opts", parameters={"type": "object", "properties": {
+            f"p{i}": {"type": "boolean"} if i % 2 else {"type": "integer"} for i in range(n)}})
+
+    tag = structural_tag("pythonic", [tool(3)], ToolChoice("required"))
+    assert allows(compiler, tok, tag, "[opts()]") and allows(compiler, tok, tag, "[opts(p1=False)]")
+    assert allows(compiler, tok, tag, "[opts(p0=4, p2=5)]") and not allows(compiler, tok, tag, "[opts(, p1=False)]")
+    assert not allows(compiler, tok, tag, "[opts(p0=4 p2=5)]") and not allows(compiler, tok, tag, "[opts(p1=1)]")
+    # rules share each argument list's tail: twice the properties, about twice the grammar (a tree would be 4x)
+    sizes = [len(json.dumps(structural_tag("pythonic", [tool(n)], ToolChoice("required")))) for n in (20, 40)]
+    assert sizes[1] < 2.5 * sizes[0]
