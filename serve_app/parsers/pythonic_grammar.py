@@ -39,7 +39,7 @@ def literal(value: Any) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(literal(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k), ensure_ascii=False)}: {literal(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{_quoted(str(k))}: {literal(v)}" for k, v in value.items()) + "}"
     return json.dumps(value, ensure_ascii=False)
 
 

@@ -51,7 +51,8 @@ def responses(tool_choice=None, tools=None, **kw):
     body: ResponseCreateParamsNonStreaming = {
         "model": "m", "input": "weather in Paris?",
         "tools": tools if tools is not None else [
-            FunctionToolParam(type="function", name=n, parameters=CITY, strict=True) for n in ("get_weather", "get_time")],
+            FunctionToolParam(type="function", name=n, parameters=CITY, strict=True)
+            for n in ("get_weather", "get_time")],
         **kw}
     if tool_choice is not None:
         body["tool_choice"] = tool_choice

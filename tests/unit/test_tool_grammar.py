@@ -157,7 +157,8 @@ def test_allowing_every_tool_or_none_is_auto_or_none(fmt):
 
 @pytest.mark.parametrize("fmt, bare", [
     ("qwen3_coder", "<function=get_forecast>\n<parameter=city>\nParis\n</parameter>\n</function>"),
-    ("openai", '<|start|>assistant to=functions.get_forecast<|channel|>commentary json<|message|>{"city": "P"}<|call|>'),
+    ("openai", "<|start|>assistant to=functions.get_forecast<|channel|>commentary json<|message|>"
+               '{"city": "P"}<|call|>'),
 ])
 def test_auto_text_cannot_hold_a_call_the_triggers_miss(fmt, bare, compiler, tok):
     assert calls_of(fmt, bare, TWINS)  # the parser would read it as a call of a tool that is not allowed
