@@ -92,6 +92,9 @@ class ToolChoice:
     mode: Literal["auto", "none", "required", "tool"] = "auto"
     name: str | None = None  # for mode == "tool"
     parallel: bool = True
+    # auto / required: only these tools may be called (OpenAI's `allowed_tools`); every tool stays in the prompt, so
+    # the cached prefix does not change with the choice. None: any of the tools.
+    allowed: tuple[str, ...] | None = None
 
 
 @dataclass(slots=True)

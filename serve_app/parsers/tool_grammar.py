@@ -10,6 +10,8 @@ forced calls to a JSON list the model never writes unforced.
 - `required` / named: the answer is calls and only calls (the vendors' forced calls have no text before them),
   with arguments valid against each tool's schema; named: exactly one call of that tool;
 - `auto` with parallel calls off: free text, then at most one call, schema-valid;
+- `allowed` (OpenAI's `allowed_tools`, with `auto` or `required`): as above, but only the listed tools' calls can be
+  written (the others stay in the prompt);
 - `auto` otherwise: no grammar.
 
 A thinking model reasons first: when vLLM's own reasoning gate holds the grammar back until the think block ends
@@ -27,13 +29,14 @@ from typing import Any
 
 from serve_app.conversation import ToolChoice, ToolSpec
 from serve_app.parsers.formats import REASONING_PARSERS
+from serve_app.parsers.pythonic_grammar import keyword_arguments
 
 
 @dataclass(frozen=True, slots=True)
 class CallShape:
     """How one tool format writes calls. `call_begin` holds `{name}`; `args` is xgrammar's JSON-schema style
-    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml") or "text" (free text up to `call_end`: the call
-    is forced, its arguments are not checked)."""
+    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml") or "python" (keyword arguments, Python
+    literals: pythonic_grammar.py)."""
 
     call_begin: str
     call_end: str
@@ -91,8 +94,8 @@ SHAPES: dict[str, CallShape] = {
     # per answer; `none` forbids addressing a function.
     "openai": CallShape("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>", "<|call|>",
                         triggers=("<|channel|>commentary to=",), separator="", none_excludes=("to=functions.",)),
-    # Pythonic: Python call syntax has no xgrammar style; the call is forced, its arguments are free text.
-    "pythonic": CallShape("{name}(", ")", args="text", section_begin="[", section_end="]", separator=", ",
+    # Pythonic: Python call syntax has no xgrammar style; pythonic_grammar.py writes an EBNF grammar per tool.
+    "pythonic": CallShape("{name}(", ")", args="python", section_begin="[", section_end="]", separator=", ",
                           triggers=("[",), none_excludes=()),
 }
 
@@ -106,8 +109,8 @@ def _args_schema(tool: ToolSpec) -> dict[str, Any] | bool:
 
 
 def _call_tag(shape: CallShape, tool: ToolSpec) -> dict[str, Any]:
-    if shape.args == "text":
-        args: dict[str, Any] = {"type": "any_text"}
+    if shape.args == "python":
+        args: dict[str, Any] = keyword_arguments(_args_schema(tool)) or {"type": "const_string", "value": ""}
     else:
         args = {"type": "json_schema", "json_schema": _args_schema(tool), "style": shape.args}
     parts: list[dict[str, Any]] = []
@@ -120,7 +123,9 @@ def _call_tag(shape: CallShape, tool: ToolSpec) -> dict[str, Any]:
 
 
 def _calls(shape: CallShape, tools: list[ToolSpec], *, forced: bool, one: bool) -> dict[str, Any]:
-    """The tool part of the answer. Forced: calls only, at least one. Otherwise: text with calls in it."""
+    """The tool part of the answer. Forced: calls only, at least one. Otherwise: text with calls in it; the text
+    cannot hold the call markers the triggers do not catch (a bare `<function=` that the parser would read as a
+    call of any tool)."""
     tags = [_call_tag(shape, t) for t in tools]
     if shape.section_begin is not None:
         inner = {"type": "tags_with_separator", "tags": tags, "separator": shape.separator,
@@ -128,12 +133,16 @@ def _calls(shape: CallShape, tools: list[ToolSpec], *, forced: bool, one: bool) 
         section = {"type": "tag", "begin": shape.section_begin, "content": inner, "end": shape.section_end}
         if forced:
             return section
-        return {"type": "triggered_tags", "triggers": list(shape.triggers), "tags": [section],
-                "stop_after_first": True}  # one section holds every call
-    if forced:
+        tags, one = [section], True  # one section holds every call
+    elif forced:
         return {"type": "tags_with_separator", "tags": tags, "separator": shape.separator,
                 "at_least_one": True, "stop_after_first": one}
-    return {"type": "triggered_tags", "triggers": list(shape.triggers), "tags": tags, "stop_after_first": one}
+    text: dict[str, Any] = {"type": "triggered_tags", "triggers": list(shape.triggers), "tags": tags,
+                            "stop_after_first": one}
+    stray = [e for e in (shape.none_excludes or ()) if e not in shape.triggers]
+    if stray:
+        text["excludes"] = stray
+    return text
 
 
 def _reasoning_prefix(reasoning: str | None, starts_in_reasoning: bool, gated: bool) -> dict[str, Any] | None:
@@ -162,16 +171,17 @@ def structural_tag(
     if shape is None or not tools:
         return None
     harmony = tool_format == "openai"
-    if choice.mode == "none":
+    callable_ = tools if choice.allowed is None else [t for t in tools if t.name in choice.allowed]
+    if choice.mode == "none" or (choice.mode == "auto" and not callable_):
         excludes = list(shape.triggers if shape.none_excludes is None else shape.none_excludes)
         if not excludes:
             return None
         body: dict[str, Any] = {"type": "any_text", "excludes": excludes}
     elif choice.mode in ("required", "tool"):
-        chosen = [t for t in tools if t.name == choice.name] if choice.mode == "tool" else tools
+        chosen = [t for t in tools if t.name == choice.name] if choice.mode == "tool" else callable_
         body = _calls(shape, chosen, forced=True, one=choice.mode == "tool" or not choice.parallel or harmony)
-    elif not choice.parallel:
-        body = _calls(shape, tools, forced=False, one=True)
+    elif not choice.parallel or len(callable_) < len(tools):
+        body = _calls(shape, callable_, forced=False, one=not choice.parallel)
     else:
         return None
     elements: list[dict[str, Any]] = []
@@ -195,10 +205,17 @@ def engine_constraint(tag: dict[str, Any]) -> dict[str, Any]:
 
 def check_choice(choice: ToolChoice, tools: list[ToolSpec]) -> str | None:
     """What is wrong with a tool choice given the tools, as the 400's message, or None."""
-    if choice.mode == "tool" and choice.name not in {t.name for t in tools}:
+    names = {t.name for t in tools}
+    if choice.mode == "tool" and choice.name not in names:
         return f"tool_choice names tool {choice.name!r}, which is not in tools"
     if choice.mode in ("required", "tool") and not tools:
         return "tool_choice requires a tool call, but no tools were given"
+    if choice.allowed is not None:
+        missing = [n for n in choice.allowed if n not in names]
+        if missing:
+            return f"tool_choice allows tool {missing[0]!r}, which is not in tools"
+        if choice.mode == "required" and not choice.allowed:
+            return "tool_choice requires a call of one of its allowed tools, but it allows none that the model is given"
     return None
 
 

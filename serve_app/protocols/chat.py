@@ -51,13 +51,22 @@ class FunctionDef(OpenModel):
 
 
 class Tool(OpenModel):
-    type: Literal["function"] = "function"
-    function: FunctionDef
+    type: str = "function"  # only function tools are served; the converter names any other type in its 400
+    function: FunctionDef | None = None
 
 
-class NamedToolChoice(OpenModel):
-    type: Literal["function"] = "function"
-    function: dict[str, str]
+class AllowedTools(OpenModel):
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
+class ToolChoiceObject(OpenModel):
+    """`{"type":"function","function":{"name":...}}` or `{"type":"allowed_tools","allowed_tools":{...}}`; any other
+    type (`custom`) is the converter's 400, which says why."""
+
+    type: str
+    function: dict[str, Any] | None = None
+    allowed_tools: AllowedTools | None = None
 
 
 class StreamOptions(OpenModel):
@@ -94,7 +103,7 @@ class ChatCompletionRequest(OpenModel):
     n: int = Field(default=1, ge=1, le=1)
     stop: Union[str, list[str], None] = None
     tools: list[Tool] | None = None
-    tool_choice: Union[Literal["auto", "none", "required"], NamedToolChoice, None] = None
+    tool_choice: Union[Literal["auto", "none", "required"], ToolChoiceObject, None] = None
     parallel_tool_calls: bool | None = None
     reasoning_effort: str | None = None
     response_format: dict[str, Any] | None = None

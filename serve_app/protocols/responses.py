@@ -159,8 +159,10 @@ ToolDef = Annotated[
 
 
 class NamedToolChoice(OpenModel):
-    type: str  # function | custom | allowed_tools | ...
+    type: str  # function | custom | allowed_tools | a hosted tool's type
     name: str | None = None
+    mode: str | None = None  # allowed_tools: auto | required
+    tools: list[dict[str, Any]] | None = None  # allowed_tools: the tools the model may call
 
 
 # -- request ---------------------------------------------------------------------------------------------------

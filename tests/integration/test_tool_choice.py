@@ -96,11 +96,8 @@ def test_a_forced_tool_with_thinking_on_is_the_apis_400(claude):
     assert "tool_choice forces tool use" in e.value.body["error"]["message"]
 
 
-@pytest.mark.parametrize("model", [PLAIN, XML])
-@pytest.mark.parametrize("stream", [False, True])
-def test_chat_named_function_is_one_valid_call(oai, model, stream):
-    kw = dict(model=model, max_tokens=200, temperature=0, messages=[{"role": "user", "content": ASK}],
-              tools=_chat_tools(), tool_choice={"type": "function", "function": {"name": "get_weather"}})
+def _chat_calls(oai, stream: bool, **kw) -> tuple[list[tuple[str, dict]], str | None]:
+    """(name, arguments) of each call in the answer, and its finish reason, streamed (deltas folded) or not."""
     if stream:
         calls: dict[int, dict] = {}
         finish = None
@@ -111,13 +108,42 @@ def test_chat_named_function_is_one_valid_call(oai, model, stream):
                     c = calls.setdefault(tc.index, {"name": "", "arguments": ""})
                     c["name"] += tc.function.name or ""
                     c["arguments"] += tc.function.arguments or ""
-        got = [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())]
-    else:
-        resp = oai.chat.completions.create(**kw)
-        finish = resp.choices[0].finish_reason
-        got = [(c.function.name, json.loads(c.function.arguments)) for c in resp.choices[0].message.tool_calls or []]
+        return [(c["name"], json.loads(c["arguments"])) for _, c in sorted(calls.items())], finish
+    resp = oai.chat.completions.create(**kw)
+    calls = resp.choices[0].message.tool_calls or []
+    return [(c.function.name, json.loads(c.function.arguments)) for c in calls], resp.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("model", [PLAIN, XML])
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_named_function_is_one_valid_call(oai, model, stream):
+    got, finish = _chat_calls(oai, stream, model=model, max_tokens=200, temperature=0,
+                              messages=[{"role": "user", "content": ASK}], tools=_chat_tools(),
+                              tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert [n for n, _ in got] == ["get_weather"] and finish == "tool_calls"
     _valid(*got[0])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_chat_allowed_tools_required_calls_only_the_allowed_tool(oai, stream):
+    # both tools are in the prompt and the question is about the weather; only get_time is allowed
+    allowed = {"type": "allowed_tools",
+               "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "get_time"}}]}}
+    got, finish = _chat_calls(oai, stream, model=PLAIN, max_tokens=200, temperature=0,
+                              messages=[{"role": "user", "content": ASK}], tools=_chat_tools(), tool_choice=allowed)
+    assert got and {n for n, _ in got} == {"get_time"} and finish == "tool_calls"
+    for name, args in got:
+        _valid(name, args)
+
+
+def test_chat_allowed_tools_naming_no_given_tool_is_a_400(oai):
+    allowed = {"type": "allowed_tools",
+               "allowed_tools": {"mode": "auto", "tools": [{"type": "function", "function": {"name": "nope"}}]}}
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model=PLAIN, max_tokens=5, messages=[{"role": "user", "content": ASK}],
+                                    tools=_chat_tools(), tool_choice=allowed)
+    assert e.value.body["type"] == "invalid_request_error" and "'nope'" in e.value.body["message"]
+    assert e.value.body["param"] == "tool_choice.allowed_tools.tools.0.function.name"
 
 
 def test_chat_required_without_parallel_calls_is_one_call(oai):

@@ -29,7 +29,7 @@ ARGS = {
     "minimax_xml": '<parameter name="city">Paris</parameter>\n',
     "deepseek_xml": '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n',
     "glm_xml": "<arg_key>city</arg_key><arg_value>Paris</arg_value>",
-    "text": 'city="Paris"',
+    "python": 'city="Paris"',
 }
 REASONING = {"openai": "gpt_oss"}  # Harmony parses the whole stream: its tool format goes with its channels
 
@@ -119,6 +119,53 @@ def test_each_mode_allows_exactly_what_it_should(fmt, compiler, tok):
         assert allows(compiler, tok, none, "Paris is sunny.") and not allows(compiler, tok, none, one)
 
 
+# two tools with one schema: a call of either is the same text but for the name, so only the allowance decides
+TWINS = [ToolSpec("get_weather", parameters=WEATHER), ToolSpec("get_forecast", parameters=WEATHER)]
+
+
+@pytest.mark.parametrize("fmt", sorted(SHAPES))
+def test_allowed_tools_limit_the_calls_to_the_listed_ones(fmt, compiler, tok):
+    weather = answer(fmt)
+    forecast = weather.replace("get_weather", "get_forecast")
+    for mode in ("required", "auto"):
+        lead = "" if mode == "required" else "Let me check. "
+        only_weather = structural_tag(fmt, TWINS, ToolChoice(mode, allowed=("get_weather",)))
+        only_forecast = structural_tag(fmt, TWINS, ToolChoice(mode, allowed=("get_forecast",)))
+        assert allows(compiler, tok, only_weather, lead + weather), mode
+        assert not allows(compiler, tok, only_weather, lead + forecast), mode
+        assert allows(compiler, tok, only_forecast, lead + forecast), mode
+        assert not allows(compiler, tok, only_forecast, lead + weather), mode
+    # required: calls only; auto: text alone is an answer
+    assert not allows(compiler, tok, structural_tag(fmt, TWINS, ToolChoice("required", allowed=("get_weather",))),
+                      "Sure, here it is.")
+    assert allows(compiler, tok, structural_tag(fmt, TWINS, ToolChoice("auto", allowed=("get_weather",))),
+                  "No call needed.")
+    # parallel_tool_calls still applies
+    single = structural_tag(fmt, TWINS, ToolChoice("required", allowed=("get_weather",), parallel=False))
+    two = (one_call(fmt) * 2 if fmt == "mistral" else
+           answer(fmt, 2) if SHAPES[fmt].section_begin is not None else
+           one_call(fmt) + SHAPES[fmt].separator + one_call(fmt))
+    assert allows(compiler, tok, single, weather) and not allows(compiler, tok, single, two)
+
+
+@pytest.mark.parametrize("fmt", sorted(SHAPES))
+def test_allowing_every_tool_or_none_is_auto_or_none(fmt):
+    everything = ToolChoice("auto", allowed=("get_forecast", "get_weather"))
+    assert structural_tag(fmt, TWINS, everything) is None  # nothing to enforce: the plain auto
+    assert structural_tag(fmt, TWINS, ToolChoice("auto", allowed=())) == structural_tag(fmt, TWINS, ToolChoice("none"))
+
+
+@pytest.mark.parametrize("fmt, bare", [
+    ("qwen3_coder", "<function=get_forecast>\n<parameter=city>\nParis\n</parameter>\n</function>"),
+    ("openai", "<|start|>assistant to=functions.get_forecast<|channel|>commentary json<|message|>"
+               '{"city": "P"}<|call|>'),
+])
+def test_auto_text_cannot_hold_a_call_the_triggers_miss(fmt, bare, compiler, tok):
+    assert calls_of(fmt, bare, TWINS)  # the parser would read it as a call of a tool that is not allowed
+    tag = structural_tag(fmt, TWINS, ToolChoice("auto", allowed=("get_weather",)))
+    assert not allows(compiler, tok, tag, "Checking. " + bare)
+
+
 @pytest.mark.parametrize("fmt", sorted(SHAPES))
 def test_the_parser_reads_what_the_grammar_writes(fmt):
     assert calls_of(fmt, answer(fmt)) == [("get_weather", {"city": "Paris"})]
@@ -150,6 +197,10 @@ def test_check_choice_names_what_is_wrong():
     assert "'nope'" in check_choice(ToolChoice("tool", name="nope"), TOOLS)
     assert "no tools" in check_choice(ToolChoice("required"), [])
     assert check_choice(ToolChoice("none"), []) is None and check_choice(ToolChoice("tool", name="get_time"), TOOLS) is None
+    assert "'nope'" in check_choice(ToolChoice("auto", allowed=("get_time", "nope")), TOOLS)
+    assert "allows none" in check_choice(ToolChoice("required", allowed=()), TOOLS)
+    assert check_choice(ToolChoice("required", allowed=("get_time",)), TOOLS) is None
+    assert check_choice(ToolChoice("auto", allowed=()), TOOLS) is None
 
 
 def test_the_engine_gets_the_tag_as_json_text():
@@ -191,12 +242,13 @@ def _walk(compiler, info, tok, solid, tag, rng: random.Random, limit: int = 400)
     return None
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47", "pythonic"])
 def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, compiler, info, tok, solid):
     rng = random.Random(fmt)
     schemas = {t.name: t.parameters for t in BOUNDED}
     done = 0
-    for choice in (ToolChoice("required"), ToolChoice("tool", name="get_weather")):
+    for choice in (ToolChoice("required"), ToolChoice("tool", name="get_weather"),
+                   ToolChoice("required", allowed=("set_flag",))):
         tag = structural_tag(fmt, BOUNDED, choice)
         for _ in range(3):
             text = _walk(compiler, info, tok, solid, tag, rng)
@@ -206,6 +258,8 @@ def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, 
             assert calls, text
             if choice.mode == "tool":
                 assert [n for n, _ in calls] == ["get_weather"], text
+            if choice.allowed is not None:
+                assert {n for n, _ in calls} <= set(choice.allowed), text
             for name, arguments in calls:
                 if SHAPES[fmt].args != "json":
                     # xgrammar's XML styles let whitespace pad a value ("<parameter=city> Paris\n</parameter>" is
@@ -214,3 +268,70 @@ def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, 
                 jsonschema.validate(arguments, schemas[name])
             done += 1
     assert done >= 3
+
+
+# -- pythonic: keyword arguments, Python literals, checked against the schema --------------------------------------
+
+RICH = ToolSpec("plan", parameters={"type": "object", "properties": {
+    "title": {"type": "string", "minLength": 2},
+    "steps": {"type": "array", "items": {"type": "object", "properties": {
+        "done": {"type": "boolean"}, "note": {"type": ["string", "null"]}}, "required": ["done"]}, "maxItems": 2},
+    "mode": {"enum": ["fast", None, True]},
+    "extra": {},
+    "ratio": {"type": "number", "minimum": 0},
+}, "required": ["title", "steps"]})
+NOARGS = ToolSpec("ping", parameters={"type": "object", "properties": {}})
+
+
+@pytest.mark.parametrize("args, ok", [
+    ('title="Go", steps=[]', True),
+    ('title="Go", steps=[{"done": True, "note": None}, {"done": False}], mode=None, extra={"k": [1, False]}, '
+     'ratio=0.5', True),
+    ('title="Go", steps=[], mode="fast"', True),
+    ('title="Go", steps=[], mode=True', True),
+    ('title="Go", steps=[], ratio=2', True),
+    ('steps=[]', False),  # a required name missing
+    ('title="Go"', False),
+    ('title="G", steps=[]', False),  # minLength, xgrammar's own check
+    ('title="Go", steps=[{"done": true}]', False),  # JSON's true is not Python's
+    ('title="Go", steps=[{"note": "x"}]', False),  # a required key of a nested dict missing
+    ('title="Go", steps=[{"done": True}, {"done": True}, {"done": True}]', False),  # maxItems
+    ('title="Go", steps=[], mode="slow"', False),  # not in the enum
+    ('title="Go", steps=[], ratio=-1', False),  # minimum
+    ('title=3, steps=[]', False),  # wrong type
+    ('title="Go", steps=[], colour="red"', False),  # an undeclared name
+    ('steps=[], title="Go"', False),  # the schema's order, as xgrammar's JSON styles keep it
+])
+def test_pythonic_arguments_follow_the_schema(args, ok, compiler, tok):
+    tag = structural_tag("pythonic", [RICH, NOARGS], ToolChoice("required"))
+    text = f"[plan({args})]"
+    assert allows(compiler, tok, tag, text) is ok
+    if ok:  # and the parser reads them as schema-valid arguments
+        [(name, parsed)] = calls_of("pythonic", text, [RICH, NOARGS])
+        assert name == "plan"
+        jsonschema.validate(parsed, RICH.parameters)
+
+
+def test_pythonic_calls_without_arguments_and_with_a_free_schema(compiler, tok):
+    tag = structural_tag("pythonic", [RICH, NOARGS], ToolChoice("tool", name="ping"))
+    assert allows(compiler, tok, tag, "[ping()]") and not allows(compiler, tok, tag, "[ping(x=1)]")
+    free = [ToolSpec("anything", parameters={"type": "object", "additionalProperties": True,
+                                             "$defs": {}, "$ref": "#/$defs/x"})]
+    tag = structural_tag("pythonic", free, ToolChoice("required"))
+    # a schema the composition does not follow: any keyword arguments, each a Python literal
+    assert allows(compiler, tok, tag, '[anything(a=1, b=[True, None])]') and allows(compiler, tok, tag, "[anything()]")
+    assert not allows(compiler, tok, tag, "[anything(a=true)]") and not allows(compiler, tok, tag, "[anything(1)]")
+
+
+def test_pythonic_optional_arguments_may_all_be_left_out_and_the_grammar_grows_linearly(compiler, tok):
+    def tool(n):
+        return ToolSpec("opts", parameters={"type": "object", "properties": {
+            f"p{i}": {"type": "boolean"} if i % 2 else {"type": "integer"} for i in range(n)}})
+
+    tag = structural_tag("pythonic", [tool(3)], ToolChoice("required"))
+    assert allows(compiler, tok, tag, "[opts()]") and allows(compiler, tok, tag, "[opts(p1=False)]")
+    assert allows(compiler, tok, tag, "[opts(p0=4, p2=5)]") and not allows(compiler, tok, tag, "[opts(, p1=False)]")
+    assert not allows(compiler, tok, tag, "[opts(p0=4 p2=5)]") and not allows(compiler, tok, tag, "[opts(p1=1)]")
+    # rules share each argument list's tail: twice the properties, about twice the grammar (a tree would be 4x)
+    sizes = [len(json.dumps(structural_tag("pythonic", [tool(n)], ToolChoice("required")))) for n in (20, 40)]
+    assert sizes[1] < 2.5 * sizes[0]

@@ -82,7 +82,51 @@ def _check_tool_pairing(messages: list[ChatMessage]) -> None:
             calls = None
 
 
-def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
+# Chat custom (freeform) tools are not served: their calls come back in a `custom` shape the Chat chunk types do not
+# carry. The Responses API serves them (given to the model as a function with one string parameter).
+_NO_CUSTOM = ("custom tools are not supported on Chat Completions by this server; the Responses API "
+              "(/v1/responses) serves them, or give the tool as a function tool")
+
+
+def _tools(req: ChatCompletionRequest) -> list[ToolSpec]:
+    specs = []
+    for i, t in enumerate(req.tools or []):
+        where = f"tools.{i}"
+        if t.type == "custom":
+            raise InvalidRequest(f"{where}.type: {_NO_CUSTOM}", param=f"{where}.type")
+        if t.type != "function":
+            raise InvalidRequest(f"{where}.type: Invalid value: {t.type!r}. Supported values are: 'function'.",
+                                 param=f"{where}.type", code="invalid_value")
+        if t.function is None:
+            raise InvalidRequest(f"{where}.function: field required", param=f"{where}.function")
+        specs.append(ToolSpec(name=t.function.name, description=t.function.description or "",
+                              parameters=t.function.parameters or {"type": "object", "properties": {}}))
+    return specs
+
+
+def _allowed_names(entries: list[dict[str, Any]], names: set[str]) -> tuple[str, ...]:
+    """The tool names an `allowed_tools` choice lists, each one a given tool (else the 400 names the entry)."""
+    allowed: list[str] = []
+    for i, entry in enumerate(entries):
+        where = f"tool_choice.allowed_tools.tools.{i}"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind == "custom":
+            raise InvalidRequest(f"{where}.type: {_NO_CUSTOM}", param=f"{where}.type")
+        if kind != "function":
+            raise InvalidRequest(f"{where}.type: Invalid value: {kind!r}. Supported values are: 'function'.",
+                                 param=f"{where}.type", code="invalid_value")
+        fn = entry.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise InvalidRequest(f"{where}.function.name: field required", param=f"{where}.function.name")
+        if name not in names:
+            raise InvalidRequest(f"{where}.function.name: no tool named {name!r} in tools",
+                                 param=f"{where}.function.name")
+        allowed.append(name)
+    return tuple(dict.fromkeys(allowed))
+
+
+def _tool_choice(req: ChatCompletionRequest, tools: list[ToolSpec]) -> ToolChoice:
     parallel = req.parallel_tool_calls if req.parallel_tool_calls is not None else True
     tc = req.tool_choice
     if tc is None or tc == "auto":
@@ -91,7 +135,18 @@ def _tool_choice(req: ChatCompletionRequest) -> ToolChoice:
         return ToolChoice("none", parallel=parallel)
     if tc == "required":
         return ToolChoice("required", parallel=parallel)
-    name = tc.function.get("name")
+    if tc.type == "allowed_tools":
+        if tc.allowed_tools is None:
+            raise InvalidRequest("tool_choice.allowed_tools: field required", param="tool_choice.allowed_tools")
+        # every tool stays in the prompt (the cached prefix does not change); the grammar allows only these calls
+        allowed = _allowed_names(tc.allowed_tools.tools, {t.name for t in tools})
+        return ToolChoice(tc.allowed_tools.mode, parallel=parallel, allowed=allowed)
+    if tc.type == "custom":
+        raise InvalidRequest(f"tool_choice.type: {_NO_CUSTOM}", param="tool_choice.type")
+    if tc.type != "function":
+        raise InvalidRequest(f"tool_choice.type: Invalid value: {tc.type!r}. Supported values are: 'function', "
+                             "'allowed_tools'.", param="tool_choice.type", code="invalid_value")
+    name = (tc.function or {}).get("name")
     if not name:
         raise InvalidRequest("tool_choice.function.name: field required", param="tool_choice.function.name")
     return ToolChoice("tool", name=name, parallel=parallel)
@@ -128,18 +183,8 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
                                  param="logit_bias")
     messages = [_message(m, i) for i, m in enumerate(req.messages)]
     _check_tool_pairing(req.messages)
-    conv = Conversation(
-        messages=messages,
-        tools=[
-            ToolSpec(
-                name=t.function.name,
-                description=t.function.description or "",
-                parameters=t.function.parameters or {"type": "object", "properties": {}},
-            )
-            for t in req.tools or []
-        ],
-        tool_choice=_tool_choice(req),
-    )
+    tools = _tools(req)
+    conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, tools))
     kwargs = dict(req.chat_template_kwargs or {})
     thinking: bool | None = None
     if "enable_thinking" in kwargs:

@@ -159,7 +159,32 @@ def _tool_spec(tool: FunctionTool | CustomTool) -> ToolSpec:
                     parameters=tool.parameters or {"type": "object", "properties": {}})
 
 
-def _tool_choice(req: ResponsesRequest, names: set[str]) -> ToolChoice:
+def _allowed_names(tc: NamedToolChoice, kinds: dict[str, str], types: set[str]) -> tuple[str, ...]:
+    """The offered tools an `allowed_tools` choice lists. A function or custom entry must name a tool of its type in
+    `tools`; any other entry (a hosted tool's type) must be a type in `tools`, and allows nothing: the model is never
+    told of such a tool (TOOL_TYPES)."""
+    if tc.mode not in ("auto", "required"):
+        raise InvalidRequest(f"tool_choice.mode: Invalid value: {tc.mode!r}. Supported values are: 'auto' and "
+                             "'required'.", param="tool_choice.mode", code="invalid_value")
+    if tc.tools is None:
+        raise InvalidRequest("tool_choice.tools: field required", param="tool_choice.tools")
+    allowed: list[str] = []
+    for i, entry in enumerate(tc.tools):
+        where = f"tool_choice.tools[{i}]"
+        kind = entry.get("type") if isinstance(entry, dict) else None
+        if kind in OFFERED_TOOLS:
+            name = entry.get("name")
+            if not isinstance(name, str) or not name:
+                raise InvalidRequest(f"{where}.name: field required", param=f"{where}.name")
+            if kinds.get(name) != kind:
+                raise InvalidRequest(f"{where}.name: no {kind} tool named {name!r} in tools", param=f"{where}.name")
+            allowed.append(name)
+        elif kind not in types:
+            raise InvalidRequest(f"{where}.type: no tool of type {kind!r} in tools", param=f"{where}.type")
+    return tuple(dict.fromkeys(allowed))
+
+
+def _tool_choice(req: ResponsesRequest, tools: list[ToolSpec]) -> ToolChoice:
     parallel = True if req.parallel_tool_calls is None else req.parallel_tool_calls
     tc = req.tool_choice
     if tc is None or tc == "auto":
@@ -170,10 +195,14 @@ def _tool_choice(req: ResponsesRequest, names: set[str]) -> ToolChoice:
     if tc.type in ("function", "custom"):
         if not tc.name:
             raise InvalidRequest("tool_choice.name: field required", param="tool_choice.name")
-        if tc.name not in names:
+        if tc.name not in {t.name for t in tools}:
             raise InvalidRequest(f"tool_choice.name: no tool named {tc.name!r} in tools", param="tool_choice.name")
         return ToolChoice("tool", name=tc.name, parallel=parallel)
-    return ToolChoice("auto", parallel=parallel)  # allowed_tools, hosted tool types: no constraint we can apply
+    if tc.type == "allowed_tools":
+        # every tool stays in the prompt (the cached prefix does not change); the grammar allows only these calls
+        allowed = _allowed_names(tc, {t.name: t.kind for t in tools}, {t.type for t in req.tools})
+        return ToolChoice(tc.mode, parallel=parallel, allowed=allowed)  # type: ignore[arg-type]
+    return ToolChoice("auto", parallel=parallel)  # a hosted tool's type: the model is never told of such a tool
 
 
 # -- input item types -------------------------------------------------------------------------------------------
@@ -313,7 +342,7 @@ def responses_to_conversation(
     messages.extend(current)
 
     tools = [_tool_spec(t) for t in offered_tools(req.tools)]
-    conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, {t.name for t in tools}))
+    conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, tools))
 
     effort = req.reasoning.effort if req.reasoning else None
     thinking = None if effort is None else effort != "none"
