@@ -5,4 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
-exec .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=30 "$@" tests
+# A temp root of its own: pytest deletes all but the three newest numbered roots, so another pytest on the same
+# machine (a developer's unit run) would otherwise remove this run's PostgreSQL data and sockets mid-suite.
+exec .venv/bin/python -m pytest -p no:cacheprovider -ra --durations=30 --basetemp "${TMPDIR:-/tmp}/serve-app-tests-$$" \
+    "$@" tests
