@@ -32,6 +32,7 @@ from serve_app.conversation import (
     Conversation,
     Event,
     Finish,
+    FinishReason,
     GenerationOptions,
     OutputFormat,
     ReasoningDelta,
@@ -64,12 +65,10 @@ class PreparedRequest:
     options: GenerationOptions
     prompt_token_ids: list[int]
     max_tokens: int  # clamped to what fits in the context
-    # max_tokens is the room left in the context, less than both what the client asked and the model's output
-    # cap: a length stop then means the context window filled (Finish "context_window"), not the client's limit
-    context_bound: bool = False
-    # the model's output cap (below what the client asked, and within the room left) set max_tokens: a length
-    # stop is then the deployment's limit (Finish "output_cap", docs/limits.md)
-    cap_bound: bool = False
+    # Whose limit max_tokens is, so what a length stop means (docs/limits.md): "length" the client's (or the cap
+    # the client left standing), "output_cap" the model's cap below what the client asked, "context_window" the
+    # room left in the context, below both.
+    length_stop: FinishReason = "length"
     starts_in_reasoning: bool | None = None  # the rendered prompt ends inside an open think block
     tool_schemas: list[dict[str, Any]] = field(default_factory=list)  # OpenAI-style function schemas for the parser
     created: float = 0.0  # time.monotonic() at admission, for TTFT
@@ -130,10 +129,9 @@ def tool_schemas(tools: list[ToolSpec]) -> list[dict[str, Any]]:
     ]
 
 
-def _map_finish(chunk: EngineChunk, saw_tool_call: bool, context_bound: bool = False, cap_bound: bool = False
-                ) -> Finish:
+def _map_finish(chunk: EngineChunk, saw_tool_call: bool, length_stop: FinishReason = "length") -> Finish:
     if chunk.finish_reason == "length":
-        return Finish("context_window" if context_bound else "output_cap" if cap_bound else "length")
+        return Finish(length_stop)
     if chunk.finish_reason == "abort":
         return Finish("abort")
     if chunk.finish_reason == "error":
@@ -323,8 +321,8 @@ class GenerationService:
             options=opts,
             prompt_token_ids=rendered.token_ids,
             max_tokens=max_tokens,
-            context_bound=room < limit,
-            cap_bound=wanted > model.max_output_tokens and model.max_output_tokens <= room,
+            length_stop=("context_window" if room < limit
+                         else "output_cap" if wanted > model.max_output_tokens else "length"),
             # the rendered prompt decides (it ends inside an open think block or not), not the parser's default
             starts_in_reasoning=rendered.starts_in_reasoning,
             tool_schemas=tool_schemas(conv.tools),
@@ -464,7 +462,7 @@ class GenerationService:
                 outcome["finish"] = "error"
                 yield Finish("error", error="the engine ended the stream without finishing", error_kind="api_error")
             else:
-                fin = _map_finish(last, saw_tool, prepared.context_bound, prepared.cap_bound)
+                fin = _map_finish(last, saw_tool, prepared.length_stop)
                 outcome["finish"] = fin.reason
                 yield fin
                 if warm and last.finish_reason in ("stop", "length"):

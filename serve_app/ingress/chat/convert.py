@@ -88,15 +88,20 @@ _NO_CUSTOM = ("custom tools are not supported on Chat Completions by this server
               "(/v1/responses) serves them, or give the tool as a function tool")
 
 
+def _function_only(kind: Any, where: str) -> None:
+    """A tool entry at `where` must be a function tool: custom ones get the reason, other types the value 400."""
+    if kind == "custom":
+        raise InvalidRequest(f"{where}.type: {_NO_CUSTOM}", param=f"{where}.type")
+    if kind != "function":
+        raise InvalidRequest(f"{where}.type: Invalid value: {kind!r}. Supported values are: 'function'.",
+                             param=f"{where}.type", code="invalid_value")
+
+
 def _tools(req: ChatCompletionRequest) -> list[ToolSpec]:
     specs = []
     for i, t in enumerate(req.tools or []):
         where = f"tools.{i}"
-        if t.type == "custom":
-            raise InvalidRequest(f"{where}.type: {_NO_CUSTOM}", param=f"{where}.type")
-        if t.type != "function":
-            raise InvalidRequest(f"{where}.type: Invalid value: {t.type!r}. Supported values are: 'function'.",
-                                 param=f"{where}.type", code="invalid_value")
+        _function_only(t.type, where)
         if t.function is None:
             raise InvalidRequest(f"{where}.function: field required", param=f"{where}.function")
         specs.append(ToolSpec(name=t.function.name, description=t.function.description or "",
@@ -109,12 +114,7 @@ def _allowed_names(entries: list[dict[str, Any]], names: set[str]) -> tuple[str,
     allowed: list[str] = []
     for i, entry in enumerate(entries):
         where = f"tool_choice.allowed_tools.tools.{i}"
-        kind = entry.get("type") if isinstance(entry, dict) else None
-        if kind == "custom":
-            raise InvalidRequest(f"{where}.type: {_NO_CUSTOM}", param=f"{where}.type")
-        if kind != "function":
-            raise InvalidRequest(f"{where}.type: Invalid value: {kind!r}. Supported values are: 'function'.",
-                                 param=f"{where}.type", code="invalid_value")
+        _function_only(entry.get("type") if isinstance(entry, dict) else None, where)
         fn = entry.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not name:
