@@ -102,3 +102,22 @@ class Overloaded(ServiceError):
 class EngineError(ServiceError):
     def __init__(self, message: str):
         super().__init__("api_error", message, code="engine_error")
+
+
+# Errors that say the replica's actor is gone or unreachable (its node died, it crashed), not that the request
+# was bad: a request refused with one of these before it started may go to another replica.
+REPLICA_GONE = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError"})
+# Serve's gRPC transport raises these status codes itself when the connection to a replica breaks (a node lost
+# mid-call resets it: "Stream removed" is UNKNOWN); a replica's own exceptions come back inside the response.
+_TRANSPORT_GONE = frozenset({"UNAVAILABLE", "UNKNOWN", "INTERNAL", "CANCELLED"})
+
+
+def replica_gone(e: BaseException) -> bool:
+    """Whether `e` says the replica (or the connection to it) is gone rather than that the request failed."""
+    name = type(e).__name__
+    if name in REPLICA_GONE:
+        return True
+    if name == "AioRpcError":
+        code = getattr(e.code(), "name", None)
+        return code in _TRANSPORT_GONE
+    return False

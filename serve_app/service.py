@@ -45,7 +45,7 @@ from serve_app.conversation import (
 )
 from serve_app.engine.provision import ensure_model
 from serve_app.engine.types import EngineChunk, EngineRequest
-from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong, ServiceError
+from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong, ServiceError, replica_gone
 from serve_app.parsers import make_stream_parser, needs_special_tokens
 from serve_app.parsers import tool_grammar
 from serve_app.prompt import PromptRenderer, load_tokenizer
@@ -583,7 +583,7 @@ def _classify_engine_error(e: Exception) -> tuple[str, str]:
     name = type(e).__name__
     if name == "BackPressureError":
         return "overloaded", "the engine queue is full, retry shortly"
-    if name in ("RayActorError", "ActorDiedError", "ActorUnavailableError", "EngineDeadError"):
+    if name == "EngineDeadError" or replica_gone(e):
         return "api_error", f"the engine replica failed ({name}); retry the request"
     # vLLM's own request validation (an output schema its grammar cannot compile, ...) is the client's to fix.
     # Across Ray it arrives wrapped; the cause has the message without the remote traceback.

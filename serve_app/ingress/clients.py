@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 from serve_app import metrics
 from serve_app.engine.delta_channel import DeltaReceiver, Inbox
 from serve_app.engine.types import EngineChunk, EngineRequest, merge_chunks
+from serve_app.errors import replica_gone
 from serve_app.routing.types import Decision, RouteRequest
 
 if TYPE_CHECKING:
@@ -16,10 +17,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Errors that say the replica's actor is gone or unreachable (its node died, it crashed), not that the request
-# was bad: a request refused with one of these before it started may go to another replica.
-REPLICA_GONE = frozenset({"ActorDiedError", "ActorUnavailableError", "RayActorError"})
 _GONE_RETRIES = 2  # Serve may pick the dead replica again until its controller has dropped it
+# How long a request whose replica died before its first delta may wait for another replica to accept it. A live
+# replica accepts at once; with none (the only replica died) Serve would hold the call until a replacement has
+# started, minutes for a vLLM engine, while the client waits on an open stream: past this the request fails.
+FAILOVER_ACCEPT_S = 10.0
 
 
 class ServeEngineClient:
@@ -121,16 +123,27 @@ class ServeEngineClient:
                         yield chunk
                     return
                 except Exception as e:
-                    if started or type(e).__name__ not in REPLICA_GONE or restarts == _GONE_RETRIES:
+                    if started or not replica_gone(e) or restarts == _GONE_RETRIES:
                         raise
-                    log.warning("replica %s died before request %s's first token (%s); starting it on a live one",
-                                req.target_replica or "(Serve's pick)", req.request_id, type(e).__name__)
                     self._forget(engine_key, req)
+                    if not self._live_known(engine_key):
+                        raise  # no other replica to take it: fail now rather than wait for a replacement
+                    log.warning("replica died before request %s's first token (%s); starting it on a live one",
+                                req.request_id, type(e).__name__)
+                    gone = e
                 restarts += 1
                 await stream.aclose()
-                stream = await self._open(engine_key, req)
+                try:
+                    stream = await asyncio.wait_for(self._open(engine_key, req), FAILOVER_ACCEPT_S)
+                except asyncio.TimeoutError:
+                    raise gone from None
         finally:
             await stream.aclose()
+
+    def _live_known(self, engine_key: str) -> bool:
+        """Whether a replica is still known to be live (the local table's view; without one, assume so and let
+        the bounded wait decide)."""
+        return self.local is None or self.local.knows_live(engine_key)
 
     def _forget(self, engine_key: str, req: EngineRequest) -> None:
         """The request's replica is gone: route away from it (the local table now; Serve's request router has
@@ -149,7 +162,7 @@ class ServeEngineClient:
                     gen = await self._accepted(engine_key, req)
                     break
                 except Exception as e:
-                    if type(e).__name__ not in REPLICA_GONE or attempt == _GONE_RETRIES:
+                    if not replica_gone(e) or attempt == _GONE_RETRIES:
                         raise
                     # The replica (the Router's choice, or Serve's own before it noticed) died before it accepted
                     # (a node lost): nothing ran yet, so send the request to whichever live replica Serve picks.

@@ -107,6 +107,11 @@ class LocalRouter:
     def drop_replica(self, engine_key: str, replica_id: str) -> None:
         self.table.drop_replica(engine_key, replica_id)
 
+    def knows_live(self, engine_key: str) -> bool:
+        """Whether this table still lists a replica of the engine (an unknown engine: assume one)."""
+        core = self.table.cores.get(engine_key)
+        return core is None or bool(core.loads)
+
     def metrics(self) -> dict:
         out = self.table.metrics()
         for key in out:

@@ -158,3 +158,92 @@ def test_a_replica_that_dies_after_streaming_fails_the_request():
     with pytest.raises(ActorUnavailableError):
         asyncio.run(run())
     assert seen == ["partial"] and h.sent == ["r-dying"]  # the client saw output: no silent second answer
+
+
+def _local_table(replicas):
+    from serve_app.routing.local import LocalRouter
+    from serve_app.settings import RouterConfig
+
+    local = LocalRouter(RouterConfig(placement="ingress"), None, ["e"])
+    for rid in replicas:
+        local.table.register_replica("e", rid, None, None, 16)
+    local.table.sync_replicas("e", list(replicas))
+    return local
+
+
+def test_a_replica_that_dies_before_the_first_token_fails_the_request_when_no_other_is_known():
+    # The only replica died: waiting for Serve to start a replacement would hold the client's open stream for
+    # minutes; the request fails now instead, and nothing is sent again.
+    h = DyingHandle(before=[])
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dying")
+    client = ServeEngineClient({"e": h}, None, local=_local_table(["r-dying"]))
+    with pytest.raises(ActorUnavailableError):
+        asyncio.run(_texts(client, req))
+    assert h.sent == ["r-dying"] and not client.local.knows_live("e")
+
+
+def test_the_handover_goes_to_a_replica_the_table_still_lists():
+    h = DyingHandle(before=[])
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dying")
+    client = ServeEngineClient({"e": h}, None, local=_local_table(["r-dying", "r-live"]))
+    assert asyncio.run(_texts(client, req)) == ["ok"]
+    assert h.sent == ["r-dying", None]
+
+
+class NeverAccepts(DyingHandle):
+    """After the dying replica, no replica accepts (Serve holds the call until a replacement starts)."""
+
+    def remote(self, req):
+        if not self.sent:
+            return super().remote(req)
+        self.sent.append(req.target_replica)
+        gen = Gen(None, [], req.reply_to)
+
+        async def pending():
+            await asyncio.sleep(3600)
+
+        gen.__anext__ = pending
+        self.gens.append(gen)
+        return gen
+
+
+def test_a_handover_no_replica_accepts_in_time_fails_with_the_replicas_error(monkeypatch):
+    from serve_app.ingress import clients
+
+    monkeypatch.setattr(clients, "FAILOVER_ACCEPT_S", 0.2)
+    h = NeverAccepts(before=[])
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dying")
+    with pytest.raises(ActorUnavailableError):
+        asyncio.run(_texts(ServeEngineClient({"e": h}, None), req))
+    assert h.sent == ["r-dying", None] and h.gens[1].cancelled  # the waiting call is withdrawn
+
+
+class _Code:
+    def __init__(self, name):
+        self.name = name
+
+
+class AioRpcError(Exception):  # named like grpc's: Serve's gRPC transport raises it when a connection breaks
+    def __init__(self, code):
+        super().__init__(code)
+        self._code = _Code(code)
+
+    def code(self):
+        return self._code
+
+
+@pytest.mark.parametrize("code,gone", [("UNAVAILABLE", True), ("UNKNOWN", True), ("INTERNAL", True),
+                                       ("CANCELLED", True), ("RESOURCE_EXHAUSTED", False),
+                                       ("INVALID_ARGUMENT", False)])
+def test_a_broken_grpc_connection_counts_as_a_gone_replica(code, gone):
+    from serve_app.errors import replica_gone
+
+    assert replica_gone(AioRpcError(code)) is gone
+    assert replica_gone(ActorDiedError()) and not replica_gone(ValueError())
+
+
+def test_a_stream_removed_before_acceptance_is_retried_on_a_live_replica():
+    h = Handle(dead={"r-dead"}, error=lambda _msg: AioRpcError("UNKNOWN"))
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dead")
+    assert asyncio.run(_texts(ServeEngineClient({"e": h}, None), req)) == ["ok"]
+    assert h.sent == ["r-dead", None]
