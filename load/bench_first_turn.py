@@ -1,11 +1,14 @@
-"""A newcomer's first Claude Code turn on a config, timed end to end: `serve run <config>` (the README's first
-command), then the README's `claude` line with a fresh home and `-p "Reply with one short greeting."`.
+"""A newcomer's first harness turn on a config, timed end to end: `serve run <config>` (the README's first
+command), then the README's `claude` line with a fresh home and `-p "Reply with one short greeting."` — or, with
+`--harness codex`, docs/codex.md's lines: `python -m serve_app codex-config` against the running service into a
+fresh CODEX_HOME, then `codex exec` with the same prompt.
 
 Records how long the service took to become ready (`/health` 200), how long the turn took, the answer, and every
 request of the turn from the service's request log (prompt, cached and output tokens, TTFT, duration), with the
 command, commit and host. The real CLI comes from npm into `.tools/claude-code` (as the conformance tests do).
 
     python -m load.bench_first_turn --json load/results/first_turn_cpu.json
+    python -m load.bench_first_turn --harness codex --json load/results/first_turn_codex_cpu.json
 """
 
 from __future__ import annotations
@@ -56,10 +59,24 @@ def _requests_of(log_path: Path) -> list[dict]:
     return out
 
 
+def _codex_home(home: Path, url: str, model: str) -> Path:
+    """docs/codex.md's line: the provider block and model catalog from the running service."""
+    home.mkdir(parents=True)
+    r = subprocess.run([sys.executable, "-m", "serve_app", "codex-config", "--base-url", url, "--model", model,
+                        "--catalog-out", str(home / "serve_app_models.json")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        raise RuntimeError(f"codex-config failed: {r.stderr[-500:]}")
+    (home / "config.toml").write_text(r.stdout)
+    return home
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="config.yaml")
-    ap.add_argument("--model", default="claude-sonnet-4-6")
+    ap.add_argument("--harness", choices=("claude", "codex"), default="claude")
+    ap.add_argument("--model", help="the model the harness asks for (claude: claude-sonnet-4-6, codex: "
+                                    "smollm2-135m-instruct-32k, as docs/codex.md shows)")
     ap.add_argument("--prompt", default="Reply with one short greeting.")
     ap.add_argument("--port", type=int, default=8000, help="the config's http_options port")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
@@ -71,8 +88,13 @@ def main() -> None:
 
     from load.bench_capacity import git_commit, host
 
-    claude = npm_bin(TOOLS / "claude-code", "@anthropic-ai/claude-code", "claude")
-    version = subprocess.run([str(claude), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
+    if a.harness == "claude":
+        cli = npm_bin(TOOLS / "claude-code", "@anthropic-ai/claude-code", "claude")
+        a.model = a.model or "claude-sonnet-4-6"
+    else:
+        cli = npm_bin(TOOLS / "codex", "@openai/codex", "codex")
+        a.model = a.model or "smollm2-135m-instruct-32k"
+    version = subprocess.run([str(cli), "--version"], capture_output=True, text=True, timeout=60).stdout.strip()
     url = f"http://127.0.0.1:{a.port}"
     work = Path(tempfile.mkdtemp(prefix="first-turn-"))
     log_path = work / "serve.log"
@@ -82,13 +104,18 @@ def main() -> None:
                                 start_new_session=True)
     try:
         ready_s = _wait_ready(url, proc, 1200)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home"),
-               "ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "any"}  # the README's line, nothing more
-        env.update(dict(kv.split("=", 1) for kv in a.env))
         (work / "home").mkdir()
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work / "home")}
+        if a.harness == "claude":
+            env.update({"ANTHROPIC_BASE_URL": url, "ANTHROPIC_API_KEY": "any"})  # the README's line, nothing more
+            cmd = [str(cli), "--model", a.model, "-p", a.prompt]
+        else:
+            env["CODEX_HOME"] = str(_codex_home(work / "home" / ".codex", url, a.model))
+            cmd = [str(cli), "exec", "--skip-git-repo-check", a.prompt]
+        env.update(dict(kv.split("=", 1) for kv in a.env))
         t0 = time.monotonic()
-        r = subprocess.run([str(claude), "--model", a.model, "-p", a.prompt], cwd=work / "home", env=env,
-                           capture_output=True, text=True, timeout=1800)
+        r = subprocess.run(cmd, cwd=work / "home", env=env, capture_output=True, text=True, timeout=1800,
+                           stdin=subprocess.DEVNULL)
         turn_s = time.monotonic() - t0
         time.sleep(2)  # the last request-log line
         requests = _requests_of(log_path)
@@ -103,7 +130,7 @@ def main() -> None:
         subprocess.run([str(ROOT / ".venv" / "bin" / "ray"), "stop", "--force"], capture_output=True, timeout=120)
     out = {"command": " ".join(["python", "-m", "load.bench_first_turn", *sys.argv[1:]]), "commit": git_commit(),
            "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "config": a.config, "model": a.model,
-           "claude_code": version, "prompt": a.prompt,
+           "harness": a.harness, "version": version, "prompt": a.prompt,
            "results": {"ready_s": round(ready_s, 1), "turn_s": round(turn_s, 1), "exit_code": r.returncode,
                        "answer": r.stdout.strip()[-500:], "stderr_tail": r.stderr.strip()[-500:],
                        "requests": requests}}

@@ -92,6 +92,15 @@ def vllm_reasoning_parser(name: str | None, model_path: str) -> str | None:
     return vllm_name if len(tokenizer.encode(fmt.end, add_special_tokens=False)) == 1 else None
 
 
+def check_window_applied(wanted: int | None, model_config) -> None:
+    """Raise unless vLLM's model config has the window the model entry asked for: a model whose vLLM
+    implementation ignores `layer_types` would otherwise run full attention at 32K, silently and far slower."""
+    applied = model_config.get_sliding_window()
+    if wanted and applied != wanted:
+        raise RuntimeError(f"sliding_window {wanted} was not applied by vLLM's implementation of this model "
+                           f"(window in effect: {applied}); remove it from the model's config")
+
+
 def sliding_window_overrides(model_path: str, window: int, max_model_len: int) -> dict[str, Any]:
     """The model-config overrides that make every layer a sliding-window layer of `window` tokens.
 
@@ -199,11 +208,11 @@ class VLLMEngine:
 
         envs.enable_envs_cache()
         cfg = self.engine.vllm_config
-        applied = cfg.model_config.get_sliding_window()
-        if self.model.sliding_window and applied != self.model.sliding_window:
+        try:
+            check_window_applied(self.model.sliding_window, cfg.model_config)
+        except RuntimeError:
             self.shutdown()
-            raise RuntimeError(f"sliding_window {self.model.sliding_window} was not applied by vLLM's implementation "
-                               f"of this model (window in effect: {applied}); remove it from the model's config")
+            raise
         self.default_sampling = {k: v for k, v in cfg.model_config.get_diff_sampling_param().items()
                                  if k != "max_tokens"}  # the service sizes every request's max_tokens itself
         if self.default_sampling:

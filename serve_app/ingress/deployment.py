@@ -43,7 +43,8 @@ class Ingress:
             settings=cfg,
             service=service,
             secret=secret,
-            response_store=StoreClient(response_store) if response_store is not None else None,
+            response_store=(StoreClient(response_store, cfg.ingress.response_store_timeout_s)
+                            if response_store is not None else None),
             replica_tag=serve.get_replica_context().replica_tag,
         )
 

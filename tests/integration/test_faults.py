@@ -14,7 +14,6 @@ import asyncio
 import copy
 import importlib.util
 import json
-import re
 import time
 from pathlib import Path
 
@@ -23,6 +22,8 @@ import psutil
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.support.streams import assert_engine_error, is_delta, sse_data, sse_events, still_running, stream_body
 
 pytestmark = pytest.mark.integration
 
@@ -206,24 +207,6 @@ def test_fuzzed_requests_never_5xx(http, path):
 
 # -- disconnect storm ----------------------------------------------------------------------------------------
 
-def _stream_body(api: str, script: str, max_tokens: int) -> tuple[str, dict]:
-    if api == "anthropic":
-        return "/v1/messages", {"model": MODEL, "max_tokens": max_tokens, "stream": True,
-                                "messages": [{"role": "user", "content": "go"}], "nvext": {"forced_script": script}}
-    if api == "responses":
-        return "/v1/responses", {"model": MODEL, "max_output_tokens": max_tokens, "stream": True, "input": "go",
-                                 "store": False, "nvext": {"forced_script": script}}
-    return "/v1/chat/completions", {"model": MODEL, "max_tokens": max_tokens, "stream": True,
-                                    "messages": [{"role": "user", "content": "go"}], "nvext": {"forced_script": script}}
-
-
-def _is_delta(line: str) -> bool:
-    """A frame with model output (not Chat's opening role chunk, whose content is empty: it goes out when the
-    replica accepts, before any token)."""
-    return line.startswith("data:") and ('"text_delta"' in line or "output_text.delta" in line
-                                         or re.search(r'"content":"[^"]', line) is not None)
-
-
 def _running(handles) -> int:
     return sum(h.num_unfinished.remote().result(timeout_s=30) for h in handles.values())
 
@@ -234,12 +217,12 @@ def test_disconnect_storm_leaves_no_running_engine_request(serve_url, engine_han
 
     async def one(i: int, client: httpx.AsyncClient):
         nonlocal dropped
-        path, body = _stream_body(apis[i % 3], "word " * 1500, 1800)
+        path, body = stream_body(apis[i % 3], MODEL, "word " * 1500, 1800)
         async with client.stream("POST", f"{serve_url}{path}", json=body) as resp:
             if resp.status_code != 200:
                 return resp.status_code
             async for line in resp.aiter_lines():
-                if _is_delta(line):
+                if is_delta(line):
                     dropped += 1
                     return 200  # leaving the block closes the connection mid-stream
         return -1  # the stream ended without a delta
@@ -299,7 +282,7 @@ def small_app(serve_url, serve_config):
 
 async def _consume(client: httpx.AsyncClient, url: str, api: str, script: str, max_tokens: int):
     """(status, seconds to the response head, retry-after, error body or None, SSE lines, seconds in all)."""
-    path, body = _stream_body(api, script, max_tokens)
+    path, body = stream_body(api, MODEL, script, max_tokens)
     t0 = time.monotonic()
     async with client.stream("POST", url + path, json=body) as resp:
         head = time.monotonic() - t0
@@ -310,33 +293,10 @@ async def _consume(client: httpx.AsyncClient, url: str, api: str, script: str, m
         return 200, head, None, None, lines, time.monotonic() - t0
 
 
-def _sse_data(lines: list[str]) -> list:
-    """The JSON payloads of an SSE stream's `data:` lines, in order ("[DONE]" kept as the string)."""
-    out = []
-    for line in lines:
-        if line.startswith("data:"):
-            raw = line[5:].strip()
-            out.append(raw if raw == "[DONE]" else json.loads(raw))
-    return out
-
-
-def _sse_events(lines: list[str]) -> list[tuple[str | None, object]]:
-    """(event name or None, payload) for each SSE event."""
-    out, name = [], None
-    for line in lines:
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            raw = line[5:].strip()
-            out.append((name, raw if raw == "[DONE]" else json.loads(raw)))
-            name = None
-    return out
-
-
 def _refused_in_stream(lines: list[str]) -> bool:
     """The Responses API reports overload in-stream (response.failed, code server_is_overloaded: Codex's
     ServerOverloaded), the other two with an HTTP status before the stream starts."""
-    return any(isinstance(e, dict) and e.get("type") == "response.failed" for e in _sse_data(lines))
+    return any(isinstance(e, dict) and e.get("type") == "response.failed" for e in sse_data(lines))
 
 
 def test_overload_burst_is_answered_fast_with_retry_after(small_app):
@@ -363,7 +323,7 @@ def test_overload_burst_is_answered_fast_with_retry_after(small_app):
         assert head < 5.0, f"a refusal took {head:.1f}s: it queued instead of failing fast"
     for api, (*_, lines, took) in refused_in_stream:
         assert api == "responses", (api, lines[-3:])
-        data = _sse_data(lines)
+        data = sse_data(lines)
         failed = [e for e in data if e.get("type") == "response.failed"]
         assert len(failed) == 1 and data[-1] is failed[0], lines[-3:]  # the terminal event
         response = failed[0]["response"]
@@ -371,25 +331,9 @@ def test_overload_burst_is_answered_fast_with_retry_after(small_app):
         assert response["error"]["message"], response
         assert took < 5.0, f"an in-stream refusal took {took:.1f}s: it queued instead of failing fast"
     for _, (*_, lines, _) in served:
-        assert any(_is_delta(line) for line in lines), lines[-3:]  # whole answers, not error-only streams
+        assert any(is_delta(line) for line in lines), lines[-3:]  # whole answers, not error-only streams
     with httpx.Client(base_url=small_app, timeout=120) as c:
         _healthy(c)
-
-
-def _still_running(procs, within_s: float) -> list:
-    """The processes still running (not exited, not a zombie) once `within_s` has passed or all have ended."""
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = []
-        for p in procs:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.5)
 
 
 def test_engine_replica_killed_mid_stream(small_app):
@@ -410,13 +354,13 @@ def test_engine_replica_killed_mid_stream(small_app):
     async def stream_and_kill():
         async with httpx.AsyncClient(timeout=180) as c:
             async def watch(api):
-                path, body = _stream_body(api, "word " * 1500, 1800)
+                path, body = stream_body(api, MODEL, "word " * 1500, 1800)
                 async with c.stream("POST", small_app + path, json=body) as resp:
                     assert resp.status_code == 200
                     lines = []
                     async for line in resp.aiter_lines():
                         lines.append(line)
-                        if _is_delta(line):
+                        if is_delta(line):
                             streaming.add(api)
                             if len(streaming) == 2:
                                 both.set()
@@ -434,26 +378,8 @@ def test_engine_replica_killed_mid_stream(small_app):
     asyncio.run(stream_and_kill())
     assert sorted(api for api, _ in results) == ["anthropic", "chat"]
     for api, lines in results:
-        events = _sse_events(lines)
-        if api == "anthropic":
-            # Anthropic's in-stream error event, last, after the 200 and message_start; no message_stop.
-            name, data = events[-1]
-            assert name == "error", events[-3:]
-            assert set(data) == {"type", "error"} and data["type"] == "error", data
-            assert data["error"]["type"] == "api_error" and data["error"]["message"], data
-            assert not any(n == "message_stop" for n, _ in events), events[-3:]
-            assert events[0][0] == "message_start", events[:2]
-        else:
-            # Chat: an `{"error": {...}}` frame in OpenAI's envelope, then [DONE]; no chunk ever finished.
-            assert events[-1] == (None, "[DONE]"), events[-3:]
-            name, data = events[-2]
-            assert name is None and set(data) == {"error"}, events[-3:]
-            assert set(data["error"]) == {"message", "type", "param", "code"}, data
-            assert data["error"]["type"] == "server_error" and data["error"]["message"], data
-            chunks = [d for n, d in events[:-2] if n is None]
-            assert chunks and all(d["object"] == "chat.completion.chunk" for d in chunks), events[:3]
-            assert not any(c["finish_reason"] for d in chunks for c in d["choices"]), events[-4:]
-    assert not _still_running(engine_procs, within_s=60), "engine processes outlived their killed replica"
+        assert_engine_error(api, lines)
+    assert not still_running(engine_procs, within_s=60), "engine processes outlived their killed replica"
     # Serve replaces the replica; new requests succeed once it is up.
     deadline = time.monotonic() + 600
     with httpx.Client(base_url=small_app, timeout=120) as c:
@@ -481,13 +407,13 @@ def test_graceful_shutdown_lets_running_streams_finish(small_app):
             started = asyncio.Event()
 
             async def watch(api):
-                path, body = _stream_body(api, script, 400)
+                path, body = stream_body(api, MODEL, script, 400)
                 async with c.stream("POST", small_app + path, json=body) as resp:
                     assert resp.status_code == 200
                     lines = []
                     async for line in resp.aiter_lines():
                         lines.append(line)
-                        if _is_delta(line):
+                        if is_delta(line):
                             started.set()
                     results[api] = lines
 
@@ -506,7 +432,7 @@ def test_graceful_shutdown_lets_running_streams_finish(small_app):
     text = "".join(json.loads(line[5:])["delta"].get("text", "") for line in results["anthropic"]
                    if line.startswith("data:") and '"content_block_delta"' in line)
     assert text.split() == script.split()
-    chat = _sse_events(results["chat"])
+    chat = sse_events(results["chat"])
     assert chat[-1] == (None, "[DONE]"), chat[-3:]
     chunks = [d for n, d in chat[:-1] if n is None]
     assert all("error" not in d for d in chunks), chunks[-2:]

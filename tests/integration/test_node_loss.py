@@ -13,9 +13,7 @@ a worker node joins (as when a cluster autoscaler adds a node), and is lost with
 from __future__ import annotations
 
 import asyncio
-import json
 import random
-import re
 import time
 
 import httpx
@@ -25,13 +23,13 @@ import pytest
 from serve_app import metrics
 from tests.support.prometheus import samples
 from tests.support.routing import routing_metrics, routing_metrics_async
+from tests.support.streams import APIS, assert_engine_error, is_delta, still_running, stream_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
 PORT = 8012  # not the session server's 8011
 APP = "nodeloss"
 MODEL = "smollm2-135m-instruct"
-APIS = ("anthropic", "chat", "responses")
 WORDS = "cache router block prefix token engine replica stream parser session agent tool patch test".split()
 
 ARGS = {
@@ -140,82 +138,12 @@ def _chat(url: str, prompt: str) -> httpx.Response:
         "nvext": {"forced_script": "ok"}})
 
 
-def _stream_body(api: str, prompt: str, script: str, max_tokens: int) -> tuple[str, dict]:
-    forced = {"forced_script": script}
-    if api == "anthropic":
-        return "/v1/messages", {"model": MODEL, "max_tokens": max_tokens, "stream": True, "nvext": forced,
-                                "messages": [{"role": "user", "content": prompt}]}
-    if api == "responses":
-        return "/v1/responses", {"model": MODEL, "max_output_tokens": max_tokens, "stream": True, "input": prompt,
-                                 "store": False, "nvext": forced}
-    return "/v1/chat/completions", {"model": MODEL, "max_tokens": max_tokens, "stream": True, "nvext": forced,
-                                    "messages": [{"role": "user", "content": prompt}]}
-
-
-def _is_delta(line: str) -> bool:
-    """A frame with model output (not Chat's opening role chunk, whose content is empty: it goes out when the
-    replica accepts, before any token)."""
-    return line.startswith("data:") and ('"text_delta"' in line or "output_text.delta" in line
-                                         or re.search(r'"content":"[^"]', line) is not None)
-
-
-def _sse_events(lines: list[str]) -> list[tuple[str | None, object]]:
-    out, name = [], None
-    for line in lines:
-        if line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            raw = line[5:].strip()
-            out.append((name, raw if raw == "[DONE]" else json.loads(raw)))
-            name = None
-    return out
-
-
-def _assert_engine_error(api: str, lines: list[str]) -> None:
-    """The stream ended with its API's error event for a failed engine (as in test_faults.py's replica kill)."""
-    events = _sse_events(lines)
-    assert events, (api, lines)
-    if api == "anthropic":
-        name, data = events[-1]
-        assert name == "error" and data["type"] == "error", events[-3:]
-        assert data["error"]["type"] == "api_error" and data["error"]["message"], data
-        assert not any(n == "message_stop" for n, _ in events) and events[0][0] == "message_start", events[:2]
-    elif api == "chat":
-        assert events[-1] == (None, "[DONE]"), events[-3:]
-        name, data = events[-2]
-        assert name is None and set(data) == {"error"}, events[-3:]
-        assert data["error"]["type"] == "server_error" and data["error"]["message"], data
-        chunks = [d for n, d in events[:-2] if n is None]
-        assert not any(c["finish_reason"] for d in chunks for c in d["choices"]), events[-4:]
-    else:
-        data = [d for _, d in events]
-        assert data[-1]["type"] == "response.failed", data[-2:]
-        response = data[-1]["response"]
-        assert response["status"] == "failed" and response["error"]["code"] == "server_error", response
-        assert response["error"]["message"], response
-
-
 def _raylet_tree(node) -> list[psutil.Process]:
     """The processes of a cluster node's raylet: its workers (the engine replica) and their vLLM children."""
     import ray._private.ray_constants as rc
 
     raylet = psutil.Process(node.all_processes[rc.PROCESS_TYPE_RAYLET][0].process.pid)
     return raylet.children(recursive=True)
-
-
-def _still_running(procs, within_s: float) -> list:
-    deadline = time.monotonic() + within_s
-    while True:
-        alive = []
-        for p in procs:
-            try:
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
-            except psutil.NoSuchProcess:
-                pass
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.5)
 
 
 def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
@@ -253,14 +181,14 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     dropped = [None]  # seconds after the kill the Router no longer listed the lost replica
 
     async def stream(i: int, api: str, client: httpx.AsyncClient, started: asyncio.Event):
-        path, body = _stream_body(api, f"stream {i}: " + " ".join(rng.choice(WORDS) for _ in range(100)),
+        path, body = stream_body(api, MODEL, f"stream {i}: " + " ".join(rng.choice(WORDS) for _ in range(100)),
                                   script, 3600)
         lines[i] = []
         async with client.stream("POST", url + path, json=body) as resp:
             assert resp.status_code == 200, await resp.aread()
             async for line in resp.aiter_lines():
                 lines[i].append(line)
-                if _is_delta(line):
+                if is_delta(line):
                     started.set()
                     if killed.is_set():
                         survivors_after_kill[i] = survivors_after_kill.get(i, 0) + 1
@@ -322,7 +250,7 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     assert not finished_early, f"streams {sorted(finished_early)} ended before the node was lost: make them longer"
     victims = [i for i in on if on[i] == joined]
     for i in victims:
-        _assert_engine_error(APIS[i % 3], lines[i])
+        assert_engine_error(APIS[i % 3], lines[i])
     for i in on:
         if on[i] == first:  # unaffected: no error, and it kept streaming after the node was gone
             assert survivors_after_kill.get(i, 0) >= 20 or any('"message_stop"' in x or "[DONE]" in x
@@ -350,6 +278,6 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     wait_for(lambda: _admitted(url) == 0, 60, "the ingress's admission slots")
     wait_for(lambda: engine.num_unfinished.remote().result(timeout_s=30) == 0, 60, "the live engine to idle")
     # Nothing of the lost node outlives it, its vLLM engine processes included.
-    assert not _still_running(node_procs, within_s=60), "processes of the lost node are still running"
+    assert not still_running(node_procs, within_s=60), "processes of the lost node are still running"
     r = _chat(url, "after")
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"

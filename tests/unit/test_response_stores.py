@@ -422,3 +422,38 @@ async def test_the_deployment_bounds_a_call_to_a_database_that_stops_answering(p
     finally:
         os.kill(pid, signal.SIGCONT)
     assert await store.get("a") == {"v": 1}  # the server answers again: so does the store
+
+
+class ActorDiedError(Exception):  # named like Ray's: errors are classified by name
+    pass
+
+
+class _GoneHandle:
+    """A store deployment handle whose replica is gone: each call hangs (no replica to take it) or fails."""
+
+    def __init__(self, how: str):
+        self.how, self.calls = how, 0
+        self.put = self.get = self.delete = self
+
+    def remote(self, *args):
+        self.calls += 1
+
+        async def call():
+            if self.how == "hangs":
+                await asyncio.sleep(3600)
+            raise ActorDiedError("the actor died unexpectedly")
+
+        return call()
+
+
+@pytest.mark.parametrize("how", ["hangs", "dies"])
+async def test_a_store_replica_that_is_gone_answers_503_not_a_hang(how):
+    handle = _GoneHandle(how)
+    app = create_app(IngressContext(settings=SETTINGS, service=StubService(), secret=b"s",
+                                    response_store=StoreClient(handle, timeout_s=0.05)))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+        r = await asyncio.wait_for(c.get("/v1/responses/resp_1"), 30)
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["type"] == "server_error" and err["code"] == "store_unavailable" and "retry shortly" in err["message"]
+    assert handle.calls == 1

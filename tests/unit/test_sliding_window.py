@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from serve_app.engine import provision
-from serve_app.engine.vllm_engine import build_engine_args, sliding_window_overrides
+from serve_app.engine.vllm_engine import build_engine_args, check_window_applied, sliding_window_overrides
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
 
@@ -63,3 +63,27 @@ def test_the_default_configs_long_context_engines_use_a_window_not_a_rope_stretc
         long = AppSettings.from_yaml(ROOT / cfg).find_model("claude-sonnet-4-6")
         assert long.max_model_len >= 32768 and long.sliding_window, cfg
         assert "rope_parameters" not in long.hf_overrides, cfg
+
+
+def _vllm_model_config(path: str, hf_overrides: dict | None, max_model_len: int):
+    from vllm.config import ModelConfig as VllmModelConfig
+
+    return VllmModelConfig(model=path, tokenizer=path, max_model_len=max_model_len, hf_overrides=hf_overrides or {},
+                           enforce_eager=True)
+
+
+def test_vllm_takes_the_window_from_the_overrides_and_the_start_up_check_passes():
+    path = provision.ensure_model(SOURCE)
+    args = build_engine_args(_model(sliding_window=4096), path)
+    cfg = _vllm_model_config(path, args.hf_overrides, 32768)
+    assert cfg.get_sliding_window() == 4096 and cfg.max_model_len == 32768
+    check_window_applied(4096, cfg)
+
+
+def test_the_start_up_check_refuses_an_engine_whose_window_was_not_applied():
+    path = provision.ensure_model(SOURCE)
+    cfg = _vllm_model_config(path, None, 8192)  # what a model whose implementation ignores the overrides gets
+    assert cfg.get_sliding_window() is None
+    with pytest.raises(RuntimeError, match="sliding_window 4096 was not applied"):
+        check_window_applied(4096, cfg)
+    check_window_applied(None, cfg)  # no window asked: nothing to check

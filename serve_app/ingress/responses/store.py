@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from ray import serve
 
-from serve_app.errors import ServiceError
+from serve_app.errors import ServiceError, replica_gone
 
 DSN_ENV = "SERVE_APP_RESPONSE_STORE_DSN"
 
@@ -166,18 +166,29 @@ def bind_store(settings) -> Any:
 class StoreClient:
     """What the routes use: async put/get over a DeploymentHandle, or over a local store in unit tests."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, timeout_s: float = 5.0):
+        """`timeout_s`: the store's own bound on a call (`ingress.response_store_timeout_s`). The call through the
+        handle gets twice that: past it the store's replica is gone or not yet replaced (Serve would hold the call
+        until one runs), not merely slow, and the request gets the same 503 as an unreachable database."""
         self.backend = backend
+        self.timeout_s = timeout_s
         self._local = getattr(backend.put, "remote", None) is None  # a store object, not a deployment handle
 
     async def _call(self, method: str, *args) -> Any:
         try:
             if self._local:
                 return getattr(self.backend, method)(*args)
-            return await getattr(self.backend, method).remote(*args)
+            return await asyncio.wait_for(getattr(self.backend, method).remote(*args), 2 * self.timeout_s)
         except StoreUnavailable as err:  # through a handle: Ray's error, an instance of the store's too
-            raise ServiceError("api_error", str(getattr(err, "cause", err)), status=503,
-                               code="store_unavailable") from None
+            raise _unavailable(str(getattr(err, "cause", err))) from None
+        except asyncio.TimeoutError:
+            raise _unavailable(f"the Responses store's replica did not answer within {2 * self.timeout_s:g} s; "
+                               "retry shortly") from None
+        except Exception as err:
+            if replica_gone(err):
+                raise _unavailable(f"the Responses store's replica is gone ({type(err).__name__}); "
+                                   "retry shortly") from None
+            raise
 
     async def put(self, key: str, record: Any) -> bool:
         return await self._call("put", key, record)
@@ -187,3 +198,7 @@ class StoreClient:
 
     async def delete(self, key: str) -> bool:
         return await self._call("delete", key)
+
+
+def _unavailable(message: str) -> ServiceError:
+    return ServiceError("api_error", message, status=503, code="store_unavailable")

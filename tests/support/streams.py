@@ -1,0 +1,97 @@
+"""Streamed requests of the three APIs as the fault tests send and read them: request bodies, SSE parsing, and
+what a stream failed by a lost engine must look like."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import psutil
+
+APIS = ("anthropic", "chat", "responses")
+
+
+def stream_body(api: str, model: str, script: str, max_tokens: int, prompt: str = "go") -> tuple[str, dict]:
+    """(path, body) of a streamed request whose answer is the forced `script`."""
+    forced = {"forced_script": script}
+    if api == "anthropic":
+        return "/v1/messages", {"model": model, "max_tokens": max_tokens, "stream": True, "nvext": forced,
+                                "messages": [{"role": "user", "content": prompt}]}
+    if api == "responses":
+        return "/v1/responses", {"model": model, "max_output_tokens": max_tokens, "stream": True, "input": prompt,
+                                 "store": False, "nvext": forced}
+    return "/v1/chat/completions", {"model": model, "max_tokens": max_tokens, "stream": True, "nvext": forced,
+                                    "messages": [{"role": "user", "content": prompt}]}
+
+
+def is_delta(line: str) -> bool:
+    """A frame with model output (not Chat's opening role chunk, whose content is empty: it goes out when the
+    replica accepts, before any token)."""
+    return line.startswith("data:") and ('"text_delta"' in line or "output_text.delta" in line
+                                         or re.search(r'"content":"[^"]', line) is not None)
+
+
+def sse_data(lines: list[str]) -> list:
+    """The JSON payloads of an SSE stream's `data:` lines, in order ("[DONE]" kept as the string)."""
+    return [data for _, data in sse_events(lines)]
+
+
+def sse_events(lines: list[str]) -> list[tuple[str | None, object]]:
+    """(event name or None, payload) for each SSE event."""
+    out, name = [], None
+    for line in lines:
+        if line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            raw = line[5:].strip()
+            out.append((name, raw if raw == "[DONE]" else json.loads(raw)))
+            name = None
+    return out
+
+
+def assert_engine_error(api: str, lines: list[str]) -> None:
+    """The stream ended with its API's error event for a failed engine, after output and without a normal end."""
+    events = sse_events(lines)
+    assert events, (api, lines)
+    if api == "anthropic":
+        # Anthropic's in-stream error event, last, after the 200 and message_start; no message_stop.
+        name, data = events[-1]
+        assert name == "error", events[-3:]
+        assert set(data) == {"type", "error"} and data["type"] == "error", data
+        assert data["error"]["type"] == "api_error" and data["error"]["message"], data
+        assert not any(n == "message_stop" for n, _ in events), events[-3:]
+        assert events[0][0] == "message_start", events[:2]
+    elif api == "chat":
+        # An `{"error": {...}}` frame in OpenAI's envelope, then [DONE]; no chunk ever finished.
+        assert events[-1] == (None, "[DONE]"), events[-3:]
+        name, data = events[-2]
+        assert name is None and set(data) == {"error"}, events[-3:]
+        assert set(data["error"]) == {"message", "type", "param", "code"}, data
+        assert data["error"]["type"] == "server_error" and data["error"]["message"], data
+        chunks = [d for n, d in events[:-2] if n is None]
+        assert chunks and all(d["object"] == "chat.completion.chunk" for d in chunks), events[:3]
+        assert not any(c["finish_reason"] for d in chunks for c in d["choices"]), events[-4:]
+    else:
+        data = [d for _, d in events]
+        assert data[-1]["type"] == "response.failed", data[-2:]
+        response = data[-1]["response"]
+        assert response["status"] == "failed" and response["error"]["code"] == "server_error", response
+        assert response["error"]["message"], response
+    assert any(is_delta(line) for line in lines), (api, lines[:6])  # it failed mid-answer, not before
+
+
+def still_running(procs, within_s: float) -> list:
+    """The processes still running (not exited, not a zombie) once `within_s` has passed or all have ended."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = []
+        for p in procs:
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.5)
