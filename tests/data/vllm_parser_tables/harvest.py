@@ -5,6 +5,11 @@ formats this service ships (see NOTICE.md for what is taken and from which revis
 
     python tests/data/vllm_parser_tables/harvest.py /path/to/vllm-checkout --debug   # + how each streaming test went
 
+    python tests/data/vllm_parser_tables/harvest.py /path/to/tree --commit BASE --file-sources sources.json
+
+`--file-sources` names, per file read, where it came from when the tree is assembled from several revisions
+(`{"tests/...py": {"commit": SHA, "date": "YYYY-MM-DD" or null, "via": "..."}}`); tables.json keeps it as `files`.
+
 Each test module is executed with its vLLM/transformers imports stubbed (no vLLM, tokenizer or network needed;
 openai_harmony is the real one, to render the gpt-oss conversations). Three sources: module-level reasoning dicts
 (`{"output", "reasoning", "content"}`), `ToolParserTestConfig` fixtures, and every test function that parses a
@@ -41,6 +46,9 @@ REASONING_FILES = {
     "tests/reasoning/test_minimax_m2_reasoning_parser.py": ("minimax_m2", True),
     "tests/reasoning/test_mistral_reasoning_parser.py": ("mistral", None),
     "tests/reasoning/test_nemotron_v3_reasoning_parser.py": ("nemotron_v3", True),
+    # GLM-4.7's and Kimi-K2.5's templates open <think> in the generation prompt (vLLM parses both as R1)
+    "tests/reasoning/test_glm47_reasoning_parser.py": ("glm47", True),
+    "tests/reasoning/test_kimi_k25_reasoning_parser.py": ("kimi_k25", True),
 }
 TOOL_FILES = {
     "tests/tool_parsers/test_deepseekv3_tool_parser.py": "deepseek_v3",
@@ -65,6 +73,12 @@ INLINE_FILES = {
     **{rel: (None, parser, None, False) for rel, parser in TOOL_FILES.items()},
     "tests/tool_parsers/test_openai_tool_parser.py": ("gpt_oss", "openai", None, True),
     "tests/entrypoints/openai/parser/test_harmony_utils.py": ("gpt_oss", "openai", None, True),
+    # bug reproducers added after the first harvest; the Qwen3 file drives both vLLM's qwen3_xml and qwen3_coder
+    # parsers, one format here
+    "tests/tool_parsers/test_qwen3_xml_coder_shared.py": (None, "qwen3_coder", None, False),
+    "tests/tool_parsers/test_qwen36_bugs.py": (None, "qwen3_coder", None, False),
+    "tests/tool_parsers/test_glm47_final_delta_bug.py": (None, "glm47", None, False),
+    "tests/reasoning/test_qwen3_tool_call_recovery.py": ("qwen3", None, True, False),
     "tests/reasoning/test_kimi_k2_reasoning_parser.py": ("kimi_k2", None, True, False),
     # deepseek_v3 switches on chat_template_kwargs thinking: its file's whole-text test is the thinking-off
     # (identity) case. The gpt-oss file asserts only is_reasoning_end / structured tags (no parsed text), so it
@@ -693,6 +707,10 @@ def _check(f, want):
 def _contains(a, b, negate, direct):
     if isinstance(b, P):
         return b._rec("not contains" if negate else "contains", a)
+    if isinstance(b, (list, tuple)) and any(isinstance(x, P) for x in b):
+        # membership in a list built from recorded values: each `==` it makes would record a false expectation
+        STATE["touched"] = True
+        return not negate
     if STATE["in_assert"] and not direct and _has_sentinel(b):
         STATE["touched"] = True
     elif STATE["in_assert"] and direct and isinstance(b, str) and _sentinel(b) and isinstance(a, str):
@@ -749,6 +767,8 @@ def _resolve(name, owner, ns, rec, row, depth=0):
     if name == "request":  # pytest's FixtureRequest: fixtures looked up by name
         return types.SimpleNamespace(param=None, node=Stub(), getfixturevalue=lambda n: _resolve(
             n, owner, ns, rec, row, depth + 1))
+    if name.endswith("parser_cls"):  # a fixture that hands the test a parser class (parametrized over vLLM's)
+        return rec.ProbeParser
     if "parser" in name:
         val = _call_fixture(fix, owner, ns, rec, depth) if callable(fix) else None
         return val if isinstance(val, rec.ProbeParser) else rec.ProbeParser()
@@ -827,7 +847,9 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
     TABLES.clear()
     tree = _Asserts().visit(ast.parse(path.read_text()))
     ast.fix_missing_locations(tree)
-    ns: dict = {"__name__": "harvested", "__file__": str(path), "__builtins__": builtins}
+    # the rewritten comparisons are needed while the module runs (a module-level `if __name__ == "__main__"`)
+    ns: dict = {"__name__": "harvested", "__file__": str(path), "__builtins__": builtins, "_vllm_eq": _eq,
+                "_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in}
     # the helpers and parser classes the module imports resolve to the recording ones
     helpers = {n: getattr(rec, n) for n in ("run_tool_extraction", "run_tool_extraction_nonstreaming",
                                             "run_tool_extraction_streaming", "run_reasoning_extraction",
@@ -942,6 +964,7 @@ def harvest(root: Path) -> list[dict]:
         vectors += _config_vectors(rel, ns, parser)
     known = {(v["reasoning_parser"], v["tool_parser"], v["model_output"]) for v in vectors}
     harmony = None
+    ids = {v["id"] for v in vectors}
     for rel, (rparser, tparser, opens, uses_harmony) in INLINE_FILES.items():
         if uses_harmony and harmony is None:
             from openai_harmony import HarmonyEncodingName, load_harmony_encoding
@@ -952,7 +975,11 @@ def harvest(root: Path) -> list[dict]:
             if not v.text or (not streamed and (rparser, tparser, v.text) in known):  # no text, or known
                 continue
             n = counts[v.func] = counts.get(v.func, 0) + 1
-            vec = {"id": f"{tparser or rparser}/{v.func}#{n}", "source": f"{rel}::{v.func}",
+            vid = f"{tparser or rparser}/{v.func}#{n}"
+            if vid in ids:  # a later file's test of the same name for the same parser: the file names it
+                vid = f"{tparser or rparser}/{Path(rel).stem}::{v.func}#{n}"
+            ids.add(vid)
+            vec = {"id": vid, "source": f"{rel}::{v.func}",
                    "reasoning_parser": rparser, "tool_parser": tparser,
                    "prompt_opens_think": False if v.thinking_off else opens,
                    "model_output": v.text, "expect": {"checks": v.checks}}
@@ -979,12 +1006,19 @@ def main() -> None:
     ap.add_argument("--commit", help="the checkout's vLLM commit (default: git rev-parse HEAD)")
     ap.add_argument("--out", type=Path, default=HERE / "tables.json")
     ap.add_argument("--debug", action="store_true", help="say why each test that yields no vector stopped")
+    ap.add_argument("--file-sources", type=Path, help="JSON: per file read, the revision it was taken from")
     a = ap.parse_args()
     commit = a.commit or subprocess.run(["git", "-C", str(a.checkout), "rev-parse", "HEAD"], capture_output=True,
                                         text=True).stdout.strip()
     vectors = harvest(a.checkout)
-    a.out.write_text(json.dumps({"repository": "https://github.com/vllm-project/vllm", "commit": commit,
-                                 "license": "Apache-2.0", "vectors": vectors}, ensure_ascii=False, indent=1) + "\n")
+    meta = {"repository": "https://github.com/vllm-project/vllm", "commit": commit, "license": "Apache-2.0"}
+    if a.file_sources:
+        files = json.loads(a.file_sources.read_text())
+        read = sorted({*REASONING_FILES, *TOOL_FILES, *INLINE_FILES})
+        missing = [f for f in read if f not in files]
+        assert not missing, f"no source given for {missing}"
+        meta["files"] = {f: files[f] for f in read}
+    a.out.write_text(json.dumps({**meta, "vectors": vectors}, ensure_ascii=False, indent=1) + "\n")
     print(f"{len(vectors)} vectors -> {a.out}")
     if a.debug:
         for row in sorted(set((f, t, kind, ", ".join(attrs)) for f, t, kind, attrs in STREAM_REPORT)):
