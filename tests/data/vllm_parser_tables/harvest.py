@@ -68,7 +68,10 @@ TOOL_FILES = {
 }
 
 # Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt
-# opens the think block, Harmony).
+# opens the think block, Harmony). BY_NAME: the tool parser is the one the test looks up in vLLM's registry (only the
+# formats this service ships are kept).
+BY_NAME = "<by name>"
+SHIPPED_TOOL_PARSERS = {*TOOL_FILES.values(), "openai", "qwen3_xml", "qwen3_coder"}
 INLINE_FILES = {
     **{rel: (None, parser, None, False) for rel, parser in TOOL_FILES.items()},
     "tests/tool_parsers/test_openai_tool_parser.py": ("gpt_oss", "openai", None, True),
@@ -79,6 +82,8 @@ INLINE_FILES = {
     "tests/tool_parsers/test_qwen36_bugs.py": (None, "qwen3_coder", None, False),
     "tests/tool_parsers/test_glm47_final_delta_bug.py": (None, "glm47", None, False),
     "tests/reasoning/test_qwen3_tool_call_recovery.py": ("qwen3", None, True, False),
+    # one fixture per format, each naming vLLM's parser: the vector takes the name its test asked the registry for
+    "tests/tool_parsers/test_format_conformance.py": (None, BY_NAME, None, False),
     "tests/reasoning/test_kimi_k2_reasoning_parser.py": ("kimi_k2", None, True, False),
     # deepseek_v3 switches on chat_template_kwargs thinking: its file's whole-text test is the thinking-off
     # (identity) case. The gpt-oss file asserts only is_reasoning_end / structured tags (no parsed text), so it
@@ -510,6 +515,7 @@ class Recording:
                 # the template was told not to think: the prompt does not open the think block
                 off = kw.get("enable_thinking") is False or kw.get("thinking") is False
                 v = Vec(text, _tools_of(request) or self.tools, off)
+                v.parser_name = getattr(type(self), "vllm_name", None)
                 rec.vectors.append(v)
                 return v
 
@@ -854,8 +860,11 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
     helpers = {n: getattr(rec, n) for n in ("run_tool_extraction", "run_tool_extraction_nonstreaming",
                                             "run_tool_extraction_streaming", "run_reasoning_extraction",
                                             "run_reasoning_extraction_streaming")}
-    manager = types.SimpleNamespace(get_tool_parser=lambda *a: rec.ProbeParser,
-                                    get_reasoning_parser=lambda *a: rec.ProbeParser)
+    def named_probe(name=None, *a):  # the registry lookup: the probe remembers which parser the test asked for
+        return type("NamedProbe", (rec.ProbeParser,), {"vllm_name": name}) if isinstance(name, str) else \
+            rec.ProbeParser
+
+    manager = types.SimpleNamespace(get_tool_parser=named_probe, get_reasoning_parser=lambda *a: rec.ProbeParser)
     StubModule.extra = {**helpers, "_probe_parser": rec.ProbeParser, "ToolParserManager": manager,
                         "ReasoningParserManager": manager, **STREAM_HELPERS}
     if harmony is not None:
@@ -864,6 +873,7 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
             rec.vectors.append(v)
             return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),)), Stub()
         StubModule.extra.update(get_encoding=lambda *a: harmony, parse_chat_output=parse_chat_output)
+    sys.modules["harvested"] = types.ModuleType("harvested")  # dataclasses look their module up there
     exec(compile(tree, str(path), "exec"), ns)
     ns.update({n: f for n, f in MODULE_HELPERS.items() if n in ns})
     ns.update({"_vllm_eq": _eq, "_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in,
@@ -969,12 +979,17 @@ def harvest(root: Path) -> list[dict]:
         if uses_harmony and harmony is None:
             from openai_harmony import HarmonyEncodingName, load_harmony_encoding
             harmony = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-        counts: dict[str, int] = {}
+        counts: dict[tuple, int] = {}
+        file_tparser = tparser
         for v in record_inline(root / rel, harmony if uses_harmony else None):
+            if file_tparser == BY_NAME:
+                tparser = getattr(v, "parser_name", None)
+                if tparser not in SHIPPED_TOOL_PARSERS:
+                    continue
             streamed = hasattr(v, "deltas")
             if not v.text or (not streamed and (rparser, tparser, v.text) in known):  # no text, or known
                 continue
-            n = counts[v.func] = counts.get(v.func, 0) + 1
+            n = counts[(tparser, v.func)] = counts.get((tparser, v.func), 0) + 1
             vid = f"{tparser or rparser}/{v.func}#{n}"
             if vid in ids:  # a later file's test of the same name for the same parser: the file names it
                 vid = f"{tparser or rparser}/{Path(rel).stem}::{v.func}#{n}"
