@@ -43,6 +43,7 @@ class HarmonyFormat:
 
 
 _THINK = ("<think>", "</think>")
+_KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 
 REASONING_PARSERS: dict[str, ReasoningFormat] = {
     r.name: r
@@ -54,10 +55,9 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
         ReasoningFormat("nemotron_v3", *_THINK, starts_in_reasoning=True),
         ReasoningFormat("glm45", *_THINK, special_tokens=True),
         ReasoningFormat("glm47", *_THINK, special_tokens=True),
-        ReasoningFormat("kimi_k2", *_THINK, tool_ends_reasoning=True, special_tokens=True,
-                        ends_at=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")),
+        ReasoningFormat("kimi_k2", *_THINK, tool_ends_reasoning=True, special_tokens=True, ends_at=_KIMI_SECTION),
         ReasoningFormat("kimi_k25", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
-                        special_tokens=True),
+                        special_tokens=True, ends_at=_KIMI_SECTION),
         ReasoningFormat("minimax_m2", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
                         special_tokens=True),
         ReasoningFormat("step3", *_THINK, starts_in_reasoning=True),

@@ -61,7 +61,7 @@ class ToolSchemas:
         return bool(self.types(tool, param) & _STRINGY)
 
     def nullable_string(self, tool: str, param: str) -> bool:
-        """A string that may also be null (`anyOf [string, null]`): the text `null` means null."""
+        """A string that may also be null (`anyOf [string, null]`): the text `null` (or Python's `None`) means null."""
         types = self.types(tool, param)
         return bool(types & _STRINGY) and "null" in types
 
@@ -75,7 +75,8 @@ class ToolSchemas:
 def coerce(raw: str, types: frozenset[str]) -> str:
     """The JSON text for a buffered non-string value. Falls back to a JSON string when the text does not fit."""
     s = raw.strip()
-    if s == "null" or (s == "" and "null" in types):
+    # `None` is Python's null: templates that render values with Python's str() (Qwen3.5's) teach models to write it
+    if s == "null" or ((s == "" or s == "None") and "null" in types):
         return "null"
     if types & {"integer", "int", "number", "float", "double"}:
         try:
@@ -93,17 +94,50 @@ def coerce(raw: str, types: frozenset[str]) -> str:
             return low
     if types & {"object", "array", "dict", "list"} or not types:
         try:
-            return json.dumps(json.loads(s), ensure_ascii=False)
+            v = json.loads(s)
+            if isinstance(v, str) and types and not types & _STRINGY and (inner := _container(v.strip())) is not None:
+                return inner  # an object written as a JSON string of itself (a template that json.dumps'd str(dict))
+            return json.dumps(v, ensure_ascii=False)
         except ValueError:
             pass
-        if s[:1] in "{[" and s:  # a Python literal ({'k': 'v'}): what models trained on Python often write
-            try:
-                v = ast.literal_eval(s)
-                if isinstance(v, (dict, list)):
-                    return json.dumps(v, ensure_ascii=False)
-            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-                pass
+        if (v := _container(s)) is not None:
+            return v
     return json.dumps(raw, ensure_ascii=False)
+
+
+def _container(s: str) -> str | None:
+    """The JSON text of an object or array written as JSON or as a Python literal ({'k': 'v'}: what models trained
+    on Python often write), else None."""
+    if s[:1] not in ("{", "["):
+        return None
+    try:
+        v = json.loads(s)
+    except ValueError:
+        try:
+            v = ast.literal_eval(s)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            return None
+    return json.dumps(v, ensure_ascii=False) if isinstance(v, (dict, list)) else None
+
+
+def coerce_marked_json(raw: str, types: frozenset[str]) -> str:
+    """DSML `string="false"` values. A parameter the schema describes gets the schema's type (a string parameter stays
+    a string even when the text is `null` or `42`, vLLM's rule since May 2026); one it does not describe is decoded
+    as the model's marker says (decode_or_string), where vLLM keeps it a string."""
+    if not types:
+        return decode_or_string(raw)
+    if types & _STRINGY and not types - _STRINGY - {"null"}:
+        s = raw.strip()
+        if s == "null" and "null" in types:
+            return "null"
+        try:
+            v = json.loads(s)
+            if isinstance(v, str):  # a JSON string literal: its text
+                return json.dumps(v, ensure_ascii=False)
+        except ValueError:
+            pass
+        return json.dumps(raw, ensure_ascii=False)
+    return coerce(raw, types)
 
 
 def decode_or_string(raw: str) -> str:

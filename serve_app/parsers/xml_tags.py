@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from serve_app.parsers.jsonscan import json_string_chunk
 from serve_app.parsers.markers import Matcher
-from serve_app.parsers.schema import ToolSchemas, coerce, decode_or_string
+from serve_app.parsers.schema import ToolSchemas, coerce, coerce_marked_json, decode_or_string
 from serve_app.parsers.section import SectionEngine
 from serve_app.parsers.sink import Sink
 
@@ -181,7 +181,7 @@ class XmlEngine(SectionEngine):
         self.vbuf.append(c)
         if self.vmode == "nstring":
             held = "".join(self.vbuf)
-            if not "null".startswith(held):  # not null: stream it as the string it is
+            if not ("null".startswith(held) or "None".startswith(held)):  # not null: stream it as the string it is
                 self.nparams -= 1
                 sink.args(self.idx, self._sep() + json.dumps(self.vkey, ensure_ascii=False) + ': "'
                           + json_string_chunk(held))
@@ -194,7 +194,7 @@ class XmlEngine(SectionEngine):
             return
         raw = "".join(self.vbuf)
         if self.vmode == "nstring":
-            val = "null" if raw == "null" else json.dumps(raw, ensure_ascii=False)
+            val = "null" if raw in ("null", "None") else json.dumps(raw, ensure_ascii=False)  # None: Python's null
         elif self.vmode == "wrap":
             val = json.dumps(raw, ensure_ascii=False) if self.wrap_mode in ("string", "nstring") else (
                 decode_or_string(raw) if self.wrap_mode == "json" else
@@ -210,7 +210,7 @@ class XmlEngine(SectionEngine):
                                  json.dumps(inner, ensure_ascii=False))
                 return
         elif self.vmode == "json":
-            val = decode_or_string(raw)
+            val = coerce_marked_json(raw, self.schemas.types(self.fname, self.vkey))
         else:
             val = coerce(raw, self.schemas.types(self.fname, self.vkey))
         sep = "{" if self.nparams == 1 else ", "

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from serve_app.parsers.jsonscan import ERROR, NEED_MORE, JsonScanner, json_string_chunk
 from serve_app.parsers.markers import Matcher
-from serve_app.parsers.schema import coerce
+from serve_app.parsers.schema import coerce, coerce_marked_json
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
@@ -91,3 +91,19 @@ def test_coerce_from_schema_types():
     assert coerce("null", frozenset({"integer", "null"})) == "null"
     assert coerce("oops", frozenset({"integer"})) == '"oops"'
     assert coerce("nan", frozenset({"number"})) == '"nan"'
+    # Python's None is null where the schema allows null, and only there
+    assert coerce("None", frozenset({"integer", "null"})) == "null"
+    assert coerce("None", frozenset({"integer"})) == '"None"'
+    # an object written as a JSON string of itself (json.dumps(str(dict))) is the object; a string stays a string
+    assert json.loads(coerce('"{\'k\': \'v\', \'n\': 1}"', frozenset({"object"}))) == {"k": "v", "n": 1}
+    assert json.loads(coerce('"[1, 2]"', frozenset({"array"}))) == [1, 2]
+    assert json.loads(coerce('"plain"', frozenset({"object"}))) == "plain"
+
+
+def test_dsml_marked_json_follows_a_describing_schema():
+    assert coerce_marked_json("42", frozenset()) == "42"  # no schema: the model's string="false" decides
+    assert coerce_marked_json("null", frozenset({"string"})) == '"null"'
+    assert coerce_marked_json("42", frozenset({"string"})) == '"42"'
+    assert coerce_marked_json('"hi"', frozenset({"string"})) == '"hi"'
+    assert coerce_marked_json("null", frozenset({"string", "null"})) == "null"
+    assert coerce_marked_json("3.5", frozenset({"number"})) == "3.5"

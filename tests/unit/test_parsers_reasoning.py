@@ -101,6 +101,29 @@ def test_tool_section_ends_reasoning_kimi_k25():
     assert start.id == "functions.get:0"  # Kimi's own id is kept: its template renders it back
 
 
+def test_python_none_is_null_for_a_nullable_parameter():
+    """Qwen3.5's template renders a null argument as `None`, so the model writes it: null where null is allowed."""
+    schema = [{"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "n": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+        "t": {"type": "string"}}}}]
+    text = ("<tool_call>\n<function=f>\n<parameter=s>None</parameter>\n<parameter=n>None</parameter>\n"
+            "<parameter=t>None</parameter>\n</function>\n</tool_call>")
+    kw = {"tools": "qwen3_coder", "tool_schemas": schema}
+    want = [("call", "f", {"s": None, "n": None, "t": "None"})]
+    assert simple(fold_complete(parse_complete(text, **kw))) == want
+    assert simple(fold_complete(stream(text, list(range(1, len(text))), **kw))) == want
+
+
+def test_tool_section_ends_reasoning_kimi_k25_without_tool_parser():
+    """As for kimi_k2: the section marker ends reasoning and, with no tool parser, stays text."""
+    section = ("<|tool_calls_section_begin|><|tool_call_begin|>functions.read:0<|tool_call_argument_begin|>{}"
+               "<|tool_call_end|><|tool_calls_section_end|>")
+    text = "<think>I should read" + section
+    want = [("reasoning", "I should read"), ("text", section)]
+    assert simple(fold_complete(parse_complete(text, reasoning="kimi_k25"))) == want
+    assert simple(fold_complete(stream(text, list(range(1, len(text))), reasoning="kimi_k25"))) == want
+
+
 def test_kimi_duplicate_model_ids_get_unique_ids():
     one = ('<|tool_call_begin|>functions.get:0<|tool_call_argument_begin|>{}<|tool_call_end|>')
     text = f"<|tool_calls_section_begin|>{one}{one}<|tool_calls_section_end|>"

@@ -172,6 +172,10 @@ def run(v: dict) -> tuple[dict, str | None]:
 def test_vendored_tables_are_whole():
     meta = json.loads((DATA / "tables.json").read_text())
     assert meta["repository"] == "https://github.com/vllm-project/vllm" and len(meta["commit"]) == 40
+    # the tree is assembled from several revisions: every source file names the one it came from
+    assert all(len(f["commit"]) == 40 for f in meta.get("files", {}).values())
+    assert {v["source"].split("::")[0] for v in VECTORS} <= set(meta.get("files") or {v["source"].split("::")[0]
+                                                                                      for v in VECTORS})
     ids = [v["id"] for v in VECTORS]
     assert len(ids) == len(set(ids))
     assert len(VECTORS) >= 300
@@ -184,9 +188,9 @@ def test_pass_rate_and_exact_exceptions():
     documented = documented_exceptions()
     assert set(failing) == documented, {"undocumented failures": {k: failing[k] for k in set(failing) - documented},
                                         "documented but passing": sorted(documented - set(failing))}
-    # Issue 15 asks for 98%; the intentional differences (docs/parser-conformance.md) leave 95% of these vectors.
+    # Issue 15 asks for 98%; the intentional differences (docs/parser-conformance.md) leave 96% of these vectors.
     # This floor keeps what is reached; raising it needs more vectors or a decision to change a documented rule.
-    assert len(VECTORS) - len(failing) >= 0.95 * len(VECTORS), f"{len(failing)} of {len(VECTORS)} vectors differ"
+    assert len(VECTORS) - len(failing) >= 0.96 * len(VECTORS), f"{len(failing)} of {len(VECTORS)} vectors differ"
 
 
 @pytest.mark.parametrize("v", VECTORS, ids=[v["id"] for v in VECTORS])

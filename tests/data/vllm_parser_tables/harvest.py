@@ -5,6 +5,11 @@ formats this service ships (see NOTICE.md for what is taken and from which revis
 
     python tests/data/vllm_parser_tables/harvest.py /path/to/vllm-checkout --debug   # + how each streaming test went
 
+    python tests/data/vllm_parser_tables/harvest.py /path/to/tree --commit BASE --file-sources sources.json
+
+`--file-sources` names, per file read, where it came from when the tree is assembled from several revisions
+(`{"tests/...py": {"commit": SHA, "date": "YYYY-MM-DD" or null, "via": "..."}}`); tables.json keeps it as `files`.
+
 Each test module is executed with its vLLM/transformers imports stubbed (no vLLM, tokenizer or network needed;
 openai_harmony is the real one, to render the gpt-oss conversations). Three sources: module-level reasoning dicts
 (`{"output", "reasoning", "content"}`), `ToolParserTestConfig` fixtures, and every test function that parses a
@@ -41,6 +46,9 @@ REASONING_FILES = {
     "tests/reasoning/test_minimax_m2_reasoning_parser.py": ("minimax_m2", True),
     "tests/reasoning/test_mistral_reasoning_parser.py": ("mistral", None),
     "tests/reasoning/test_nemotron_v3_reasoning_parser.py": ("nemotron_v3", True),
+    # GLM-4.7's and Kimi-K2.5's templates open <think> in the generation prompt (vLLM parses both as R1)
+    "tests/reasoning/test_glm47_reasoning_parser.py": ("glm47", True),
+    "tests/reasoning/test_kimi_k25_reasoning_parser.py": ("kimi_k25", True),
 }
 TOOL_FILES = {
     "tests/tool_parsers/test_deepseekv3_tool_parser.py": "deepseek_v3",
@@ -60,11 +68,23 @@ TOOL_FILES = {
 }
 
 # Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt
-# opens the think block, Harmony).
+# opens the think block, Harmony). BY_NAME: the tool parser is the one the test looks up in vLLM's registry (only the
+# formats this service ships are kept).
+BY_NAME = "<by name>"
+SHIPPED_TOOL_PARSERS = {*TOOL_FILES.values(), "openai", "qwen3_xml", "qwen3_coder"}
 INLINE_FILES = {
     **{rel: (None, parser, None, False) for rel, parser in TOOL_FILES.items()},
     "tests/tool_parsers/test_openai_tool_parser.py": ("gpt_oss", "openai", None, True),
     "tests/entrypoints/openai/parser/test_harmony_utils.py": ("gpt_oss", "openai", None, True),
+    # bug reproducers added after the first harvest; the Qwen3 file drives both vLLM's qwen3_xml and qwen3_coder
+    # parsers, one format here
+    "tests/tool_parsers/test_qwen3_xml_coder_shared.py": (None, "qwen3_coder", None, False),
+    "tests/tool_parsers/test_qwen36_bugs.py": (None, "qwen3_coder", None, False),
+    "tests/tool_parsers/test_glm47_final_delta_bug.py": (None, "glm47", None, False),
+    "tests/reasoning/test_qwen3_tool_call_recovery.py": ("qwen3", None, True, False),
+    "tests/reasoning/test_issue_35221.py": ("qwen3", None, True, False),  # Qwen3.5's template opens <think>
+    # one fixture per format, each naming vLLM's parser: the vector takes the name its test asked the registry for
+    "tests/tool_parsers/test_format_conformance.py": (None, BY_NAME, None, False),
     "tests/reasoning/test_kimi_k2_reasoning_parser.py": ("kimi_k2", None, True, False),
     # deepseek_v3 switches on chat_template_kwargs thinking: its file's whole-text test is the thinking-off
     # (identity) case. The gpt-oss file asserts only is_reasoning_end / structured tags (no parsed text), so it
@@ -496,6 +516,7 @@ class Recording:
                 # the template was told not to think: the prompt does not open the think block
                 off = kw.get("enable_thinking") is False or kw.get("thinking") is False
                 v = Vec(text, _tools_of(request) or self.tools, off)
+                v.parser_name = getattr(type(self), "vllm_name", None)
                 rec.vectors.append(v)
                 return v
 
@@ -693,6 +714,10 @@ def _check(f, want):
 def _contains(a, b, negate, direct):
     if isinstance(b, P):
         return b._rec("not contains" if negate else "contains", a)
+    if isinstance(b, (list, tuple)) and any(isinstance(x, P) for x in b):
+        # membership in a list built from recorded values: each `==` it makes would record a false expectation
+        STATE["touched"] = True
+        return not negate
     if STATE["in_assert"] and not direct and _has_sentinel(b):
         STATE["touched"] = True
     elif STATE["in_assert"] and direct and isinstance(b, str) and _sentinel(b) and isinstance(a, str):
@@ -749,6 +774,8 @@ def _resolve(name, owner, ns, rec, row, depth=0):
     if name == "request":  # pytest's FixtureRequest: fixtures looked up by name
         return types.SimpleNamespace(param=None, node=Stub(), getfixturevalue=lambda n: _resolve(
             n, owner, ns, rec, row, depth + 1))
+    if name.endswith("parser_cls"):  # a fixture that hands the test a parser class (parametrized over vLLM's)
+        return rec.ProbeParser
     if "parser" in name:
         val = _call_fixture(fix, owner, ns, rec, depth) if callable(fix) else None
         return val if isinstance(val, rec.ProbeParser) else rec.ProbeParser()
@@ -827,13 +854,18 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
     TABLES.clear()
     tree = _Asserts().visit(ast.parse(path.read_text()))
     ast.fix_missing_locations(tree)
-    ns: dict = {"__name__": "harvested", "__file__": str(path), "__builtins__": builtins}
+    # the rewritten comparisons are needed while the module runs (a module-level `if __name__ == "__main__"`)
+    ns: dict = {"__name__": "harvested", "__file__": str(path), "__builtins__": builtins, "_vllm_eq": _eq,
+                "_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in}
     # the helpers and parser classes the module imports resolve to the recording ones
     helpers = {n: getattr(rec, n) for n in ("run_tool_extraction", "run_tool_extraction_nonstreaming",
                                             "run_tool_extraction_streaming", "run_reasoning_extraction",
                                             "run_reasoning_extraction_streaming")}
-    manager = types.SimpleNamespace(get_tool_parser=lambda *a: rec.ProbeParser,
-                                    get_reasoning_parser=lambda *a: rec.ProbeParser)
+    def named_probe(name=None, *a):  # the registry lookup: the probe remembers which parser the test asked for
+        return type("NamedProbe", (rec.ProbeParser,), {"vllm_name": name}) if isinstance(name, str) else \
+            rec.ProbeParser
+
+    manager = types.SimpleNamespace(get_tool_parser=named_probe, get_reasoning_parser=lambda *a: rec.ProbeParser)
     StubModule.extra = {**helpers, "_probe_parser": rec.ProbeParser, "ToolParserManager": manager,
                         "ReasoningParserManager": manager, **STREAM_HELPERS}
     if harmony is not None:
@@ -842,6 +874,7 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
             rec.vectors.append(v)
             return P(v, (("attr", "reasoning"),)), P(v, (("attr", "content"),)), Stub()
         StubModule.extra.update(get_encoding=lambda *a: harmony, parse_chat_output=parse_chat_output)
+    sys.modules["harvested"] = types.ModuleType("harvested")  # dataclasses look their module up there
     exec(compile(tree, str(path), "exec"), ns)
     ns.update({n: f for n, f in MODULE_HELPERS.items() if n in ns})
     ns.update({"_vllm_eq": _eq, "_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in,
@@ -942,17 +975,27 @@ def harvest(root: Path) -> list[dict]:
         vectors += _config_vectors(rel, ns, parser)
     known = {(v["reasoning_parser"], v["tool_parser"], v["model_output"]) for v in vectors}
     harmony = None
+    ids = {v["id"] for v in vectors}
     for rel, (rparser, tparser, opens, uses_harmony) in INLINE_FILES.items():
         if uses_harmony and harmony is None:
             from openai_harmony import HarmonyEncodingName, load_harmony_encoding
             harmony = load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
-        counts: dict[str, int] = {}
+        counts: dict[tuple, int] = {}
+        file_tparser = tparser
         for v in record_inline(root / rel, harmony if uses_harmony else None):
+            if file_tparser == BY_NAME:
+                tparser = getattr(v, "parser_name", None)
+                if tparser not in SHIPPED_TOOL_PARSERS:
+                    continue
             streamed = hasattr(v, "deltas")
             if not v.text or (not streamed and (rparser, tparser, v.text) in known):  # no text, or known
                 continue
-            n = counts[v.func] = counts.get(v.func, 0) + 1
-            vec = {"id": f"{tparser or rparser}/{v.func}#{n}", "source": f"{rel}::{v.func}",
+            n = counts[(tparser, v.func)] = counts.get((tparser, v.func), 0) + 1
+            vid = f"{tparser or rparser}/{v.func}#{n}"
+            if vid in ids:  # a later file's test of the same name for the same parser: the file names it
+                vid = f"{tparser or rparser}/{Path(rel).stem}::{v.func}#{n}"
+            ids.add(vid)
+            vec = {"id": vid, "source": f"{rel}::{v.func}",
                    "reasoning_parser": rparser, "tool_parser": tparser,
                    "prompt_opens_think": False if v.thinking_off else opens,
                    "model_output": v.text, "expect": {"checks": v.checks}}
@@ -979,12 +1022,19 @@ def main() -> None:
     ap.add_argument("--commit", help="the checkout's vLLM commit (default: git rev-parse HEAD)")
     ap.add_argument("--out", type=Path, default=HERE / "tables.json")
     ap.add_argument("--debug", action="store_true", help="say why each test that yields no vector stopped")
+    ap.add_argument("--file-sources", type=Path, help="JSON: per file read, the revision it was taken from")
     a = ap.parse_args()
     commit = a.commit or subprocess.run(["git", "-C", str(a.checkout), "rev-parse", "HEAD"], capture_output=True,
                                         text=True).stdout.strip()
     vectors = harvest(a.checkout)
-    a.out.write_text(json.dumps({"repository": "https://github.com/vllm-project/vllm", "commit": commit,
-                                 "license": "Apache-2.0", "vectors": vectors}, ensure_ascii=False, indent=1) + "\n")
+    meta = {"repository": "https://github.com/vllm-project/vllm", "commit": commit, "license": "Apache-2.0"}
+    if a.file_sources:
+        files = json.loads(a.file_sources.read_text())
+        read = sorted({*REASONING_FILES, *TOOL_FILES, *INLINE_FILES})
+        missing = [f for f in read if f not in files]
+        assert not missing, f"no source given for {missing}"
+        meta["files"] = {f: files[f] for f in read}
+    a.out.write_text(json.dumps({**meta, "vectors": vectors}, ensure_ascii=False, indent=1) + "\n")
     print(f"{len(vectors)} vectors -> {a.out}")
     if a.debug:
         for row in sorted(set((f, t, kind, ", ".join(attrs)) for f, t, kind, attrs in STREAM_REPORT)):
