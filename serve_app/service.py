@@ -321,8 +321,10 @@ class GenerationService:
             options=opts,
             prompt_token_ids=rendered.token_ids,
             max_tokens=max_tokens,
+            # a stop at the cap is the deployment's, not the client's, when the client set no limit or a larger one
             length_stop=("context_window" if room < limit
-                         else "output_cap" if wanted > model.max_output_tokens else "length"),
+                         else "output_cap" if opts.max_tokens is None or wanted > model.max_output_tokens
+                         else "length"),
             # the rendered prompt decides (it ends inside an open think block or not), not the parser's default
             starts_in_reasoning=rendered.starts_in_reasoning,
             tool_schemas=tool_schemas(conv.tools),

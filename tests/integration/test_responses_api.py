@@ -187,3 +187,20 @@ def test_models_list_has_codex_entries(serve_url):
     m = next(m for m in body["models"] if m["slug"] == THINK)
     assert m["context_window"] == 8192 and m["truncation_policy"]["mode"] == "tokens"
     assert m["supports_reasoning_summaries"] is True and m["supports_parallel_tool_calls"] is True
+
+
+def test_the_deployments_output_cap_completes_and_says_what_cut_the_message(client):
+    """`smollm2-capped` is the 8K engine with a 6-token output cap. A request that set no max_output_tokens (Codex
+    sets none) stopped by that cap completes — Codex fails the whole turn on `response.incomplete` — with
+    `incomplete_details` and the cut message `incomplete`; the client's own limit is still `incomplete`."""
+    events = list(client.responses.create(model="smollm2-capped", input="hi", stream=True,
+                                          extra_body=forced("story " * 40)))
+    assert events[-1].type == "response.completed"
+    r = events[-1].response
+    assert r.status == "completed" and r.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.status) for o in r.output] == [("message", "incomplete")]
+    assert r.output[0].content[0].text.startswith("story") and r.usage.output_tokens == 6
+    own = client.responses.create(model="smollm2-capped", input="hi", max_output_tokens=3,
+                                  extra_body=forced("story " * 40))
+    assert own.status == "incomplete" and own.incomplete_details.reason == "max_output_tokens"
+    assert own.usage.output_tokens == 3

@@ -31,13 +31,15 @@ from serve_app.ingress.responses.encode import fold as responses_fold
 from serve_app.ingress.server import create_app
 from serve_app.settings import AppSettings
 
-# The IR's finish reason → (Anthropic stop_reason, Chat finish_reason, Responses status, incomplete reason).
+# The IR's finish reason → (Anthropic stop_reason, Chat finish_reason, Responses status, incomplete reason, status
+# of the item the stop cut).
 TABLE = {
-    "stop": ("end_turn", "stop", "completed", None),
-    "length": ("max_tokens", "length", "incomplete", "max_output_tokens"),  # the client's max_tokens
-    # the model's output cap in the service's config, below the client's max_tokens: Anthropic pauses the turn
-    "output_cap": ("pause_turn", "length", "incomplete", "max_output_tokens"),
-    "context_window": ("model_context_window_exceeded", "length", "incomplete", "max_output_tokens"),
+    "stop": ("end_turn", "stop", "completed", None, "completed"),
+    "length": ("max_tokens", "length", "incomplete", "max_output_tokens", "incomplete"),  # the client's max_tokens
+    # the model's output cap in the service's config, where the client set no limit or a larger one: Anthropic
+    # pauses the turn, Responses completes and says what cut the item
+    "output_cap": ("pause_turn", "length", "completed", "max_output_tokens", "incomplete"),
+    "context_window": ("model_context_window_exceeded", "length", "incomplete", "max_output_tokens", "incomplete"),
 }
 EVENTS = [Usage(50, 0, estimated=True), TextDelta("Hel"), TextDelta("lo"), Usage(50, 2)]
 
@@ -82,12 +84,11 @@ def test_responses_status_and_incomplete_reason(reason):
     sdk = openai.OpenAI(api_key="x", base_url="http://t/v1", max_retries=0, http_client=mock(body))
     last = list(sdk.responses.create(model="m", input="hi", stream=True))[-1]
     folded = responses_fold(ResponsesEncoder(response_id="resp_2", model="m", echo={}, created_at=1), events)
-    _, _, status, why = TABLE[reason]
+    _, _, status, why, item_status = TABLE[reason]
     assert last.type == f"response.{status}" and last.response.status == folded["status"] == status
     details = last.response.incomplete_details
     assert (details.reason if details else None) == (folded["incomplete_details"] or {}).get("reason") == why
-    assert last.response.output[0].status == folded["output"][0]["status"] == (
-        "completed" if status == "completed" else "incomplete")
+    assert last.response.output[0].status == folded["output"][0]["status"] == item_status
 
 
 class TooLong:

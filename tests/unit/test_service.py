@@ -136,14 +136,14 @@ def test_max_tokens_is_clamped_to_what_fits():
     (900, 50, 50, "length"),  # the client's own max_tokens
     (900, 100, 100, "length"),  # the client's limit and the context's at once: the client got what it asked for
     (10, 10**6, 300, "output_cap"),  # the model's output cap, below what the client asked for
-    (10, None, 300, "length"),  # the cap as the default: the client asked for nothing more
+    (10, None, 300, "output_cap"),  # the client set no limit: the cap that stopped it is the deployment's
     (10, 300, 300, "length"),  # the client asked for exactly the cap
     (700, 10**6, 300, "output_cap"),  # the cap and the room left are the same: the cap is what stopped it
 ])
 def test_a_length_stop_says_whose_limit_it_was(prompt, asked, max_tokens, cut):
     """max_tokens is clamped to min(asked, cap, room); a length stop is the context's only when the room left was
-    below both the client's max_tokens and the model's cap, and the deployment's cap's when the client asked for
-    more than the cap (docs/limits.md)."""
+    below both the client's max_tokens and the model's cap, and the deployment's cap's when the client set no limit or
+    asked for more than the cap (docs/limits.md)."""
     for engine_finish, expected in (("length", cut), ("stop", "stop")):
         svc = make_service(ReplayEngines([EngineChunk("a", [1], finish_reason=engine_finish)]), n_tokens=prompt)
         p = run(svc.prepare(conv(), GenerationOptions(max_tokens=asked), "m"))
@@ -187,7 +187,7 @@ def test_tool_calls_and_stop_sequences_map_to_finish_reasons():
     assert events[-1] == Finish("stop_sequence", stop_sequence="END")
     engines = ReplayEngines([EngineChunk("a", [1], finish_reason="length")])
     svc = make_service(engines)
-    assert run(collect(svc, run(svc.prepare(conv(), GenerationOptions(), "m"))))[-1].reason == "length"
+    assert run(collect(svc, run(svc.prepare(conv(), GenerationOptions(max_tokens=5), "m"))))[-1].reason == "length"
 
 
 def test_engine_failure_mid_stream_is_a_finish_error_and_releases():

@@ -398,15 +398,18 @@ class ResponsesEncoder:
     def finish(self, fin: Finish) -> list[bytes]:
         if fin.reason == "error":
             return self.fail(error_code(fin.error_kind), fin.error or "engine error", fin.error_kind)
-        # The client's max_output_tokens, the model's cap and a full context all end the same way: OpenAI reports
-        # a context that fills during generation as `max_output_tokens` too (docs/limits.md).
+        # The client's max_output_tokens and a full context end the response `incomplete`: OpenAI reports a context
+        # that fills during generation as `max_output_tokens` too. The deployment's own cap (one the client did not
+        # set) completes it, saying what cut the item: Codex fails the whole turn on `response.incomplete`, and the
+        # vendor's models never stop at a limit the client did not set (docs/limits.md).
         cut = fin.reason in ("length", "output_cap", "context_window")
         out = self._end("incomplete" if cut else "completed")
         if out is None:
             return []
         if cut:
-            self.response["status"] = "incomplete"
             self.response["incomplete_details"] = {"reason": "max_output_tokens"}
+        if cut and fin.reason != "output_cap":
+            self.response["status"] = "incomplete"
             out.append(self._ev("response.incomplete", response=self.response))
         else:
             self.response["status"] = "completed"
