@@ -138,6 +138,19 @@ def _chat(url: str, prompt: str) -> httpx.Response:
         "nvext": {"forced_script": "ok"}})
 
 
+async def _output_or_end(i: int, api: str, task: asyncio.Task, started: asyncio.Event, lines: dict) -> None:
+    """Wait for stream `i`'s first model output; a stream that ends or fails first says how, not just a timeout."""
+    waiter = asyncio.ensure_future(started.wait())
+    done, _ = await asyncio.wait({waiter, task}, timeout=180, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if started.is_set():
+        return
+    if task in done:
+        task.result()  # its own failure (a refused request), if it raised
+        raise AssertionError(f"stream {i} ({api}) ended before any output: {lines.get(i, [])[-6:]}")
+    raise AssertionError(f"stream {i} ({api}) showed no output within 180 s: {lines.get(i, [])[-6:]}")
+
+
 def _raylet_tree(node) -> list[psutil.Process]:
     """The processes of a cluster node's raylet: its workers (the engine replica) and their vLLM children."""
     import ray._private.ray_constants as rc
@@ -181,8 +194,8 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     dropped = [None]  # seconds after the kill the Router no longer listed the lost replica
 
     async def stream(i: int, api: str, client: httpx.AsyncClient, started: asyncio.Event):
-        path, body = stream_body(api, MODEL, f"stream {i}: " + " ".join(rng.choice(WORDS) for _ in range(100)),
-                                  script, 3600)
+        path, body = stream_body(api, MODEL, script, 3600,
+                                 prompt=f"stream {i}: " + " ".join(rng.choice(WORDS) for _ in range(100)))
         lines[i] = []
         async with client.stream("POST", url + path, json=body) as resp:
             assert resp.status_code == 200, await resp.aread()
@@ -211,7 +224,7 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
                 api = APIS[i % 3]
                 started = asyncio.Event()
                 tasks[i] = asyncio.create_task(stream(i, api, client, started))
-                await asyncio.wait_for(started.wait(), 120)
+                await _output_or_end(i, api, tasks[i], started, lines)
                 now = await routed_now()
                 (on[i],) = [r for r in now if now[r] != routed.get(r)]
                 routed = now
