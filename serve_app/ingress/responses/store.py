@@ -171,18 +171,18 @@ class StoreClient:
         handle gets twice that: past it the store's replica is gone or not yet replaced (Serve would hold the call
         until one runs), not merely slow, and the request gets the same 503 as an unreachable database."""
         self.backend = backend
-        self.timeout_s = timeout_s
+        self._bound_s = 2 * timeout_s
         self._local = getattr(backend.put, "remote", None) is None  # a store object, not a deployment handle
 
     async def _call(self, method: str, *args) -> Any:
         try:
             if self._local:
                 return getattr(self.backend, method)(*args)
-            return await asyncio.wait_for(getattr(self.backend, method).remote(*args), 2 * self.timeout_s)
+            return await asyncio.wait_for(getattr(self.backend, method).remote(*args), self._bound_s)
         except StoreUnavailable as err:  # through a handle: Ray's error, an instance of the store's too
             raise _unavailable(str(getattr(err, "cause", err))) from None
         except asyncio.TimeoutError:
-            raise _unavailable(f"the Responses store's replica did not answer within {2 * self.timeout_s:g} s; "
+            raise _unavailable(f"the Responses store's replica did not answer within {self._bound_s:g} s; "
                                "retry shortly") from None
         except Exception as err:
             if replica_gone(err):
