@@ -15,6 +15,13 @@ in machine load hits both alike. Per concurrency level and server:
   server that streams chat chunks as fast as it can, so the report says how far below the client's limit the
   servers were measured.
 
+Where the engine's compute threads run, the same for both servers (`--engine-threads`):
+- `all` (default): the binding this app picks on a small host (`vllm_engine.cpu_thread_env`), OpenMP on every
+  CPU, so the engine's compute competes with the serving path for the same cores;
+- `auto`: vLLM's own automatic binding, which keeps one core free of compute for the scheduler and the front end
+  (on 2 cores: compute on one, everything else on the other). This is the GPU regime in miniature: on a GPU
+  host the forward pass does not use the cores the serving path runs on.
+
     python -m load.bench_capacity --json load/results/capacity.json
 """
 
@@ -55,14 +62,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ours_config(port: int, model_path: str, ingress_replicas: int, placement: str | None = None) -> dict:
+def ours_config(port: int, model_path: str, ingress_replicas: int, placement: str | None = None,
+                engine_threads: str = "all") -> dict:
+    engine_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+    if engine_threads == "auto":  # vLLM's own binding instead of the app's small-host default
+        engine_env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
     model = {
         "id": MODEL_ID,
         "source": model_path,
         "max_model_len": 4096,
         "max_output_tokens": 4096,
         "chat_template": "serve_app/templates/smollm2_tools.jinja",
-        "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "1"},
+        "engine_env": engine_env,
         "engine_kwargs": {"enforce_eager": True, "load_format": "dummy"},
     }
     ingress: dict = {"strip_preamble": True}
@@ -81,14 +92,14 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
 
 
 def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
-               placement: str | None = None) -> subprocess.Popen:
+               placement: str | None = None, engine_threads: str = "all") -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
-    path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement)))
+    path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads)))
     return subprocess.Popen([str(Path(PY).parent / "serve"), "run", str(path)], stdout=log, stderr=log, cwd=ROOT,
                             env={**os.environ, **env}, start_new_session=True)
 
 
-def start_vllm(port: int, model_path: str, log) -> subprocess.Popen:
+def start_vllm(port: int, model_path: str, log, engine_threads: str = "all") -> subprocess.Popen:
     from serve_app.engine.vllm_engine import cpu_lacks_bf16, cpu_thread_env
 
     cmd = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--served-model-name", MODEL_ID,
@@ -98,7 +109,10 @@ def start_vllm(port: int, model_path: str, log) -> subprocess.Popen:
     if cpu_lacks_bf16():
         cmd += ["--dtype", "float32"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    env.update(cpu_thread_env(os.sched_getaffinity(0), env))  # the binding our engines pick on this host
+    if engine_threads == "all":
+        env.update(cpu_thread_env(os.sched_getaffinity(0), env))  # the binding our engines pick on this host
+    else:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
     return subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
 
 
@@ -378,6 +392,9 @@ def main() -> None:
     ap.add_argument("--only", choices=("ours", "vllm"), help="measure one server only (profiling)")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (Ray Serve's own settings), repeatable")
+    ap.add_argument("--engine-threads", choices=("all", "auto"), default="all",
+                    help="all: the engine's OpenMP threads on every CPU (this app's small-host default); auto: "
+                         "vLLM's own binding, which leaves a core to the serving path (the GPU regime)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
@@ -398,9 +415,9 @@ def main() -> None:
     procs = {}
     if "ours" in names:
         procs["ours"] = start_ours(ports["ours"], model_path, a.ingress_replicas, log,
-                                   dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement)
+                                   dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement, a.engine_threads)
     if "vllm" in names:
-        procs["vllm"] = start_vllm(ports["vllm"], model_path, log)
+        procs["vllm"] = start_vllm(ports["vllm"], model_path, log, a.engine_threads)
     try:
         urls = {n: f"http://127.0.0.1:{ports[n]}" for n in names}
         for n in names:
@@ -437,6 +454,7 @@ def main() -> None:
             "ingress_replicas": a.ingress_replicas,
             "router_placement": a.router_placement or RouterConfig().placement,
             "serve_env": a.serve_env,
+            "engine_threads": a.engine_threads,
             "load_generator_ceiling": ceiling,
             "levels": {},
         }

@@ -46,3 +46,16 @@ def with_replica_env(actor_options: dict[str, Any], env: dict[str, str] | None =
     runtime_env["env_vars"] = {**SERVE_REPLICA_ENV, **runtime_env.get("env_vars", {}), **(env or {})}
     actor["runtime_env"] = runtime_env
     return actor
+
+
+def freeze_startup_heap() -> int:
+    """Move everything a replica built at start-up (Ray, Serve, vLLM, torch, tokenizers: ~700K objects) out of the
+    garbage collector's reach, as vLLM's API server and engine core do after their own start-up. Otherwise every
+    full collection walks that heap again: ~0.4-0.8 s with the event loop stopped on these hosts, which a streamed
+    request sees as a stall in its first token or between two tokens. Call it last in a replica's constructor.
+    Returns the number of objects frozen."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()

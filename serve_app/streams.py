@@ -27,6 +27,11 @@ class Pump(Generic[T]):
         self._error: BaseException | None = None
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
+        # The keep-alive timeout: one timer per stream that moves its own deadline, not one per wait (a wait per
+        # streamed token: scheduling and cancelling a timer each time was a tenth of the ingress's loop).
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._waiting = False
 
     async def _run(self) -> None:
         try:
@@ -54,14 +59,13 @@ class Pump(Generic[T]):
             self._task = asyncio.get_running_loop().create_task(self._run())
         if not self._buf and not self._done:
             self._wake.clear()
-            if timeout is None:
+            if timeout is not None:
+                self._arm(timeout)
+            self._waiting = True
+            try:
                 await self._wake.wait()
-            else:
-                timer = asyncio.get_running_loop().call_later(timeout, self._wake.set)
-                try:
-                    await self._wake.wait()
-                finally:
-                    timer.cancel()
+            finally:
+                self._waiting = False
         if self._buf:
             batch, self._buf = self._buf, []
             return batch
@@ -72,12 +76,34 @@ class Pump(Generic[T]):
             raise StopAsyncIteration
         return []  # timed out
 
+    def _arm(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self._deadline = loop.time() + timeout
+        if self._timer is None:
+            self._timer = loop.call_at(self._deadline, self._expire)
+
+    def _expire(self) -> None:
+        """The timer's time came: wake a waiter whose deadline has passed; one whose deadline moved since the timer
+        was set waits on, with the timer set again for it. With no one waiting the timer is dropped (the next
+        wait sets one)."""
+        self._timer = None
+        if not self._waiting:
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._deadline:
+            self._wake.set()
+        else:
+            self._timer = loop.call_at(self._deadline, self._expire)
+
     def drain(self) -> list[T]:
         """The items read so far, without waiting (an error or the end is left for `next_batch`)."""
         batch, self._buf = self._buf, []
         return batch
 
     async def aclose(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         task = self._task
         if task is not None and not task.done():
             task.cancel()

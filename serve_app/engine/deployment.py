@@ -12,6 +12,7 @@ from serve_app.engine.delta_channel import DeltaSender
 from serve_app.engine.provision import ensure_model
 from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.engine.vllm_engine import VLLMEngine
+from serve_app.serve_tuning import freeze_startup_heap
 from serve_app.settings import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Engine:
         self.replica_id = ctx.replica_id.unique_id
         self._router = router
         self._register_task = asyncio.get_event_loop().create_task(self._register()) if router is not None else None
+        freeze_startup_heap()
 
     async def _register(self) -> None:
         """Tell the Router where this replica publishes KV events: retried until it answers (the Router may start

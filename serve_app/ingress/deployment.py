@@ -11,6 +11,7 @@ from serve_app.ingress.context import IngressContext
 from serve_app.ingress.limits import LimitClient
 from serve_app.ingress.responses.store import StoreClient
 from serve_app.ingress.server import create_app
+from serve_app.serve_tuning import freeze_startup_heap
 from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
 
@@ -47,6 +48,7 @@ class Ingress:
                             if response_store is not None else None),
             replica_tag=serve.get_replica_context().replica_tag,
         )
+        freeze_startup_heap()
 
     async def routing_metrics(self) -> dict:
         """This replica's routing table (placement `ingress`), as the Router deployment's `metrics()` reads;

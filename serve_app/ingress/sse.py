@@ -20,9 +20,14 @@ SSE_HEADERS = {
 }
 
 
+# One encoder for every frame: json.dumps with options of its own builds a new JSONEncoder on each call, and a frame
+# per streamed token is the ingress's hottest path. The output is json.dumps's, byte for byte.
+compact_json = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def frame(data: Any, event: str | None = None) -> bytes:
     """One SSE frame. `data` is JSON-encoded unless it is already a string."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    payload = data if isinstance(data, str) else compact_json(data)
     if event is None:
         return f"data: {payload}\n\n".encode()
     return f"event: {event}\ndata: {payload}\n\n".encode()

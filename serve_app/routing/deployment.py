@@ -12,6 +12,7 @@ from ray import serve
 
 from serve_app.routing.table import RoutingTable
 from serve_app.routing.types import Decision, RouteRequest
+from serve_app.serve_tuning import freeze_startup_heap
 from serve_app.settings import RouterConfig
 
 
@@ -20,6 +21,7 @@ class Router:
     def __init__(self, config: dict):
         cfg = RouterConfig.model_validate(config)
         self.table = RoutingTable(cfg, kv_events=cfg.kv_events and cfg.placement == "deployment")
+        freeze_startup_heap()  # with placement `deployment` every request's decision waits on this loop
 
     async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint,
                                block_size: int, refresh: bool = False):

@@ -202,19 +202,29 @@ def test_empty_deltas_are_not_sent():
 def test_stream_chunks_are_the_json_of_the_whole_chunk_byte_for_byte():
     """The encoder writes the constant part of each chunk once per stream; the bytes must still be exactly
     json.dumps of the whole chunk, whatever the model id or the delta contains."""
-    from serve_app.ingress import sse
+    import json
+
     from serve_app.ingress.chat.encode import ChatStreamEncoder
 
+    def whole(enc, delta, finish):
+        body = {"id": enc.id, "object": "chat.completion.chunk", "created": enc.created, "model": enc.model,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if enc.include_usage:
+            body["usage"] = None
+        return ("data: " + json.dumps(body, ensure_ascii=False, separators=(",", ":")) + "\n\n").encode()
+
+    texts = ['hé"llo\n\u2028', "\\ back\\slash \t\x00\x1f", "emoji 🙂 and 中文", "</script>", " "]
     for include_usage in (False, True):
         enc = ChatStreamEncoder('org/mo"dél\n', "rid", include_usage=include_usage)
-        for delta, finish in [({"content": 'hé"llo\n\u2028'}, None), ({}, "stop"),
+        for delta, finish in [({"content": texts[0]}, None), ({}, "stop"),
                               ({"role": "assistant", "content": ""}, None),
                               ({"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\": 1}"}}]}, None)]:
-            body = {"id": enc.id, "object": "chat.completion.chunk", "created": enc.created, "model": enc.model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
-            if include_usage:
-                body["usage"] = None
-            assert enc._chunk(delta, finish) == sse.frame(body)
+            assert enc._chunk(delta, finish) == whole(enc, delta, finish)
+        # the per-token fast path for text and reasoning, before and after the stream's head is built
+        fresh = ChatStreamEncoder("m", "rid2", include_usage=include_usage)
+        for text in texts:
+            assert fresh.event(TextDelta(text)) == [whole(fresh, {"content": text}, None)]
+            assert enc.event(ReasoningDelta(text)) == [whole(enc, {"reasoning_content": text}, None)]
 
 
 def test_a_message_without_content_is_a_400_except_an_assistants_with_tool_calls():

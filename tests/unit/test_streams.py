@@ -82,6 +82,30 @@ def test_a_timeout_returns_an_empty_batch_and_reading_goes_on():
     assert asyncio.run(run()) == ([], [7])
 
 
+def test_each_wait_gets_its_whole_timeout_though_the_timer_is_shared():
+    """The pump keeps one timer and moves its deadline: a wait that starts after an earlier wait's timer was set
+    must not be woken by that earlier deadline."""
+
+    async def run():
+        q: asyncio.Queue = asyncio.Queue()
+        pump = Pump(_from_queue(q))
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.15, q.put_nowait, "a")  # arrives before the first wait's deadline (0.2)
+        first = await pump.next_batch(timeout=0.2)
+        loop.call_later(0.1, q.put_nowait, "b")  # after the first deadline, before the second's (~0.35)
+        second = await pump.next_batch(timeout=0.2)
+        start = loop.time()
+        idle = await pump.next_batch(timeout=0.05)
+        waited = loop.time() - start
+        q.put_nowait(None)
+        await pump.aclose()
+        return first, second, idle, waited
+
+    first, second, idle, waited = asyncio.run(run())
+    assert (first, second, idle) == (["a"], ["b"], [])
+    assert waited >= 0.045  # a full timeout from the wait's own start (timers never fire early)
+
+
 def test_closing_cancels_the_read_in_flight_and_closes_the_source():
     state = {"cancelled": False, "closed": False}
 

@@ -230,7 +230,7 @@ def error_event(kind: str | None, message: str) -> StreamEvent:
 
 
 _DELTA_FIELD = {"text_delta": "text", "thinking_delta": "thinking", "input_json_delta": "partial_json"}
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_dumps = sse.compact_json
 
 
 def _frame(name: str, data: dict[str, Any]) -> bytes:

@@ -59,7 +59,14 @@ class ChatStreamEncoder:
                           + str(self.created) + ',"model":' + dumps(self.model)
                           + ',"choices":[{"index":0,"delta":')
             self._tail = "}]" + (',"usage":null' if self.include_usage else "") + "}\n\n"
-        return (self._head + _compact(delta) + ',"logprobs":null,"finish_reason":' + _compact(finish)
+        return (self._head + _compact(delta) + ',"logprobs":null,"finish_reason":'
+                + ("null" if finish is None else _compact(finish)) + self._tail).encode()
+
+    def _text_chunk(self, key: str, text: str) -> bytes:
+        # `_chunk({key: text})` without building the dict and a JSON encoder run: one per streamed token.
+        if self._head is None:
+            return self._chunk({key: text})
+        return (self._head + '{"' + key + '":' + _string(text) + '},"logprobs":null,"finish_reason":null'
                 + self._tail).encode()
 
     def start(self) -> bytes:
@@ -67,9 +74,9 @@ class ChatStreamEncoder:
 
     def event(self, ev: Event) -> list[bytes]:
         if isinstance(ev, TextDelta):
-            return [self._chunk({"content": ev.text})] if ev.text else []
+            return [self._text_chunk("content", ev.text)] if ev.text else []
         if isinstance(ev, ReasoningDelta):
-            return [self._chunk({"reasoning_content": ev.text})] if ev.text else []
+            return [self._text_chunk("reasoning_content", ev.text)] if ev.text else []
         if isinstance(ev, ToolCallStart):
             if self.dispatch:
                 self._calls[ev.index] = {"id": ev.id, "name": ev.name, "args": []}
@@ -176,9 +183,10 @@ def completion_body(model: str, request_id: str, events: list[Event]) -> dict[st
     return fold.body()
 
 
-def _compact(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+_compact = sse.compact_json
+_string = json.encoder.encode_basestring  # a str as json.dumps(ensure_ascii=False) writes it (the C encoder)
+_spaced = json.JSONEncoder(ensure_ascii=False).encode  # one encoder, as sse.compact_json
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False)
+    return _spaced(obj)
