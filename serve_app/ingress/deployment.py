@@ -59,4 +59,6 @@ class Ingress:
         return self.local_router.metrics()
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.ctx)
+        app = create_app(self.ctx)
+        freeze_startup_heap()  # Serve builds the app after the constructor: its routes and models too
+        return app
