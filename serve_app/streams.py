@@ -13,6 +13,7 @@ client disconnect still aborts the engine request.
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import AsyncIterator, Generic, TypeVar
 
 T = TypeVar("T")
@@ -59,8 +60,7 @@ class Pump(Generic[T]):
             self._task = asyncio.get_running_loop().create_task(self._run())
         if not self._buf and not self._done:
             self._wake.clear()
-            if timeout is not None:
-                self._arm(timeout)
+            self._arm(timeout)
             self._waiting = True
             try:
                 await self._wake.wait()
@@ -76,7 +76,10 @@ class Pump(Generic[T]):
             raise StopAsyncIteration
         return []  # timed out
 
-    def _arm(self, timeout: float) -> None:
+    def _arm(self, timeout: float | None) -> None:
+        if timeout is None:  # this wait has no deadline: a timer left from an earlier wait must not end it
+            self._deadline = math.inf
+            return
         loop = asyncio.get_running_loop()
         self._deadline = loop.time() + timeout
         if self._timer is None:
@@ -87,7 +90,7 @@ class Pump(Generic[T]):
         was set waits on, with the timer set again for it. With no one waiting the timer is dropped (the next
         wait sets one)."""
         self._timer = None
-        if not self._waiting:
+        if not self._waiting or self._deadline == math.inf:
             return
         loop = asyncio.get_running_loop()
         if loop.time() >= self._deadline:

@@ -97,12 +97,16 @@ def test_each_wait_gets_its_whole_timeout_though_the_timer_is_shared():
         start = loop.time()
         idle = await pump.next_batch(timeout=0.05)
         waited = loop.time() - start
+        loop.call_later(0.01, q.put_nowait, "c")
+        assert await pump.next_batch(timeout=0.1) == ["c"]  # returns early: its timer is still set
+        loop.call_later(0.2, q.put_nowait, "d")
+        untimed = await pump.next_batch()  # no timeout: that timer must not end this wait empty
         q.put_nowait(None)
         await pump.aclose()
-        return first, second, idle, waited
+        return first, second, idle, waited, untimed
 
-    first, second, idle, waited = asyncio.run(run())
-    assert (first, second, idle) == (["a"], ["b"], [])
+    first, second, idle, waited, untimed = asyncio.run(run())
+    assert (first, second, idle, untimed) == (["a"], ["b"], [], ["d"])
     assert waited >= 0.045  # a full timeout from the wait's own start (timers never fire early)
 
 
