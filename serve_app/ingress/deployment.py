@@ -48,7 +48,6 @@ class Ingress:
                             if response_store is not None else None),
             replica_tag=serve.get_replica_context().replica_tag,
         )
-        freeze_startup_heap()
 
     async def routing_metrics(self) -> dict:
         """This replica's routing table (placement `ingress`), as the Router deployment's `metrics()` reads;
@@ -60,5 +59,7 @@ class Ingress:
 
     def __serve_build_asgi_app__(self):
         app = create_app(self.ctx)
-        freeze_startup_heap()  # Serve builds the app after the constructor: its routes and models too
+        # Last step of this replica's start-up: Serve builds the app after the constructor, so the heap is frozen
+        # here once, tokenizers, routes and models together.
+        freeze_startup_heap()
         return app
