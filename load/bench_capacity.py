@@ -95,7 +95,7 @@ def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict
                placement: str | None = None, engine_threads: str = "all") -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
     path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads)))
-    return subprocess.Popen([str(Path(PY).parent / "serve"), "run", str(path)], stdout=log, stderr=log, cwd=ROOT,
+    return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log, cwd=ROOT,
                             env={**os.environ, **env}, start_new_session=True)
 
 

@@ -100,7 +100,7 @@ def main() -> None:
     log_path = work / "serve.log"
     serve = ROOT / ".venv" / "bin" / "serve"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(serve), "run", a.config], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([str(serve), "run", "--address", "local", a.config], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     try:
         ready_s = _wait_ready(url, proc, 1200)

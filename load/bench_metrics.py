@@ -107,7 +107,7 @@ def main() -> None:
     from serve_app import metrics
 
     rows = {"local": {"backend_is_ray": metrics.in_ray_worker(), **measure(metrics, a.tokens, a.repeat)}}
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         remote = ray.remote(num_cpus=1)(_in_actor)

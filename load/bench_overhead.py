@@ -64,7 +64,7 @@ def start_ours(port: int, log) -> subprocess.Popen:
     args["models"] = [args["models"][0]]  # the native model only: one engine, like the vLLM server
     path = Path(tempfile.mkdtemp()) / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.Popen([str(Path(PY).parent / "serve"), "run", str(path)], stdout=log, stderr=log,
+    return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log,
                             cwd=ROOT, start_new_session=True)
 
 

@@ -66,7 +66,7 @@ def main() -> None:
     cfg = Path(tempfile.mkdtemp()) / "locust_capacity.yaml"
     cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model())))
     log = open(tempfile.mkstemp(prefix="locust_capacity_", suffix=".log")[1], "w")
-    server = subprocess.Popen([str(Path(PY).parent / "serve"), "run", str(cfg)], stdout=log, stderr=log, cwd=ROOT,
+    server = subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(cfg)], stdout=log, stderr=log, cwd=ROOT,
                               start_new_session=True)
     summary_path = Path(tempfile.mkdtemp()) / "summary.json"
     try:

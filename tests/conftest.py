@@ -85,7 +85,11 @@ def serve_config(postgres) -> dict:
     tests/integration/test_restart.py finds its records there). SQLite, the default, is tested at unit level."""
     from tests.support.postgres import fresh_database
 
+    from tests.support.net import free_port
+
     config = load_test_config()
+    # A port of its own: the config's fixed one may be held by a server this session did not start.
+    config["http_options"]["port"] = free_port(config["http_options"]["host"])
     ingress = config["applications"][0]["args"].setdefault("ingress", {})
     ingress["response_store_backend"] = "postgres"
     ingress["response_store_dsn"] = fresh_database(postgres, "serve")
@@ -103,7 +107,10 @@ def serve_url(serve_config):
     http = serve_config["http_options"]
     app_cfg = serve_config["applications"][0]
     # Logical CPUs: actors are mostly idle waiting on vLLM's own processes; two cores run them all.
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+    # address="local": always a Ray of this session's own. Without it `ray.init` attaches to whatever cluster
+    # RAY_ADDRESS or /tmp/ray/ray_current_cluster names (one left running on the machine), and then refuses
+    # num_cpus, so every integration test would error at setup.
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
     _session_server["up"] = True
     try:
         serve.start(http_options={"host": http["host"], "port": http["port"]},

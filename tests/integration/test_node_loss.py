@@ -21,13 +21,14 @@ import psutil
 import pytest
 
 from serve_app import metrics
+from tests.support.net import free_port
 from tests.support.prometheus import samples
 from tests.support.routing import routing_metrics, routing_metrics_async
 from tests.support.streams import APIS, assert_engine_error, is_delta, still_running, stream_body
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
-PORT = 8012  # not the session server's 8011
+SERVE_PORT = free_port()  # not a fixed one: something outside this session may hold it
 APP = "nodeloss"
 MODEL = "smollm2-135m-instruct"
 WORDS = "cache router block prefix token engine replica stream parser session agent tool patch test".split()
@@ -60,7 +61,7 @@ def cluster(without_session_server):
         "num_cpus": 8, "resources": {"head": 100, "engine_slot": 1}, "include_dashboard": False})
     try:
         ray.init(address=c.address, log_to_driver=False)
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": PORT},
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": SERVE_PORT},
                     controller_options={"runtime_env": {"env_vars": {
                         "RAY_SERVE_PROXY_USE_GRPC": "1", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}}})
         yield c
@@ -82,7 +83,7 @@ def app(cluster):
 
     # Not blocking: the app stays DEPLOYING while its second replica waits for a node.
     serve._run(build_app(ARGS), _blocking=False, name=APP, route_prefix="/")
-    url = f"http://127.0.0.1:{PORT}"
+    url = f"http://127.0.0.1:{SERVE_PORT}"
     key = engine_key(AppSettings.model_validate(ARGS).models[0])
     router = APP  # the routing table that decides is read through the app (tests/support/routing.py)
     wait_for(lambda: _ready(url) and len(_replicas(router, key)) == 1, 900, "the head's engine replica")
