@@ -327,7 +327,8 @@ def summarize(acc: dict) -> dict:
 
 def request_phases(log_path: str) -> list[dict]:
     """Our request log's lines (serve run forwards the replicas' stdout, prefixed by Ray with the process name):
-    per request its `ts` and `phases_ms`, where the time to its first token went inside the app."""
+    per request its `ts` and `phases_ms`, where the time to its first token went inside the app, with the engine
+    replica's own split of it (`engine_ms`) as `engine_*` phases."""
     out = []
     with open(log_path, errors="replace") as f:
         for line in f:
@@ -338,7 +339,9 @@ def request_phases(log_path: str) -> list[dict]:
                 rec = json.loads(line[i:])
             except ValueError:
                 continue
-            out.append({"ts": rec["ts"], "phases_ms": rec["phases_ms"]})
+            # The engine replica's split of its part (engine/vllm_engine.py first_chunk_ms), beside the phases.
+            engine = {f"engine_{k}": v for k, v in (rec.get("engine_ms") or {}).items()}
+            out.append({"ts": rec["ts"], "phases_ms": {**rec["phases_ms"], **engine}})
     return out
 
 

@@ -3,8 +3,10 @@
 Fields: ts, request_id, tenant, api, model, prompt_tokens, cached_tokens, output_tokens, ttft_s, duration_s,
 finish_reason, replica, route (the policy that chose the replica, or why there was no choice), predicted_cached
 (the router's belief), phases_ms (milliseconds each step before the first token took, from the request's arrival:
-parse, render, tenant, route, accept, first_token — where a slow TTFT went). Never prompt text or keys: `ingress.log_request_text` (a debug setting) adds the last
-input text, and nothing adds keys. Written through its own logger (no propagation), so it stays one line of JSON
+parse, render, tenant, route, accept, first_token — where a slow TTFT went) and engine_ms (inside the engine
+replica, the first token's handoff to vLLM's engine core, queue wait, prefill and way back to the replica:
+engine/vllm_engine.py `first_chunk_ms`). Never prompt text or keys: `ingress.log_request_text` (a debug setting)
+adds the last input text, and nothing adds keys. Written through its own logger (no propagation), so it stays one line of JSON
 whatever the process's logging setup.
 """
 
@@ -57,6 +59,7 @@ def record(
     route: str | None = None,
     predicted_cached: int | None = None,
     phases_ms: dict[str, float] | None = None,
+    engine_ms: dict[str, float] | None = None,
     error: str | None = None,
     text: str | None = None,
 ) -> dict[str, Any]:
@@ -79,6 +82,8 @@ def record(
     }
     if phases_ms:
         out["phases_ms"] = phases_ms
+    if engine_ms:
+        out["engine_ms"] = engine_ms
     if error is not None:
         out["error"] = error[:300]
     if text is not None:

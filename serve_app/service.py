@@ -439,6 +439,8 @@ class GenerationService:
                 last = chunk
                 if "ttft" not in outcome and (chunk.token_ids or chunk.finish_reason is not None):
                     outcome["ttft"] = prepared.marks["first_token"] = time.monotonic()
+                if chunk.engine_ms is not None:
+                    outcome["engine_ms"] = chunk.engine_ms
                 if chunk.num_cached_tokens is not None:
                     cached = outcome["cached"] = chunk.num_cached_tokens
                     if decision is not None:  # the Router learns this replica's prefill rate from it
@@ -497,7 +499,8 @@ class GenerationService:
 
     def _log(self, prepared: PreparedRequest, *, decision: Decision | None = None, output_tokens: int = 0,
              finish: str | None = None, finish_reason: str | None = None, cached: int | None = None,
-             ttft: float | None = None, error: str | None = None) -> None:
+             ttft: float | None = None, error: str | None = None,
+             engine_ms: dict[str, float] | None = None) -> None:
         ing = self.settings.ingress
         if not ing.log_requests:
             return
@@ -522,6 +525,7 @@ class GenerationService:
                 route=route,
                 predicted_cached=decision.cached_blocks if decision is not None else None,
                 phases_ms=_phases_ms(prepared.received or start, prepared.marks) if start else None,
+                engine_ms=engine_ms,
                 error=error,
                 text=_last_input_text(prepared.conversation) if ing.log_request_text else None,
             )

@@ -41,7 +41,7 @@ _DECODE = msgspec.msgpack.Decoder(list)
 
 
 def _row(key: int, c: EngineChunk) -> list[Any]:
-    return [key, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.num_cached_tokens, c.error]
+    return [key, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.num_cached_tokens, c.error, c.engine_ms]
 
 
 def encode(rows: list[list[Any]]) -> bytes:
@@ -50,8 +50,8 @@ def encode(rows: list[list[Any]]) -> bytes:
 
 def decode(frame: bytes) -> list[tuple[int, EngineChunk]]:
     out = []
-    for key, text, token_ids, finish, stop, cached, error in _DECODE.decode(frame):
-        out.append((key, EngineChunk(text, token_ids, finish, stop, cached, error)))
+    for key, text, token_ids, finish, stop, cached, error, engine_ms in _DECODE.decode(frame):
+        out.append((key, EngineChunk(text, token_ids, finish, stop, cached, error, engine_ms)))
     return out
 
 

@@ -47,6 +47,9 @@ class EngineChunk:
     stop_reason: str | int | None = None  # the stop string that ended generation, if any
     num_cached_tokens: int | None = None  # set on the first chunk
     error: str | None = None
+    # Set on the first chunk: where its time went inside the engine replica (engine/vllm_engine.py,
+    # `first_chunk_ms`), in milliseconds: durations, so they hold across hosts whose clocks differ.
+    engine_ms: dict[str, float] | None = None
 
 
 def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
@@ -62,4 +65,5 @@ def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
         stop_reason=last.stop_reason,
         num_cached_tokens=next((c.num_cached_tokens for c in chunks if c.num_cached_tokens is not None), None),
         error=last.error,
+        engine_ms=next((c.engine_ms for c in chunks if c.engine_ms is not None), None),
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from typing import Any, AsyncIterator
 
 from serve_app.engine import reaper
@@ -115,6 +116,24 @@ def sliding_window_overrides(model_path: str, window: int, max_model_len: int) -
         "sliding_window": window,
         "max_position_embeddings": max(getattr(cfg, "max_position_embeddings", 0) or 0, max_model_len),
     }
+
+
+def first_chunk_ms(entered: float, stats: Any, now: float) -> dict[str, float] | None:
+    """Where the first chunk's time went inside the replica, in ms, from vLLM's per-request stats (engine-core
+    timestamps, time.monotonic() of the same host): `handoff` (generate() called → the engine core queued it),
+    `queued` (→ scheduled), `prefill` (→ first token), `out` (→ the chunk back in this replica). A step vLLM did not
+    time (stats off, or a zero timestamp) is absent; None when none was timed."""
+    if stats is None:
+        return None
+    points = [("handoff", getattr(stats, "queued_ts", 0.0)), ("queued", getattr(stats, "scheduled_ts", 0.0)),
+              ("prefill", getattr(stats, "first_token_ts", 0.0)), ("out", now)]
+    out, last = {}, entered
+    for name, t in points:
+        if not t:
+            continue
+        out[name] = round((t - last) * 1000, 2)
+        last = t
+    return out if len(out) > 1 else None
 
 
 def build_engine_args(
@@ -281,7 +300,7 @@ class VLLMEngine:
         prompt = TokensPrompt(prompt_token_ids=req.prompt_token_ids)
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt
-        first = True
+        first, entered = True, time.monotonic()
         async for out in self.engine.generate(
             prompt,
             params,
@@ -297,6 +316,7 @@ class VLLMEngine:
             )
             if first:
                 chunk.num_cached_tokens = out.num_cached_tokens or 0
+                chunk.engine_ms = first_chunk_ms(entered, out.metrics, time.monotonic())
                 first = False
             yield chunk
 

@@ -222,6 +222,22 @@ def test_disconnect_mid_stream_aborts_the_engine_request(serve_url, engine_handl
     assert _running(engine_handles) == 0
 
 
+def test_the_engine_replica_times_its_first_token(engine_handles):
+    """The replica's first-token account (the request log's `engine_ms`) comes from vLLM's own per-request stats:
+    every step timed, none negative, prefill included."""
+    from serve_app.engine.types import EngineRequest
+
+    handle = next(iter(engine_handles.values()))
+    req = EngineRequest(request_id=f"first-chunk-{time.time_ns()}", prompt_token_ids=list(range(1000, 1300)),
+                        max_tokens=4, temperature=0)
+    chunks = list(handle.options(stream=True).generate.remote(req))
+    timed = [c.engine_ms for c in chunks if c.engine_ms is not None]
+    assert len(timed) == 1 and chunks[1].engine_ms is not None  # on the first token's chunk (0 is acceptance)
+    assert list(timed[0]) == ["handoff", "queued", "prefill", "out"], timed
+    assert all(v >= 0 for v in timed[0].values()), timed
+    assert sum(c.finish_reason is not None for c in chunks) == 1 and sum(len(c.token_ids) for c in chunks) == 4
+
+
 def test_a_tool_message_answering_no_call_is_refused(client):
     call = {"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
     with pytest.raises(openai.BadRequestError) as e:

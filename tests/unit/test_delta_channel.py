@@ -8,7 +8,7 @@ import random
 import pytest
 
 from serve_app.engine import delta_channel
-from serve_app.engine.delta_channel import DeltaReceiver, DeltaSender, Inbox, decode, encode
+from serve_app.engine.delta_channel import DeltaReceiver, DeltaSender, Inbox, _row, decode, encode
 from serve_app.engine.types import EngineChunk
 
 
@@ -19,8 +19,8 @@ def _chunk(i: int, finish: str | None = None) -> EngineChunk:
 
 def test_frames_round_trip_every_field():
     chunks = [_chunk(0), _chunk(1), EngineChunk("", [], "error", 7, None, "boom"), _chunk(2, "stop")]
-    rows = [[k, c.text, c.token_ids, c.finish_reason, c.stop_reason, c.num_cached_tokens, c.error]
-            for k, c in enumerate(chunks)]
+    chunks[0].engine_ms = {"handoff": 0.25, "queued": 1.5, "prefill": 30.0, "out": 0.75}
+    rows = [_row(k, c) for k, c in enumerate(chunks)]
     assert decode(encode(rows)) == list(enumerate(chunks))
 
 

@@ -177,7 +177,8 @@ def replica(cfg: AppSettings, shared: LimitState, engines: ReplayEngines):
 
 
 def engines() -> ReplayEngines:
-    return ReplayEngines([EngineChunk("Hi", [1, 2], num_cached_tokens=0), EngineChunk("", [3], finish_reason="stop")])
+    first = EngineChunk("Hi", [1, 2], num_cached_tokens=0, engine_ms={"handoff": 0.5, "queued": 2.0, "prefill": 9.0})
+    return ReplayEngines([first, EngineChunk("", [3], finish_reason="stop")])
 
 
 def oai(app, key):
@@ -293,6 +294,7 @@ async def test_one_json_log_line_per_request_without_text_or_key(capsys):
     assert list(phases) == ["parse", "render", "tenant", "route", "accept", "first_token"]
     assert all(v >= 0 for v in phases.values())
     assert sum(phases.values()) / 1000 >= line["ttft_s"] - 0.002  # from arrival, so at least the service's TTFT
+    assert line["engine_ms"] == {"handoff": 0.5, "queued": 2.0, "prefill": 9.0}  # the replica's, as it sent them
     assert "my secret" not in json.dumps(line) and "key-b" not in json.dumps(line)
 
 
