@@ -51,6 +51,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 MODEL_ID = "tiny"
 LEVELS = (1, 8, 32, 128)
+# Before each measured round: vLLM's worker busy-polls its shared-memory queue for 1 s after its last step
+# (shm_broadcast's SpinCondition, both servers), and on a shared 2-core host that spin on a core the other
+# engine's OpenMP threads are bound to stalls the other's forward passes: first tokens of 0.4-1 s right after
+# the other server's round, for either server (load/results/first_token_probe.json, docs/serving-path.md).
+SETTLE_S = 1.5
 
 
 # -- servers -------------------------------------------------------------------------------------------------
@@ -434,6 +439,7 @@ def main() -> None:
             for c in levels:
                 order = names if r % 2 == 0 else names[::-1]
                 for n in order:
+                    time.sleep(SETTLE_S)
                     before, c0, w0 = meters[n].snapshot(), self_cpu(), time.time()
                     res = asyncio.run(run_level(urls[n], c, requests_for(c, a.tokens, a.scale), a.tokens, seed=r * 1000 + c))
                     cpu = CpuMeter.delta(before, meters[n].snapshot())
