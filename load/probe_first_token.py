@@ -4,8 +4,9 @@ vLLM's own server (the capacity bench's tiny model and settings, load/bench_capa
 For each of our requests the request log's `phases_ms` and `engine_ms` (serve_app/request_log.py) are joined to
 the client's TTFT by request id, so a slow first token says where it waited: before the engine replica
 (`accept`), inside it (`engine_*`: the handoff to vLLM's engine core, its queue, prefill, the way back to the
-replica) or between the replica and the ingress (`first_token` minus the engine's part). docs/serving-path.md,
-"First tokens that arrive late", reads the result.
+replica) or between the replica and the ingress (`first_token` minus the engine's part). Then, per server, the
+CPU each role burns in the two seconds after a request ends (`cpu_after_request`). docs/serving-path.md, "First
+tokens that arrive late", reads the result.
 
     python -m load.probe_first_token --json load/results/first_token_probe.json
 """
@@ -23,8 +24,8 @@ from pathlib import Path
 
 import aiohttp
 
-from load.bench_capacity import (MODEL_ID, PY, free_port, git_commit, host, pct, start_ours, start_vllm, stop,
-                                 wait_healthy)
+from load.bench_capacity import (MODEL_ID, PY, CpuMeter, free_port, git_commit, host, pct, start_ours, start_vllm,
+                                 stop, wait_healthy)
 
 GAPS_S = (0.0, 0.5, 2.0, 5.0, 10.0)
 
@@ -62,6 +63,22 @@ def log_records(path: str) -> dict[str, dict]:
     return out
 
 
+def cpu_after_request(url: str, meter: CpuMeter, tokens: int, window_s: float = 2.0, step_s: float = 0.1) -> dict:
+    """CPU seconds per role in each `step_s` slice after one request ends (the server otherwise idle): what a
+    server keeps burning once its work is done, which on shared cores the other server's engine pays for."""
+    time.sleep(3)
+    asyncio.run(one(url, "Count to ten.", tokens))
+    prev, slices = meter.snapshot(), []
+    for _ in range(int(window_s / step_s)):
+        time.sleep(step_s)
+        cur = meter.snapshot()
+        slices.append({k: round(v, 3) for k, v in CpuMeter.delta(prev, cur).items() if v >= 0.005})
+        prev = cur
+    busy = [i for i, s in enumerate(slices) if s.get("engine_core", 0.0) >= 0.5 * step_s]
+    return {"step_s": step_s, "engine_core_busy_s": round(step_s * (busy[-1] + 1), 2) if busy else 0.0,
+            "slices": slices}
+
+
 def summary(values: list[float]) -> dict:
     return {"n": len(values), "p50_ms": round(pct(values, 0.5), 2), "p90_ms": round(pct(values, 0.9), 2),
             "max_ms": round(max(values), 2)}
@@ -96,6 +113,10 @@ def main() -> None:
                     res = asyncio.run(one(urls[n], f"[{rng.random():.9f}] Count to ten.", a.tokens))
                     samples.append({"server": n, "pass": r, "idle_s": g, **res})
                     print(f"pass {r} idle {g:>4} s {n}: TTFT {res['ttft_ms']:.1f} ms", flush=True)
+        meters = {n: CpuMeter(procs[n].pid, n) for n in ports}
+        after = {n: [cpu_after_request(urls[n], meters[n], a.tokens) for _ in range(2)] for n in ports}
+        for n, runs in after.items():
+            print(f"{n}: engine core busy for {[r['engine_core_busy_s'] for r in runs]} s after a request", flush=True)
         time.sleep(3)  # Ray forwards the replicas' stdout with a short delay
         log.flush()
         records = log_records(log.name)
@@ -109,6 +130,7 @@ def main() -> None:
             "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "tokens_per_request": a.tokens, "idle_gaps_s": list(GAPS_S), "repeat": a.repeat,
             "ttft": {n: summary(v) for n, v in ttft.items()},
+            "cpu_after_request": after,
             "ours_slowest": sorted((s for s in samples if s["server"] == "ours"), key=lambda s: -s["ttft_ms"])[:5],
             "samples": samples,
         }
