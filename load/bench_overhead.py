@@ -28,6 +28,8 @@ from pathlib import Path
 import httpx
 import yaml
 
+from load.bench_capacity import SETTLE_S, git_commit, host
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
@@ -155,12 +157,12 @@ def main() -> None:
             for c in (1, 8):
                 order = ["ours", "vllm"] if r % 2 == 0 else ["vllm", "ours"]
                 for name in order:
+                    time.sleep(SETTLE_S)  # past the other server's worker spin (load/bench_capacity.py SETTLE_S)
                     res = asyncio.run(run_batch(servers[name], model_id, c, a.requests, a.tokens, seed=r * 10 + c))
                     s = samples[(name, c)]
                     s["ttft"] += res["ttft"]
                     s["tokens"] += res["tokens"]
                     s["wall"] += res["wall"]
-        from load.bench_capacity import git_commit, host
 
         out = {"command": " ".join([Path(PY).name, "-m", "load.bench_overhead", *sys.argv[1:]]),
                "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
