@@ -364,8 +364,9 @@ def phase_summary(records: list[dict], windows: list[tuple[float, float]]) -> di
 def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True).stdout.strip()
+        # Result files the run itself (or the run before it) rewrote do not make the measured code dirty.
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!load/results"],
+                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
         return out + ("+dirty" if dirty else "")
     except Exception:  # noqa: BLE001
         return "unknown"
