@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -330,23 +331,29 @@ def summarize(acc: dict) -> dict:
     return row
 
 
-def request_phases(log_path: str) -> list[dict]:
-    """Our request log's lines (serve run forwards the replicas' stdout, prefixed by Ray with the process name):
-    per request its `ts` and `phases_ms`, where the time to its first token went inside the app, with the engine
-    replica's own split of it (`engine_ms`) as `engine_*` phases."""
-    out = []
+def request_log(log_path: str | Path) -> Iterator[dict]:
+    """Our request log's lines (serve_app/request_log.py) in a server's output, where serve run forwards the
+    replicas' stdout prefixed by Ray with the process name."""
     with open(log_path, errors="replace") as f:
         for line in f:
             i = line.find('{"ts":')
-            if i < 0 or '"phases_ms"' not in line:
+            if i < 0:
                 continue
             try:
-                rec = json.loads(line[i:])
+                yield json.loads(line[i:])
             except ValueError:
                 continue
-            # The engine replica's split of its part (engine/vllm_engine.py first_chunk_ms), beside the phases.
-            engine = {f"engine_{k}": v for k, v in (rec.get("engine_ms") or {}).items()}
-            out.append({"ts": rec["ts"], "phases_ms": {**rec["phases_ms"], **engine}})
+
+
+def request_phases(log_path: str) -> list[dict]:
+    """Per request its `ts` and `phases_ms`, where the time to its first token went inside the app, with the engine
+    replica's own split of it (`engine_ms`) as `engine_*` phases."""
+    out = []
+    for rec in request_log(log_path):
+        if "phases_ms" not in rec:
+            continue
+        engine = {f"engine_{k}": v for k, v in (rec.get("engine_ms") or {}).items()}
+        out.append({"ts": rec["ts"], "phases_ms": {**rec["phases_ms"], **engine}})
     return out
 
 

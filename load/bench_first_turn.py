@@ -24,6 +24,8 @@ from pathlib import Path
 
 import httpx
 
+from load.bench_capacity import request_log
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "conformance"))  # npm_tools: the project-local CLI install
 
@@ -44,19 +46,8 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
 
 def _requests_of(log_path: Path) -> list[dict]:
     """The request-log lines (serve_app/request_log.py: one JSON object per request) in the service's output."""
-    out = []
-    for line in log_path.read_text(errors="replace").splitlines():
-        i = line.find('{"ts"')
-        if i < 0:
-            continue
-        try:
-            rec = json.loads(line[i:])
-        except ValueError:
-            continue
-        if "request_id" in rec:
-            out.append({k: rec.get(k) for k in ("api", "model", "prompt_tokens", "cached_tokens", "output_tokens",
-                                                  "ttft_s", "duration_s", "finish_reason")})
-    return out
+    keys = ("api", "model", "prompt_tokens", "cached_tokens", "output_tokens", "ttft_s", "duration_s", "finish_reason")
+    return [{k: rec.get(k) for k in keys} for rec in request_log(log_path) if "request_id" in rec]
 
 
 def _codex_home(home: Path, url: str, model: str) -> Path:

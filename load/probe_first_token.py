@@ -24,8 +24,8 @@ from pathlib import Path
 
 import aiohttp
 
-from load.bench_capacity import (MODEL_ID, PY, CpuMeter, free_port, git_commit, host, pct, start_ours, start_vllm,
-                                 stop, wait_healthy)
+from load.bench_capacity import (MODEL_ID, PY, CpuMeter, free_port, git_commit, host, pct, request_log, start_ours,
+                                 start_vllm, stop, wait_healthy)
 
 GAPS_S = (0.0, 0.5, 2.0, 5.0, 10.0)
 
@@ -46,21 +46,6 @@ async def one(url: str, prompt: str, tokens: int) -> dict:
                 if ttft is None and b'"content":"' in line and b'"content":""' not in line:
                     ttft = time.perf_counter() - t0
     return {"ttft_ms": round(1000 * (ttft or 0.0), 2), "id": rid}
-
-
-def log_records(path: str) -> dict[str, dict]:
-    """Our request log's lines by request id (serve run forwards the replicas' stdout into the server log)."""
-    out = {}
-    for line in open(path, errors="replace"):
-        i = line.find('{"ts":')
-        if i < 0:
-            continue
-        try:
-            rec = json.loads(line[i:])
-        except ValueError:
-            continue
-        out[rec.get("request_id")] = rec
-    return out
 
 
 def cpu_after_request(url: str, meter: CpuMeter, tokens: int, window_s: float = 2.0, step_s: float = 0.1) -> dict:
@@ -119,7 +104,7 @@ def main() -> None:
             print(f"{n}: engine core busy for {[r['engine_core_busy_s'] for r in runs]} s after a request", flush=True)
         time.sleep(3)  # Ray forwards the replicas' stdout with a short delay
         log.flush()
-        records = log_records(log.name)
+        records = {rec.get("request_id"): rec for rec in request_log(log.name)}
         for s in samples:
             rec = records.get((s["id"] or "").removeprefix("chatcmpl-")) if s["server"] == "ours" else None
             if rec:

@@ -83,13 +83,12 @@ def serve_config(postgres) -> dict:
     """The test config, with the Responses store on PostgreSQL (a fresh database of the session's server): the
     backend for a multi-node cluster, which only a real cluster exercises (the store replica restarted in
     tests/integration/test_restart.py finds its records there). SQLite, the default, is tested at unit level."""
+    from serve_app.engine.vllm_engine import free_port
     from tests.support.postgres import fresh_database
-
-    from tests.support.net import free_port
 
     config = load_test_config()
     # A port of its own: the config's fixed one may be held by a server this session did not start.
-    config["http_options"]["port"] = free_port(config["http_options"]["host"])
+    config["http_options"]["port"] = free_port()
     ingress = config["applications"][0]["args"].setdefault("ingress", {})
     ingress["response_store_backend"] = "postgres"
     ingress["response_store_dsn"] = fresh_database(postgres, "serve")

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from serve_app import metrics
-from tests.support.net import free_port
+from serve_app.engine.vllm_engine import free_port
 from tests.support.prometheus import samples
 from tests.support.routing import routing_metrics, routing_metrics_async
 from tests.support.streams import APIS, assert_engine_error, is_delta, still_running, stream_body

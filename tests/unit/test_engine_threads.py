@@ -23,4 +23,3 @@ def test_big_host_keeps_vllms_auto_binding():
 
 def test_no_affinity_information_changes_nothing():
     assert cpu_thread_env(set(), {}) == {}
-
