@@ -29,6 +29,9 @@ class ReasoningFormat:
     ends_at: tuple[str, ...] = ()
     special_tokens: bool = False
     harmony: bool = False
+    # Step-3.5 writes a newline on each side of the end marker: one "\n" right before it is not reasoning and one
+    # right after it is not content (vLLM's step3p5 parser trims them the same way)
+    trim_end_newlines: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +64,9 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
         ReasoningFormat("minimax_m2", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
                         special_tokens=True),
         ReasoningFormat("step3", *_THINK, starts_in_reasoning=True),
+        ReasoningFormat("step3p5", *_THINK, starts_in_reasoning=True, trim_end_newlines=True),
+        ReasoningFormat("seed_oss", "<seed:think>", "</seed:think>", starts_in_reasoning=True, special_tokens=True),
+        ReasoningFormat("olmo3", *_THINK, starts_in_reasoning=True),
         ReasoningFormat("deepseek_v4", *_THINK, tool_ends_reasoning=True),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]", special_tokens=True),
         ReasoningFormat("gpt_oss", "<|channel|>analysis<|message|>", "<|end|>", special_tokens=True, harmony=True),
@@ -133,6 +139,14 @@ TOOL_PARSERS: dict[str, object] = {
     "qwen3_coder": _QWEN3_XML,
     "qwen3_xml": _QWEN3_XML,
     "nemotron_nano": _QWEN3_XML,
+    "step3p5": _QWEN3_XML,  # Step-3.5 writes Qwen3-Coder's XML calls
+    "seed_oss": XmlFormat(
+        "seed_oss", starts=("<seed:tool_call>",), section_end="</seed:tool_call>",
+        func_open="<function=", func_head_end=">", func_close="</function>",
+        param_open="<parameter=", param_head_end=">", value_close="</parameter>",
+        implicit_closes=("<parameter=", "</function>"), think=("<seed:think>", "</seed:think>"),
+        special_tokens=True),
+    "longcat": JsonTagsFormat("longcat", starts=("<longcat_tool_call>",), call_end="</longcat_tool_call>"),
     # a call opens the text with `{`, follows <|python_tag|>, or follows prose as `{"name"` (vLLM finds it there)
     "llama3_json": JsonTagsFormat("llama3_json", starts=("<|python_tag|>", '{"name"'), inline_starts=('{"name"',),
                                   list_sep=";", bare_start="{", name_only_call=False, special_tokens=True),

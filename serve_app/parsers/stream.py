@@ -37,8 +37,13 @@ class StreamParser:
         self.in_reasoning = bool(reasoning) and starts_in_reasoning
         think = (reasoning.start, reasoning.end) if reasoning else ()
         self.ends_at = reasoning.ends_at if reasoning is not None and tools is None else ()
+        # a tool format that looks for no calls inside its family's think block: without a reasoning parser that
+        # block is tracked here (and stays text); with one, reasoning is that block
+        self.opaque = getattr(tools, "think", None) if tools is not None else None
+        self.in_opaque = False
+        own = self.opaque if self.opaque and reasoning is None else ()
         # a stray end marker in text and a repeated start marker in reasoning are markup: matched and dropped
-        self.m = Matcher((*think, *starts, *self.ends_at))
+        self.m = Matcher((*think, *starts, *self.ends_at, *own))
         self.active = False
         # whitespace-only text right after a tool call is the model's separator between calls: it is kept back
         # and dropped unless real text follows (then it is released verbatim)
@@ -51,6 +56,11 @@ class StreamParser:
         # repeated think start marker (vLLM reports no content there), given back before anything else
         self.at_start = True
         self.pending_start = ""
+        # trim_end_newlines: a reasoning "\n" held until we know whether the end marker follows it, and whether
+        # the text right after the end marker may still lose its leading "\n"
+        self.trim = bool(reasoning and reasoning.trim_end_newlines)
+        self.nl_held = False
+        self.strip_nl = False
 
     def _emit(self, text: str) -> None:
         if not text:
@@ -60,6 +70,10 @@ class StreamParser:
                 self.pending_start += text
                 return
             text, self.pending_start, self.at_start = self.pending_start + text, "", False
+        if self.trim:
+            text = self._trim(text)
+            if not text:
+                return
         if self.after_call:
             if self.in_reasoning:
                 self.after_call, self.pending_ws = False, ""
@@ -73,6 +87,23 @@ class StreamParser:
         self.sink.plain(text)
         if not self.in_reasoning and not self.text_started and not text.isspace():
             self.text_started = True
+
+    def _trim(self, text: str) -> str:
+        if self.in_reasoning:
+            if self.nl_held:
+                text, self.nl_held = "\n" + text, False
+            if text.endswith("\n"):
+                text, self.nl_held = text[:-1], True
+        elif self.strip_nl:
+            text, self.strip_nl = text.removeprefix("\n"), False
+        return text
+
+    def _release_nl(self) -> None:
+        """The held reasoning newline was not followed by the end marker: it is reasoning after all."""
+        if self.nl_held:
+            self.nl_held = False
+            self.sink.reasoning = True
+            self.sink.plain("\n")
 
     def push(self, delta: str, token_ids=None) -> list:
         out = self.sink.out = []
@@ -139,10 +170,19 @@ class StreamParser:
             self.in_reasoning = True
         elif r is not None and mk == r.end:
             self._flush_start()
+            if self.in_reasoning:
+                self.strip_nl = self.trim
+            self.nl_held = False  # the newline right before the end marker is not reasoning
             self.in_reasoning = False
         elif mk in self.ends_at:  # a tool call with no tool parser: reasoning is over, the markup is text
             self._flush_start()
+            self._release_nl()
             self.in_reasoning = False
+            self._emit(mk)
+        elif self.opaque and mk in self.opaque and r is None:
+            self.in_opaque = mk == self.opaque[0]
+            self._emit(mk)
+        elif self.opaque and (self.in_reasoning or self.in_opaque):  # no calls inside the think block
             self._emit(mk)
         else:
             self._open(mk)
@@ -155,6 +195,8 @@ class StreamParser:
                 self.sink.plain(pending)
 
     def _open(self, marker: str) -> None:
+        self._release_nl()
+        self.strip_nl = False
         self.pending_start, self.at_start = "", False
         self.engine.open(marker)
         self.sink.reasoning = self.in_reasoning
@@ -169,6 +211,7 @@ class StreamParser:
         elif self.hold:
             self._emit(self.hold)
         self._flush_start()
+        self._release_nl()
         self.hold = ""
         self.active = False
         return out

@@ -72,6 +72,9 @@ class XmlFormat:
     # a value no schema describes (an unknown tool or parameter) is a string, not decoded as JSON: MiniMax-M2's
     # own rule (its reference parser and vLLM's type it "string" by default); the other formats decode it
     undescribed_string: bool = False
+    # the family's think block, inside which no call is looked for: Seed-OSS reasons about the call format in it
+    # (vLLM's seed_oss parser skips it too). Without a reasoning parser the block is plain text.
+    think: tuple[str, str] | None = None
     special_tokens: bool = False
     harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
 

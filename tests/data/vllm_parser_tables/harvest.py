@@ -49,6 +49,10 @@ REASONING_FILES = {
     # GLM-4.7's and Kimi-K2.5's templates open <think> in the generation prompt (vLLM parses both as R1)
     "tests/reasoning/test_glm47_reasoning_parser.py": ("glm47", True),
     "tests/reasoning/test_kimi_k25_reasoning_parser.py": ("kimi_k25", True),
+    # Step-3.5's, Seed-OSS's and OLMo 3's parsers read text before the end marker as reasoning (base thinking parser)
+    "tests/reasoning/test_step3p5_reasoning_parser.py": ("step3p5", True),
+    "tests/reasoning/test_seedoss_reasoning_parser.py": ("seed_oss", True),
+    "tests/reasoning/test_olmo3_reasoning_parser.py": ("olmo3", True),
 }
 TOOL_FILES = {
     "tests/tool_parsers/test_deepseekv3_tool_parser.py": "deepseek_v3",
@@ -65,6 +69,9 @@ TOOL_FILES = {
     "tests/tool_parsers/test_deepseekv32_tool_parser.py": "deepseek_v32",
     "tests/tool_parsers/test_deepseekv4_tool_parser.py": "deepseek_v4",
     "tests/tool_parsers/test_minimax_m2_tool_parser.py": "minimax_m2",
+    "tests/tool_parsers/test_step3p5_tool_parser.py": "step3p5",
+    "tests/tool_parsers/test_seed_oss_tool_parser.py": "seed_oss",
+    "tests/tool_parsers/test_longcat_tool_parser.py": "longcat",
 }
 
 # Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt
