@@ -52,11 +52,20 @@ class HarmonyParser:
         self.name = ""
         self.idx = -1
         self.scan: JsonScanner | None = None
+        # separate messages of one kind (a preamble, then the final answer) are joined with a newline, as vLLM's
+        # non-streaming Harmony path joins them; per kind: has one been shown, does the next need the separator
+        self.shown = {"text": False, "reasoning": False}
+        self.sep = {"text": False, "reasoning": False}
         # one step per state, indexed by state: BODY, HEADER, ARGS_WAIT, ARGS, DROP, OPENING
         self.steps = (self._step_body, self._step_header, self._step_args_wait, self._step_args, self._step_body,
                       self._step_opening)
 
     def _plain(self, text: str, kind: str) -> None:
+        if not text:
+            return
+        if self.sep[kind]:
+            text, self.sep[kind] = "\n" + text, False
+        self.shown[kind] = True
         self.sink.reasoning = kind == "reasoning"
         self.sink.plain(text)
 
@@ -78,6 +87,7 @@ class HarmonyParser:
             self.kind = "reasoning" if self.want_reasoning else "text"
         else:
             self.kind = "text"
+        self.sep[self.kind] = self.shown[self.kind]
 
     def push(self, delta: str, token_ids=None) -> list:
         out = self.sink.out = []

@@ -339,3 +339,33 @@ def test_reported_case(case):
         cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(12, len(text) - 1))))
         assert simple(fold_complete(stream(text, cuts, **kw))) == want, cuts
     assert simple(fold_complete(stream(text, list(range(1, len(text))), **kw))) == want
+
+
+def _all_splits_fold(text: str, **kw) -> list:
+    """The fold of `text`, asserted equal for the whole text, every single cut and one-character deltas."""
+    want = simple(fold_complete(parse_complete(text, **kw)))
+    for cuts in [[i] for i in range(1, len(text))] + [list(range(1, len(text)))]:
+        assert simple(fold_complete(stream(text, cuts, **kw))) == want, cuts
+    return want
+
+
+@pytest.mark.parametrize("text, reasoning, content", [
+    ("plan\n</think>\nanswer", "plan", "answer"),  # one newline each side of the end marker is markup
+    ("plan\n\n</think>\n\nanswer", "plan\n", "\nanswer"),  # only one
+    ("a\nb</think>c\nd", "a\nb", "c\nd"),  # newlines elsewhere are kept
+    ("cut off\n", "cut off\n", ""),  # no end marker: the held newline is reasoning after all
+])
+def test_step3p5_trims_one_newline_around_the_end_marker(text, reasoning, content):
+    got = _all_splits_fold(text, reasoning="step3p5")
+    assert got == [x for x in [("reasoning", reasoning), ("text", content)] if x[1]]
+
+
+def test_seed_oss_finds_no_call_inside_its_think_block():
+    call = "<seed:tool_call>\n<function=f>\n<parameter=x>1</parameter>\n</function>\n</seed:tool_call>"
+    text = f"<seed:think>the format is {call}, so</seed:think>{call}"
+    # with its reasoning parser the mention is reasoning; without one, the think block is text; one call either way
+    for reasoning in ("seed_oss", None):
+        got = _all_splits_fold(text, reasoning=reasoning, tools="seed_oss")
+        kinds = [g[0] for g in got]
+        assert kinds == ["reasoning" if reasoning else "text", "call"], got
+        assert call in got[0][1]

@@ -236,11 +236,18 @@ def _call(tc) -> dict:
         return {"name": name, "arguments_text": args}
 
 
+# module-level reasoning dicts whose test does not assert their reasoning/content (read by hand from the test)
+UNASSERTED = {
+    # `if request.node.callspec.id != "multi_turn_prompt_content": assert reasoning == ...`
+    ("tests/reasoning/test_step3p5_reasoning_parser.py", "MULTI_TURN_PROMPT_CONTENT"),
+}
+
+
 def _reasoning_vectors(rel: str, ns: dict, parser: str, opens: bool | None) -> list[dict]:
     out = []
     for var, v in ns.items():
         if not (isinstance(v, dict) and isinstance(v.get("output"), str) and "content" in v
-                and ("reasoning" in v or "reasoning_content" in v)):
+                and ("reasoning" in v or "reasoning_content" in v)) or (rel, var) in UNASSERTED:
             continue
         out.append({"id": f"{parser}/{var}", "source": f"{rel}::{var}", "reasoning_parser": parser,
                     "tool_parser": None, "prompt_opens_think": opens, "model_output": v["output"],

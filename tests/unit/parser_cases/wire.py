@@ -31,6 +31,14 @@ def qwen3_coder(calls: list[Call]) -> str:
     return "".join(out)
 
 
+def seed_oss(calls: list[Call]) -> str:
+    return qwen3_coder(calls).replace("<tool_call>", "<seed:tool_call>").replace("</tool_call>", "</seed:tool_call>")
+
+
+def longcat(calls: list[Call]) -> str:
+    return hermes(calls).replace("<tool_call>", "<longcat_tool_call>").replace("</tool_call>", "</longcat_tool_call>")
+
+
 def llama3_json(calls: list[Call]) -> str:
     return "<|python_tag|>" + "; ".join(
         json.dumps({"name": n, "parameters": a}, ensure_ascii=False) for n, a in calls)
@@ -121,6 +129,11 @@ FORMATS = [
         markers=("<tool_call>", "</tool_call>", "<function=", "</parameter>")),
     Fmt("nemotron_nano", "nemotron_v3", qwen3_coder, typed_by_schema=True,
         markers=("<tool_call>", "</tool_call>", "<function=", "</parameter>")),
+    Fmt("step3p5", "step3p5", qwen3_coder, typed_by_schema=True,
+        markers=("<tool_call>", "</tool_call>", "<function=", "</parameter>")),
+    Fmt("seed_oss", "seed_oss", seed_oss, think=("<seed:think>", "</seed:think>"), typed_by_schema=True,
+        markers=("<seed:tool_call>", "</seed:tool_call>", "<function=", "</parameter>")),
+    Fmt("longcat", None, longcat, markers=("<longcat_tool_call>", "</longcat_tool_call>")),
     Fmt("llama3_json", None, llama3_json, text_after_calls=False, markers=("<|python_tag|>",)),
     Fmt("mistral", "mistral", mistral, think=("[THINK]", "[/THINK]"), text_after_calls=False,
         markers=("[TOOL_CALLS]", "[ARGS]")),
@@ -156,10 +169,15 @@ def render_case(fmt: Fmt, segs: list) -> str:
     return "".join(out)
 
 
-def expected(segs: list) -> list:
-    """Folded result: ("text"|"reasoning", s) and ("call", name, args), adjacent text merged."""
+def expected(segs: list, harmony: bool = False) -> list:
+    """Folded result: ("text"|"reasoning", s) and ("call", name, args), adjacent text merged. Harmony writes each
+    segment as its own message: a message of a kind already shown opens with the newline that joins them."""
     out: list = []
+    shown: set = set()
     for seg in segs:
+        if harmony and seg[0] != "calls" and seg[1]:
+            seg = (seg[0], ("\n" if seg[0] in shown else "") + seg[1])
+            shown.add(seg[0])
         if seg[0] == "calls":
             out.extend(("call", n, a) for n, a in seg[1])
         elif out and out[-1][0] == seg[0]:
