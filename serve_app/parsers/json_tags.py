@@ -26,7 +26,7 @@ import regex
 
 from serve_app.parsers.jsonscan import AFTER, ERROR, NEED_MORE, JsonScanner
 from serve_app.parsers.markers import Matcher
-from serve_app.parsers.section import SectionEngine
+from serve_app.parsers.section import NOISE_CAP, SectionEngine
 from serve_app.parsers.sink import Sink
 
 _WS = re.compile(r"\s*")
@@ -65,9 +65,11 @@ class JsonTagsFormat:
 
 
 (SEC, WRAP_HEAD, NAME_HEAD, ARG_WAIT, ARGS, ARGS_BUF, WRAP_TAIL, WRAP_TAIL_NAME, CALL_TAIL, AFTER_CALL,
- LIST_OPEN, SKIP) = range(12)
+ LIST_OPEN, SKIP, LIST_SEEK) = range(13)
 # states in which a call has begun but not completed: at the end of the stream its raw text is released
-_OPEN_CALL = frozenset({WRAP_HEAD, NAME_HEAD, ARG_WAIT, ARGS, ARGS_BUF, WRAP_TAIL, WRAP_TAIL_NAME, LIST_OPEN})
+_OPEN_CALL = frozenset({WRAP_HEAD, NAME_HEAD, ARG_WAIT, ARGS, ARGS_BUF, WRAP_TAIL, WRAP_TAIL_NAME, LIST_OPEN,
+                        LIST_SEEK})
+_LIST_START = re.compile(r"\[\s*\{")
 OVER = -1  # the section is finished
 
 
@@ -93,7 +95,8 @@ class JsonTagsEngine(SectionEngine):
         self.degraded = False
         self.steps = (self.step_section, self._step_wrap_head, self._step_name_head, self._step_arg_wait,
                       self._step_args, self._step_args_buf, self._step_wrap_tail, self._step_wrap_tail_name,
-                      self._step_call_tail, self._step_after_call, self._step_list_open, self._step_skip)
+                      self._step_call_tail, self._step_after_call, self._step_list_open, self._step_skip,
+                      self._step_list_seek)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     def open(self, marker: str) -> None:
@@ -103,6 +106,7 @@ class JsonTagsEngine(SectionEngine):
         self.mark_idx = 0  # where in `raw` the marker that opened the current call is
         self.hold = ""
         self.in_list = False
+        self.sought = False
         self._reset_call()
         # an inline start marker is the beginning of the wrapper itself: the head is matched as marker + text
         self.head_prefix = marker if marker in f.inline_starts else ""
@@ -147,6 +151,12 @@ class JsonTagsEngine(SectionEngine):
             self._reset_call()
             self.state = SKIP
             return self.feed(rest, sink)
+        if self.fmt.mistral_list and not self.sought and self.mark_idx == 0 and len(self.raw) <= 2:
+            # the first call after [TOOL_CALLS] is neither a list nor NAME[ARGS]: pre-v11 output may carry a little
+            # noise before its list (vLLM searches for the list), so look for one close by before giving up
+            self.sought, self.state = True, LIST_SEEK
+            self.head = ""
+            return rest, 0
         return self.degrade(sink, rest)
 
     def _finished_call(self) -> int:
@@ -369,6 +379,21 @@ class JsonTagsEngine(SectionEngine):
         else:
             self.state = OVER
         return t, i
+
+    def _step_list_seek(self, t: str, i: int, sink: Sink):
+        """Noise after [TOOL_CALLS]: a `[{` list within NOISE_CAP characters is the calls, the noise is dropped
+        (released as text only if the list degrades); none there: the markup was text."""
+        self.head += t[i:] if i else t
+        m = _LIST_START.search(self.head, 0, NOISE_CAP + 2)
+        if m is None:
+            if len(self.head) > NOISE_CAP + 2:
+                return self.degrade(sink, self.head)
+            return None
+        rest, noise = self.head[m.start():], self.head[:m.start()]
+        self.raw.append(noise)
+        self.head = ""
+        self.state = LIST_OPEN
+        return rest, 0
 
     def _step_list_open(self, t: str, i: int, sink: Sink):
         """Mistral: `[` opens a JSON list of wrappers; anything else is one call in the v11 form."""

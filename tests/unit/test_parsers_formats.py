@@ -369,3 +369,11 @@ def test_seed_oss_finds_no_call_inside_its_think_block():
         kinds = [g[0] for g in got]
         assert kinds == ["reasoning" if reasoning else "text", "call"], got
         assert call in got[0][1]
+
+
+def test_mistral_finds_its_list_after_a_little_noise():
+    text = '[TOOL_CALLS] um [{"name": "add", "arguments": {"a": 1}}] after'
+    assert _all_splits_fold(text, tools="mistral") == [("call", "add", {"a": 1}), ("text", " after")]
+    # no list close by: the marker and what follows are text, nothing dropped
+    prose = "[TOOL_CALLS] I cannot call a tool for that. " + "x" * 300 + " [{"
+    assert _all_splits_fold(prose, tools="mistral") == [("text", prose)]
