@@ -52,8 +52,9 @@ class HarmonyParser:
         self.name = ""
         self.idx = -1
         self.scan: JsonScanner | None = None
-        # separate messages of one kind (a preamble, then the final answer) are joined with a newline, as vLLM's
-        # non-streaming Harmony path joins them; per kind: has one been shown, does the next need the separator
+        # consecutive messages of one kind (a preamble, then the final answer) are joined with a newline, as vLLM's
+        # non-streaming Harmony path joins them; not across a call, where they stay separate parts that the
+        # template replays as separate messages. Per kind: has one been shown, does the next need the separator
         self.shown = {"text": False, "reasoning": False}
         self.sep = {"text": False, "reasoning": False}
         # one step per state, indexed by state: BODY, HEADER, ARGS_WAIT, ARGS, DROP, OPENING
@@ -81,6 +82,7 @@ class HarmonyParser:
                 return
             self.name = recipient.removeprefix("functions.")
             self.state = ARGS_WAIT
+            self.shown = {"text": False, "reasoning": False}  # a call between two messages: they stay apart
             return
         self.state = BODY
         if channel == "analysis":

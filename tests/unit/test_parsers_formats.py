@@ -377,3 +377,14 @@ def test_mistral_finds_its_list_after_a_little_noise():
     # no list close by: the marker and what follows are text, nothing dropped
     prose = "[TOOL_CALLS] I cannot call a tool for that. " + "x" * 300 + " [{"
     assert _all_splits_fold(prose, tools="mistral") == [("text", prose)]
+
+
+def test_harmony_joins_consecutive_messages_of_one_kind_but_not_across_a_call():
+    pre = "<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant<|channel|>final<|message|>42.<|end|>"
+    assert _all_splits_fold(pre, reasoning="gpt_oss", tools="openai") == [("text", "Let me look.\n42.")]
+    two = ("<|channel|>analysis<|message|>A<|end|><|start|>assistant<|channel|>analysis<|message|>B<|end|>"
+           "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"
+           "<|start|>assistant<|channel|>analysis<|message|>C<|end|>")
+    # C is its own message after the call: replayed as one, so no separator is invented for it
+    assert _all_splits_fold(two, reasoning="gpt_oss", tools="openai") == [
+        ("reasoning", "A\nB"), ("call", "f", {}), ("reasoning", "C")]

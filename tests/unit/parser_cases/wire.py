@@ -169,15 +169,10 @@ def render_case(fmt: Fmt, segs: list) -> str:
     return "".join(out)
 
 
-def expected(segs: list, harmony: bool = False) -> list:
-    """Folded result: ("text"|"reasoning", s) and ("call", name, args), adjacent text merged. Harmony writes each
-    segment as its own message: a message of a kind already shown opens with the newline that joins them."""
+def expected(segs: list) -> list:
+    """Folded result: ("text"|"reasoning", s) and ("call", name, args), adjacent text merged."""
     out: list = []
-    shown: set = set()
     for seg in segs:
-        if harmony and seg[0] != "calls" and seg[1]:
-            seg = (seg[0], ("\n" if seg[0] in shown else "") + seg[1])
-            shown.add(seg[0])
         if seg[0] == "calls":
             out.extend(("call", n, a) for n, a in seg[1])
         elif out and out[-1][0] == seg[0]:
