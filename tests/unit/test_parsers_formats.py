@@ -388,3 +388,9 @@ def test_harmony_joins_consecutive_messages_of_one_kind_but_not_across_a_call():
     # C is its own message after the call: replayed as one, so no separator is invented for it
     assert _all_splits_fold(two, reasoning="gpt_oss", tools="openai") == [
         ("reasoning", "A\nB"), ("call", "f", {}), ("reasoning", "C")]
+
+
+def test_every_tool_format_is_in_the_fixture_table():
+    """Each tool format ships with a wire writer in parser_cases/wire.py, so the abstract cases cover it."""
+    from serve_app.parsers import TOOL_PARSERS
+    assert set(TOOL_PARSERS) == {f.tools for f in FORMATS}
