@@ -30,8 +30,18 @@ class ReasoningFormat:
     special_tokens: bool = False
     harmony: bool = False
     # Step-3.5 writes a newline on each side of the end marker: one "\n" right before it is not reasoning and one
-    # right after it is not content (vLLM's step3p5 parser trims them the same way)
+    # right after it is not content (vLLM's step3p5 parser trims them the same way); with `answer` tags, one "\n"
+    # on each side of a tag is padding too
     trim_end_newlines: bool = False
+    # other spellings of the markers the model writes (Granite: "Here's" as well as "Here is")
+    start_alts: tuple[str, ...] = ()
+    end_alts: tuple[str, ...] = ()
+    # (open, close) tags the answer after the think block is wrapped in (Hunyuan's <answer>, ERNIE's <response>):
+    # markup in text, dropped
+    answer: tuple[str, str] | None = None
+    # the think block is the client's to parse (MiniMax-M2 "append think"): nothing is split off as reasoning, the
+    # markers stay in the text, and a start marker the prompt opened is put back in front of the output
+    as_content: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +77,20 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
         ReasoningFormat("step3p5", *_THINK, starts_in_reasoning=True, trim_end_newlines=True),
         ReasoningFormat("seed_oss", "<seed:think>", "</seed:think>", starts_in_reasoning=True, special_tokens=True),
         ReasoningFormat("olmo3", *_THINK, starts_in_reasoning=True),
+        # Hunyuan-A13B: "<think>\n…\n</think>\n<answer>\n…\n</answer>", newlines part of its marker tokens
+        ReasoningFormat("hunyuan_a13b", "<think>\n", "\n</think>\n", answer=("<answer>\n", "\n</answer>")),
+        # ERNIE-4.5: "abc\n</think>\n\n<response>\ndef\n</response>\n" or "abc\n</think>\ndef"
+        ReasoningFormat("ernie45", *_THINK, starts_in_reasoning=True, trim_end_newlines=True,
+                        answer=("<response>", "</response>")),
+        # Granite 3.x: plain-text section headers, not tokens
+        ReasoningFormat("granite", "Here is my thought process:", "Here is my response:",
+                        start_alts=("Here's my thought process:",), end_alts=("Here's my response:",)),
+        # Hy3 thinks only when asked (chat_template_kwargs reasoning_effort other than "no_think"; the prompt then
+        # opens the block); Holo2 thinks unless told not to (chat_template_kwargs thinking=False)
+        ReasoningFormat("hy_v3", *_THINK),
+        ReasoningFormat("holo2", *_THINK, starts_in_reasoning=True),
+        ReasoningFormat("minimax_m2_append_think", *_THINK, starts_in_reasoning=True, special_tokens=True,
+                        as_content=True),
         ReasoningFormat("deepseek_v4", *_THINK, tool_ends_reasoning=True),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]", special_tokens=True),
         ReasoningFormat("gpt_oss", "<|channel|>analysis<|message|>", "<|end|>", special_tokens=True, harmony=True),

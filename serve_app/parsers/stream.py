@@ -28,6 +28,13 @@ class StreamParser:
     def __init__(self, reasoning: ReasoningFormat | None, tools, tool_schemas: list[dict] | None,
                  starts_in_reasoning: bool | None):
         self.sink = Sink()
+        self.prefix = ""
+        if reasoning is not None and reasoning.as_content:
+            # the client parses the think block: no reasoning split, and a start marker the prompt opened is put
+            # back in front of the output (with the first text the model writes)
+            opened = reasoning.starts_in_reasoning if starts_in_reasoning is None else starts_in_reasoning
+            self.prefix = reasoning.start if opened else ""
+            reasoning = None
         self.r = reasoning
         self.engine = tools.engine(ToolSchemas(tool_schemas)) if tools is not None else None
         starts = tuple(getattr(tools, "starts", ())) if tools is not None else ()
@@ -35,7 +42,9 @@ class StreamParser:
         if starts_in_reasoning is None:
             starts_in_reasoning = bool(reasoning and reasoning.starts_in_reasoning)
         self.in_reasoning = bool(reasoning) and starts_in_reasoning
-        think = (reasoning.start, reasoning.end) if reasoning else ()
+        self.starts = (reasoning.start, *reasoning.start_alts) if reasoning else ()
+        self.ends = (reasoning.end, *reasoning.end_alts) if reasoning else ()
+        self.answer = reasoning.answer if reasoning and reasoning.answer else ()
         self.ends_at = reasoning.ends_at if reasoning is not None and tools is None else ()
         # a tool format that looks for no calls inside its family's think block: without a reasoning parser that
         # block is tracked here (and stays text); with one, reasoning is that block
@@ -43,7 +52,7 @@ class StreamParser:
         self.in_opaque = False
         own = self.opaque if self.opaque and reasoning is None else ()
         # a stray end marker in text and a repeated start marker in reasoning are markup: matched and dropped
-        self.m = Matcher((*think, *starts, *self.ends_at, *own))
+        self.m = Matcher((*self.starts, *self.ends, *self.answer, *starts, *self.ends_at, *own))
         self.active = False
         # whitespace-only text right after a tool call is the model's separator between calls: it is kept back
         # and dropped unless real text follows (then it is released verbatim)
@@ -56,8 +65,8 @@ class StreamParser:
         # repeated think start marker (vLLM reports no content there), given back before anything else
         self.at_start = True
         self.pending_start = ""
-        # trim_end_newlines: a reasoning "\n" held until we know whether the end marker follows it, and whether
-        # the text right after the end marker may still lose its leading "\n"
+        # trim_end_newlines: a "\n" held until we know whether the end marker (in reasoning) or an answer tag (in
+        # text) follows it, and whether the text right after one may still lose its leading "\n"
         self.trim = bool(reasoning and reasoning.trim_end_newlines)
         self.nl_held = False
         self.strip_nl = False
@@ -74,6 +83,9 @@ class StreamParser:
             text = self._trim(text)
             if not text:
                 return
+        self._out(text)
+
+    def _out(self, text: str) -> None:
         if self.after_call:
             if self.in_reasoning:
                 self.after_call, self.pending_ws = False, ""
@@ -89,24 +101,26 @@ class StreamParser:
             self.text_started = True
 
     def _trim(self, text: str) -> str:
-        if self.in_reasoning:
+        if self.strip_nl:
+            text, self.strip_nl = text.removeprefix("\n"), False
+        if self.in_reasoning or self.answer:
             if self.nl_held:
                 text, self.nl_held = "\n" + text, False
             if text.endswith("\n"):
                 text, self.nl_held = text[:-1], True
-        elif self.strip_nl:
-            text, self.strip_nl = text.removeprefix("\n"), False
         return text
 
     def _release_nl(self) -> None:
-        """The held reasoning newline was not followed by the end marker: it is reasoning after all."""
+        """The held newline was not followed by the marker it pads: it is reasoning or text after all. Called
+        before every switch between reasoning and text, so it belongs to the current one."""
         if self.nl_held:
             self.nl_held = False
-            self.sink.reasoning = True
-            self.sink.plain("\n")
+            self._out("\n")
 
     def push(self, delta: str, token_ids=None) -> list:
         out = self.sink.out = []
+        if self.prefix and delta:
+            delta, self.prefix = self.prefix + delta, ""
         t = self.hold + delta if self.hold else delta
         self.hold = ""
         i = 0
@@ -163,17 +177,29 @@ class StreamParser:
         return None
 
     def _marker(self, mk: str) -> None:
-        """A think marker, a tool start marker, or (without a tool parser) a tool marker that ends reasoning."""
+        """A think marker, an answer tag, a tool start marker, or (without a tool parser) a tool marker that ends
+        reasoning."""
         r = self.r
-        if r is not None and mk == r.start:
+        if mk in self.starts:
             self.pending_start, self.at_start = "", False
+            self._release_nl()
+            self.strip_nl = False
             self.in_reasoning = True
-        elif r is not None and mk == r.end:
+        elif mk in self.ends:
             self._flush_start()
             if self.in_reasoning:
                 self.strip_nl = self.trim
-            self.nl_held = False  # the newline right before the end marker is not reasoning
+                self.nl_held = False  # the newline right before the end marker is not reasoning
+            else:
+                self._release_nl()
             self.in_reasoning = False
+        elif mk in self.answer:
+            if self.in_reasoning:  # only the answer is wrapped: inside the think block a tag is just text
+                self._emit(mk)
+            else:  # markup, with the whitespace that opens the output and (trimmed) the newline on each side
+                self.pending_start, self.at_start = "", False
+                self.nl_held = False
+                self.strip_nl = self.trim
         elif mk in self.ends_at:  # a tool call with no tool parser: reasoning is over, the markup is text
             self._flush_start()
             self._release_nl()

@@ -12,7 +12,8 @@ from serve_app.parsers import (REASONING_PARSERS, TOOL_PARSERS, fold_complete, m
                                needs_special_tokens, parse_complete)
 from test_parsers_formats import check_events, simple, stream
 
-THINK_FORMATS = sorted(n for n, f in REASONING_PARSERS.items() if not f.harmony)
+# formats that split reasoning off by think markers (not Harmony; not the ones that leave the block in the text)
+THINK_FORMATS = sorted(n for n, f in REASONING_PARSERS.items() if not f.harmony and not f.as_content)
 
 
 def cases_for(name):
@@ -256,3 +257,69 @@ def test_markup_inside_json_strings_is_content():
 def test_no_parsers_is_plain_text_passthrough():
     p = make_stream_parser()
     assert [e.text for e in p.push("hello <think> <tool_call>") + p.finish()] == ["hello <think> <tool_call>"]
+
+
+# Formats of other families: (text, parser kwargs, expected). Each is also checked in 100 random splits and in
+# one-character deltas.
+OTHER_FAMILIES = {
+    "hunyuan_think_then_answer": (
+        "<think>\nstep 1\nstep 2\n</think>\n<answer>\nThe answer.\n</answer>", {"reasoning": "hunyuan_a13b"},
+        [("reasoning", "step 1\nstep 2"), ("text", "The answer.")]),
+    "hunyuan_quick_thought": ("<think>\n\n</think>\n<answer>\nHi\n</answer>", {"reasoning": "hunyuan_a13b"},
+                              [("text", "Hi")]),
+    "hunyuan_answer_tag_inside_think_is_reasoning": (
+        "<think>\nuse <answer>\n tags\n</think>\n<answer>\nok\n</answer>", {"reasoning": "hunyuan_a13b"},
+        [("reasoning", "use <answer>\n tags"), ("text", "ok")]),
+    "hunyuan_second_turn_of_thinking": (
+        "<think>\na\n</think>\n<answer>\nb\n</answer><think>\nc\n</think>\n<answer>\nd\n</answer>",
+        {"reasoning": "hunyuan_a13b"}, [("reasoning", "a"), ("text", "b"), ("reasoning", "c"), ("text", "d")]),
+    "ernie_response_tags_and_padding": (
+        "abc\n</think>\n\n<response>\ndef\n</response>\n", {"reasoning": "ernie45"},
+        [("reasoning", "abc"), ("text", "def")]),
+    "ernie_plain_answer": ("abc\n</think>\ndef\nghi\n", {"reasoning": "ernie45"},
+                           [("reasoning", "abc"), ("text", "def\nghi\n")]),
+    "ernie_newlines_inside_answer_kept": (
+        "<think>x</think><response>\n\nline 1\n\nline 2\n\n</response>", {"reasoning": "ernie45"},
+        [("reasoning", "x"), ("text", "\nline 1\n\nline 2\n")]),
+    "granite_both_spellings": (
+        "Here's my thought process: foo Here is my response: bar", {"reasoning": "granite"},
+        [("reasoning", " foo "), ("text", " bar")]),
+    "granite_headers_broken_off_are_text": (
+        "Here is my thought: no. Here is", {"reasoning": "granite"}, [("text", "Here is my thought: no. Here is")]),
+    "granite_thinking_cut_off": ("Here is my thought process: Here was", {"reasoning": "granite"},
+                                 [("reasoning", " Here was")]),
+    "hy_v3_effort_high_opens_the_block": ("plan</think>answer", {"reasoning": "hy_v3", "starts_in_reasoning": True},
+                                          [("reasoning", "plan"), ("text", "answer")]),
+    "hy_v3_no_think_is_text": ("answer", {"reasoning": "hy_v3"}, [("text", "answer")]),
+    "holo2_thinks_by_default": ("plan</think>answer", {"reasoning": "holo2"},
+                                [("reasoning", "plan"), ("text", "answer")]),
+    "holo2_thinking_off": ("answer", {"reasoning": "holo2", "starts_in_reasoning": False}, [("text", "answer")]),
+    "minimax_append_think_keeps_the_block": (
+        "plan</think>answer", {"reasoning": "minimax_m2_append_think"}, [("text", "<think>plan</think>answer")]),
+    "minimax_append_think_model_opened_it": (
+        "<think>plan</think>answer", {"reasoning": "minimax_m2_append_think", "starts_in_reasoning": False},
+        [("text", "<think>plan</think>answer")]),
+    "minimax_append_think_with_calls": (
+        'plan</think><minimax:tool_call>\n<invoke name="f">\n<parameter name="a">1</parameter>\n</invoke>\n'
+        "</minimax:tool_call>", {"reasoning": "minimax_m2_append_think", "tools": "minimax_m2"},
+        [("text", "<think>plan</think>"), ("call", "f", {"a": "1"})]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OTHER_FAMILIES))
+def test_other_family_formats_and_splits(case):
+    text, kw, want = OTHER_FAMILIES[case]
+    events = parse_complete(text, **kw)
+    check_events(events)
+    assert simple(fold_complete(events)) == want
+    rng = random.Random(case)
+    for _ in range(100):
+        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(1, min(12, len(text) - 1))))
+        assert simple(fold_complete(stream(text, cuts, **kw))) == want, cuts
+    assert simple(fold_complete(stream(text, list(range(1, len(text))), **kw))) == want
+
+
+def test_append_think_empty_output_is_empty():
+    """The start marker is put back with the first text the model writes: an empty output stays empty."""
+    p = make_stream_parser(reasoning="minimax_m2_append_think")
+    assert p.push("") + p.finish() == []

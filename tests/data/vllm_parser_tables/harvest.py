@@ -53,6 +53,13 @@ REASONING_FILES = {
     "tests/reasoning/test_step3p5_reasoning_parser.py": ("step3p5", True),
     "tests/reasoning/test_seedoss_reasoning_parser.py": ("seed_oss", True),
     "tests/reasoning/test_olmo3_reasoning_parser.py": ("olmo3", True),
+    # ERNIE-4.5's parser is the base thinking parser (text before the end marker is reasoning); Hunyuan-A13B's and
+    # Granite's read reasoning only after their start marker; MiniMax-M2's template opens <think>, which the
+    # append-think parser puts back in front of the content
+    "tests/reasoning/test_ernie45_reasoning_parser.py": ("ernie45", True),
+    "tests/reasoning/test_hunyuan_reasoning_parser.py": ("hunyuan_a13b", False),
+    "tests/reasoning/test_granite_reasoning_parser.py": ("granite", False),
+    "tests/reasoning/test_minimax_m2_append_reasoning_parser.py": ("minimax_m2_append_think", True),
 }
 TOOL_FILES = {
     "tests/tool_parsers/test_deepseekv3_tool_parser.py": "deepseek_v3",
@@ -98,6 +105,11 @@ INLINE_FILES = {
     # yields nothing; it is listed so a later revision's text vectors are picked up.
     "tests/reasoning/test_deepseekv3_reasoning_parser.py": ("deepseek_v3", None, False, False),
     "tests/reasoning/test_gptoss_reasoning_parser.py": ("gpt_oss", None, None, True),
+    # Hy3 and Holo2 switch on chat_template_kwargs per test case (their module-level dicts do not say which case
+    # they are, so only the recorded calls count): Hy3 thinks only with a reasoning_effort other than "no_think",
+    # Holo2 unless thinking=False
+    "tests/reasoning/test_hy_v3_reasoning_parser.py": ("hy_v3", None, False, False),
+    "tests/reasoning/test_holo2_reasoning_parser.py": ("holo2", None, True, False),
     **{rel: (parser, None, opens, False) for rel, (parser, opens) in REASONING_FILES.items()},
 }
 
@@ -310,8 +322,9 @@ import itertools
 
 
 class Vec:
-    def __init__(self, text: str, tools, thinking_off: bool = False):
+    def __init__(self, text: str, tools, thinking_off: bool = False, thinking_on: bool = False):
         self.text, self.tools, self.checks, self.thinking_off = text, tools, [], thinking_off
+        self.thinking_on = thinking_on
 
 
 class P:
@@ -527,9 +540,12 @@ class Recording:
 
             def _vec(self, text, request):
                 kw = {**self.kwargs, **(_kwargs_of(request) or {})}
-                # the template was told not to think: the prompt does not open the think block
-                off = kw.get("enable_thinking") is False or kw.get("thinking") is False
-                v = Vec(text, _tools_of(request) or self.tools, off)
+                # the template was told not to think: the prompt does not open the think block (Hy3: its
+                # reasoning_effort "no_think"); told to think, for a format that thinks only when asked: it does
+                effort = kw.get("reasoning_effort")
+                off = kw.get("enable_thinking") is False or kw.get("thinking") is False or effort == "no_think"
+                on = kw.get("enable_thinking") is True or kw.get("thinking") is True or bool(effort) and not off
+                v = Vec(text, _tools_of(request) or self.tools, off, on)
                 v.parser_name = getattr(type(self), "vllm_name", None)
                 rec.vectors.append(v)
                 return v
@@ -822,6 +838,15 @@ class CharTokenizer(Stub):
     def decode(self, ids, *a, **k):
         return "".join(chr(i) for i in ids)
 
+    def tokenize(self, text, *a, **k):  # tokens as strings: one character each
+        return list(text)
+
+    def convert_tokens_to_string(self, tokens, *a, **k):
+        return "".join(tokens)
+
+    def convert_tokens_to_ids(self, tokens, *a, **k):
+        return [ord(c) for c in tokens] if isinstance(tokens, list) else ord(tokens)
+
 
 def _call_fixture(fn, owner, ns, rec, depth):
     params = [p for p in inspect.signature(fn).parameters if p != "self"]
@@ -1011,7 +1036,8 @@ def harvest(root: Path) -> list[dict]:
             ids.add(vid)
             vec = {"id": vid, "source": f"{rel}::{v.func}",
                    "reasoning_parser": rparser, "tool_parser": tparser,
-                   "prompt_opens_think": False if v.thinking_off else opens,
+                   "prompt_opens_think": False if v.thinking_off else True if v.thinking_on and opens is False
+                   else opens,
                    "model_output": v.text, "expect": {"checks": v.checks}}
             if streamed:  # the exact deltas vLLM's test fed (the chunking is part of the vector)
                 vec["delta_sequences"] = v.sequences
