@@ -1,9 +1,9 @@
 """The formats, as data. Names follow vLLM's `--reasoning-parser` / `--tool-call-parser`, so configs carry over.
 
-Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of four
-engines (JSON-in-tags, XML function/parameter, pythonic, Harmony) and declares it: `fmt.engine(schemas)` builds the
-per-request engine, and `fmt.harmony` says the format parses the whole stream instead. Adding a model family is
-adding a row here.
+Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of five
+engines (JSON-in-tags, XML function/parameter, pythonic, Gemma 4's notation, Harmony) and declares it:
+`fmt.engine(schemas)` builds the per-request engine, and `fmt.harmony` says the format parses the whole stream
+instead. Adding a model family is adding a row here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from serve_app.parsers.gemma4 import Gemma4Format
 from serve_app.parsers.json_tags import JsonTagsFormat
 from serve_app.parsers.pythonic import PythonicFormat
 from serve_app.parsers.xml_tags import XmlFormat, dsml_param
@@ -32,6 +33,9 @@ class ReasoningFormat:
     # Step-3.5 writes a newline on each side of the end marker: one "\n" right before it is not reasoning and one
     # right after it is not content (vLLM's step3p5 parser trims them the same way)
     trim_end_newlines: bool = False
+    # Gemma 4 opens its block as `<|channel>thought\n`: the role label right after the start marker is markup,
+    # dropped when it is there whole (vLLM's gemma4 parser strips it too); text that only begins like it is kept
+    start_label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +73,9 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
         ReasoningFormat("olmo3", *_THINK, starts_in_reasoning=True),
         ReasoningFormat("deepseek_v4", *_THINK, tool_ends_reasoning=True),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]", special_tokens=True),
+        # a tool call ends Gemma 4's thinking (vLLM's is_reasoning_end says so at <|tool_call>)
+        ReasoningFormat("gemma4", "<|channel>", "<channel|>", tool_ends_reasoning=True, ends_at=("<|tool_call>",),
+                        special_tokens=True, start_label="thought\n"),
         ReasoningFormat("gpt_oss", "<|channel|>analysis<|message|>", "<|end|>", special_tokens=True, harmony=True),
     )
 }
@@ -179,6 +186,7 @@ TOOL_PARSERS: dict[str, object] = {
         special_tokens=True),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
+    "gemma4": Gemma4Format("gemma4"),
 }
 
 
