@@ -1,9 +1,9 @@
 """The formats, as data. Names follow vLLM's `--reasoning-parser` / `--tool-call-parser`, so configs carry over.
 
-Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of four
-engines (JSON-in-tags, XML function/parameter, pythonic, Harmony) and declares it: `fmt.engine(schemas)` builds the
-per-request engine, and `fmt.harmony` says the format parses the whole stream instead. Adding a model family is
-adding a row here.
+Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of five
+engines (JSON-in-tags, XML function/parameter, pythonic, Gemma 4's notation, Harmony) and declares it:
+`fmt.engine(schemas)` builds the per-request engine, and `fmt.harmony` says the format parses the whole stream
+instead. Adding a model family is adding a row here.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
+from serve_app.parsers.gemma4 import Gemma4Format
 from serve_app.parsers.json_tags import JsonTagsFormat
 from serve_app.parsers.pythonic import PythonicFormat
 from serve_app.parsers.xml_tags import XmlFormat, dsml_param
@@ -42,6 +43,9 @@ class ReasoningFormat:
     # the think block is the client's to parse (MiniMax-M2 "append think"): nothing is split off as reasoning, the
     # markers stay in the text, and a start marker the prompt opened is put back in front of the output
     as_content: bool = False
+    # Gemma 4 opens its block as `<|channel>thought\n`: the role label right after the start marker is markup,
+    # dropped when it is there whole (vLLM's gemma4 parser strips it too); text that only begins like it is kept
+    start_label: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,9 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
                         as_content=True),
         ReasoningFormat("deepseek_v4", *_THINK, tool_ends_reasoning=True),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]", special_tokens=True),
+        # a tool call ends Gemma 4's thinking (vLLM's is_reasoning_end says so at <|tool_call>)
+        ReasoningFormat("gemma4", "<|channel>", "<channel|>", tool_ends_reasoning=True, ends_at=("<|tool_call>",),
+                        special_tokens=True, start_label="thought\n"),
         ReasoningFormat("gpt_oss", "<|channel|>analysis<|message|>", "<|end|>", special_tokens=True, harmony=True),
     )
 }
@@ -203,6 +210,7 @@ TOOL_PARSERS: dict[str, object] = {
         special_tokens=True),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
+    "gemma4": Gemma4Format("gemma4"),
 }
 
 

@@ -70,6 +70,9 @@ class StreamParser:
         self.trim = bool(reasoning and reasoning.trim_end_newlines)
         self.nl_held = False
         self.strip_nl = False
+        # start_label: the role label that may follow the start marker, still to be seen (or not) at the head of
+        # the reasoning; held while the text so far could still be it
+        self.label = reasoning.start_label if reasoning is not None and self.in_reasoning else ""
 
     def _emit(self, text: str) -> None:
         if not text:
@@ -132,6 +135,11 @@ class StreamParser:
                 self._section_over()
                 t, i = rest, 0
                 continue
+            if self.label:
+                if self._skip_label(t, i):
+                    break
+                i = self.label_end
+                continue
             if self.bare and not self.in_reasoning and not self.text_started:
                 j = self._bare_start(t, i)
                 if j is not None:
@@ -150,6 +158,18 @@ class StreamParser:
             i = p + len(mk)
             self._marker(mk)
         return out
+
+    def _skip_label(self, t: str, i: int) -> bool:
+        """At the head of the reasoning: the role label is dropped when it is there whole (`label_end` is past it),
+        kept as reasoning when the text turns out different, held (True) while the text so far is a prefix of it."""
+        label = self.label
+        head = t[i:i + len(label)]
+        if len(head) < len(label) and label.startswith(head):
+            self.hold = head
+            return True
+        self.label = ""
+        self.label_end = i + len(label) if head == label else i
+        return False
 
     def _section_over(self) -> None:
         """The engine handed the text after its section back: a call (or degraded markup) is behind us."""
@@ -184,6 +204,7 @@ class StreamParser:
             self.pending_start, self.at_start = "", False
             self._release_nl()
             self.strip_nl = False
+            self.label = r.start_label if not self.in_reasoning else ""
             self.in_reasoning = True
         elif mk in self.ends:
             self._flush_start()

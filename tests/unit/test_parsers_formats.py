@@ -122,6 +122,7 @@ MALFORMED = {  # format -> (wire, expected fold): degrade to text before the cal
     "glm47": ("<tool_call>not a name</tool_call>", [("text", "<tool_call>not a name</tool_call>")]),
     "minimax_m2": ("<minimax:tool_call>junk</minimax:tool_call>", [("text", "<minimax:tool_call>junk</minimax:tool_call>")]),
     "pythonic": ("[not a call] ok", [("text", "[not a call] ok")]),
+    "gemma4": ("So <|tool_call>not a call<tool_call|>", [("text", "So <|tool_call>not a call<tool_call|>")]),
     # a call body that is not JSON: abandoned and skipped, its markup never shown (then the final answer)
     "openai": ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>oops<|call|>"
                "<|start|>assistant<|channel|>final<|message|>ok<|return|>", [("text", "ok")]),
@@ -146,6 +147,7 @@ BAD_ARGS = {  # malformed JSON inside the arguments, after the call started stre
     "deepseek_v31": '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{"a" 1}<｜tool▁call▁end｜>',
     "mistral": '[TOOL_CALLS]f[ARGS]{"a": [1, }',
     "openai": '<|channel|>commentary to=functions.f <|constrain|>json<|message|>{"a": }<|call|>',
+    "gemma4": '<|tool_call>call:f{a:1,b]}<tool_call|>',
 }
 
 
@@ -194,6 +196,7 @@ MISSING_END = {  # format -> (suffix removed, call still complete?)
     "glm47": ("</tool_call>", False),  # no function close tag: another argument could still follow (kept as text)
     "openai": ("<|call|>", True),
     "pythonic": ("]", True),
+    "gemma4": ("<tool_call|>", True),  # the arguments' closing `}` completes the call
 }
 
 
@@ -327,6 +330,31 @@ REPORTED = {  # id -> (text, parser kwargs, expected fold)
     "harmony_plain_output_is_text": ("tomorrow", {"reasoning": "gpt_oss", "tools": "openai"}, [("text", "tomorrow")]),
     "harmony_cut_header_is_text": (" to=functions.f<|channel|>comm", {"reasoning": "gpt_oss", "tools": "openai"},
                                    [("text", " to=functions.f<|channel|>comm")]),
+    # gemma4: the `thought\n` role label after <|channel> is markup; text that only starts like it is reasoning
+    "gemma4_thought_label": ("<|channel>thought\nPlan.<channel|>Answer", {"reasoning": "gemma4"},
+                             [("reasoning", "Plan."), ("text", "Answer")]),
+    "gemma4_label_prefix_is_reasoning": ("<|channel>thousand reasons<channel|>Done", {"reasoning": "gemma4"},
+                                         [("reasoning", "thousand reasons"), ("text", "Done")]),
+    "gemma4_label_cut_off_is_reasoning": ("<|channel>thou", {"reasoning": "gemma4"}, [("reasoning", "thou")]),
+    # gemma4 values: nested, bare literals, null, numbers; a bare word is a string, `key:` an empty string
+    "gemma4_values": (
+        '<|tool_call>call:f{o:{k:[1,-2.5,true,null,<|"|>a,b}]<|"|>]},w: bare word ,e:,n:1e3}<tool_call|>',
+        {"tools": "gemma4"},
+        [("call", "f", {"o": {"k": [1, -2.5, True, None, "a,b}]"]}, "w": "bare word", "e": "", "n": 1000.0})]),
+    # a call inside the thinking block ends it (vLLM's is_reasoning_end); the whitespace between calls is dropped
+    "gemma4_call_ends_reasoning": (
+        '<|channel>thought\nneed data<|tool_call>call:a{x:1}<tool_call|>\n<|tool_call>call:b{}<tool_call|>ok',
+        {"reasoning": "gemma4", "tools": "gemma4"},
+        [("reasoning", "need data"), ("call", "a", {"x": 1}), ("call", "b", {}), ("text", "ok")]),
+    # without a tool parser the call marker ends reasoning and stays text
+    "gemma4_reasoning_only_call_is_text": ("<|channel>r<|tool_call>call:a{}", {"reasoning": "gemma4"},
+                                           [("reasoning", "r"), ("text", "<|tool_call>call:a{}")]),
+    # text after a call's `}` that is not its end marker is text; the call stands
+    "gemma4_text_after_arguments": ('<|tool_call>call:a{x:<|"|>y<|"|>} then', {"tools": "gemma4"},
+                                    [("call", "a", {"x": "y"}), ("text", " then")]),
+    # `]` closing an object breaks the notation: abandoned, all its text is text
+    "gemma4_mismatched_close": ("<|tool_call>call:a{x:1]}<tool_call|>", {"tools": "gemma4"},
+                                [("text", "<|tool_call>call:a{x:1]}<tool_call|>")]),
 }
 
 

@@ -80,3 +80,29 @@ def test_mutated_fixtures_are_split_invariant():
             got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
                     getattr(p, "arguments", None)) for p in fold_complete(ev)]
             assert got == want, (name, w, cuts)
+
+
+GEMMA4_PIECES = ["<|tool_call>", "call:f{", "call:", "{", "}", "[", "]", ":", ",", '<|"|>', "<|", '"|>', "a:", "1",
+                 "-2.5", "true", "tru", "null", " ", "\n", "<tool_call|>", "<tool_call", "<|channel>", "thought\n",
+                 "thou", "<channel|>", "x", "é🎉", '"', "\\"]
+
+
+def test_gemma4_notation_fuzz():
+    """Gemma 4's own argument notation, broken at random: no input raises, every finished call's arguments are a
+    JSON object, and the folded result does not depend on the split."""
+    rng = random.Random(4)
+    for _ in range(300):
+        text = ("<|tool_call>call:f{" if rng.random() < 0.5 else "") + "".join(
+            rng.choice(GEMMA4_PIECES) for _ in range(rng.randint(1, 30)))
+        kw = {"reasoning": "gemma4", "tools": "gemma4"}
+        events = parse_complete(text, **kw)
+        check_events(events)
+        want = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
+                 getattr(p, "arguments", None)) for p in fold_complete(events)]
+        for cuts in (sorted(rng.sample(range(1, len(text)), min(len(text) - 1, 5))) if len(text) > 1 else [],
+                     list(range(1, len(text)))):
+            ev = stream(text, cuts, **kw)
+            check_events(ev)
+            got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
+                    getattr(p, "arguments", None)) for p in fold_complete(ev)]
+            assert got == want, (text, cuts)

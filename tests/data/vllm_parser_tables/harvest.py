@@ -60,6 +60,8 @@ REASONING_FILES = {
     "tests/reasoning/test_hunyuan_reasoning_parser.py": ("hunyuan_a13b", False),
     "tests/reasoning/test_granite_reasoning_parser.py": ("granite", False),
     "tests/reasoning/test_minimax_m2_append_reasoning_parser.py": ("minimax_m2_append_think", True),
+    # Gemma 4's template does not open its <|channel> block in the prompt (thinking off renders an empty one)
+    "tests/reasoning/test_gemma4_reasoning_parser.py": ("gemma4", False),
 }
 TOOL_FILES = {
     "tests/tool_parsers/test_deepseekv3_tool_parser.py": "deepseek_v3",
@@ -79,6 +81,7 @@ TOOL_FILES = {
     "tests/tool_parsers/test_step3p5_tool_parser.py": "step3p5",
     "tests/tool_parsers/test_seed_oss_tool_parser.py": "seed_oss",
     "tests/tool_parsers/test_longcat_tool_parser.py": "longcat",
+    "tests/tool_parsers/test_gemma4_tool_parser.py": "gemma4",
 }
 
 # Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt
@@ -150,14 +153,40 @@ class Recorded:
 _CLASSES: dict[str, type] = {}  # one class per name, so isinstance() in the tests works
 
 
+def _source_constants(module: str) -> dict[str, str]:
+    """The module-level string constants of a vLLM module's own source (a test that imports the parser's markers,
+    e.g. `TOOL_CALL_START`, compares text with them: a stub would make every such test fail)."""
+    if module not in _CONSTANTS:
+        found: dict[str, str] = {}
+        root = StubModule.source_root
+        parts = module.split(".")
+        if root is not None and parts[0] == "vllm":
+            for f in (root.joinpath(*parts).with_suffix(".py"), root.joinpath(*parts, "__init__.py")):
+                if f.is_file():
+                    for node in ast.parse(f.read_text()).body:
+                        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                                isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Constant) and \
+                                isinstance(node.value.value, str):
+                            found[node.targets[0].id] = node.value.value
+                    break
+        _CONSTANTS[module] = found
+    return _CONSTANTS[module]
+
+
+_CONSTANTS: dict[str, dict[str, str]] = {}
+
+
 class StubModule(types.ModuleType):
     extra: dict = {}
+    source_root: Path | None = None  # the vLLM tree being harvested (its modules' string constants are real)
 
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
         if name in StubModule.extra:
             return StubModule.extra[name]
+        if name in (consts := _source_constants(self.__name__)):
+            return consts[name]
         if name.endswith(("ToolParser", "ReasoningParser")) and "_probe_parser" in StubModule.extra:
             return StubModule.extra["_probe_parser"]
         if name in _CLASSES:
@@ -1002,6 +1031,7 @@ STREAM_REPORT: list[tuple] = []
 
 
 def harvest(root: Path) -> list[dict]:
+    StubModule.source_root = root
     sys.meta_path.insert(0, StubFinder())
     sys.modules["pytest"] = _pytest_module()
     for m in [m for m in sys.modules if m.split(".")[0] in StubFinder.ROOTS]:

@@ -107,6 +107,21 @@ def pythonic(calls: list[Call]) -> str:
     return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={lit(v)}" for k, v in a.items()) + ")" for n, a in calls) + "]"
 
 
+def _gemma(v) -> str:
+    """Gemma 4's template notation: strings between <|"|>, bare keys, true/false/null, numbers as they are."""
+    if isinstance(v, str):
+        return f'<|"|>{v}<|"|>'
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{_gemma(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_gemma(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def gemma4(calls: list[Call]) -> str:
+    return "".join(f"<|tool_call>call:{n}{_gemma(a)}<tool_call|>" for n, a in calls)
+
+
 @dataclass
 class Fmt:
     tools: str
@@ -148,6 +163,8 @@ FORMATS = [
         markers=("<minimax:tool_call>", "<invoke", "<parameter")),
     Fmt("openai", "gpt_oss", harmony_calls, harmony=True, markers=("<|channel|>", "<|message|>", "<|call|>")),
     Fmt("pythonic", None, pythonic, text_before_calls=False, text_after_calls=False, markers=()),
+    Fmt("gemma4", "gemma4", gemma4, think=("<|channel>thought\n", "<channel|>"),
+        markers=("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>")),
 ]
 
 
