@@ -179,6 +179,13 @@ TOOL_PARSERS: dict[str, object] = {
         special_tokens=True),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
+    # OLMo 3: calls one per line, no list brackets, inside <function_calls> (special tokens in its tokenizer); it
+    # writes JSON's null/true/false as often as Python's literals
+    "olmo3": PythonicFormat("olmo3", bare_start=None, starts=("<function_calls>",), section_end="</function_calls>",
+                            bracketless=True, json_literals=True, special_tokens=True),
+    # Llama 4: the pythonic list, sometimes wrapped in its <|python_start|> ... <|python_end|> special tokens
+    "llama4_pythonic": PythonicFormat("llama4_pythonic", starts=("<|python_start|>",), section_end="<|python_end|>",
+                                      special_tokens=True),
 }
 
 

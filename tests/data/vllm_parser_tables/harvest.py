@@ -72,6 +72,8 @@ TOOL_FILES = {
     "tests/tool_parsers/test_step3p5_tool_parser.py": "step3p5",
     "tests/tool_parsers/test_seed_oss_tool_parser.py": "seed_oss",
     "tests/tool_parsers/test_longcat_tool_parser.py": "longcat",
+    "tests/tool_parsers/test_olmo3_tool_parser.py": "olmo3",
+    "tests/tool_parsers/test_llama4_pythonic_tool_parser.py": "llama4_pythonic",
 }
 
 # Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt

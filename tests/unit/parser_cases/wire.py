@@ -99,6 +99,17 @@ def pythonic(calls: list[Call]) -> str:
     return "[" + ", ".join(f"{n}(" + ", ".join(f"{k}={lit(v)}" for k, v in a.items()) + ")" for n, a in calls) + "]"
 
 
+def llama4_pythonic(calls: list[Call]) -> str:
+    return "<|python_start|>" + pythonic(calls) + "<|python_end|>"
+
+
+def olmo3(calls: list[Call]) -> str:
+    # one call per line, values as JSON (its null/true/false are read like Python's literals)
+    lines = (f"{n}(" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in a.items()) + ")"
+             for n, a in calls)
+    return "<function_calls>" + "\n".join(lines) + "</function_calls>"
+
+
 @dataclass
 class Fmt:
     tools: str
@@ -135,6 +146,8 @@ FORMATS = [
         markers=("<minimax:tool_call>", "<invoke", "<parameter")),
     Fmt("openai", "gpt_oss", harmony_calls, harmony=True, markers=("<|channel|>", "<|message|>", "<|call|>")),
     Fmt("pythonic", None, pythonic, text_before_calls=False, text_after_calls=False, markers=()),
+    Fmt("llama4_pythonic", None, llama4_pythonic, markers=("<|python_start|>", "<|python_end|>")),
+    Fmt("olmo3", "olmo3", olmo3, markers=("<function_calls>", "</function_calls>")),
 ]
 
 
