@@ -177,6 +177,10 @@ TOOL_PARSERS: dict[str, object] = {
         func_open="<invoke name=", func_head_end=">", func_close="</invoke>",
         param_open="<parameter name=", param_head_end=">", value_close="</parameter>", undescribed_string=True,
         special_tokens=True),
+    # Phi-4-mini (vLLM's template): `functools` then a JSON list of {"name", "arguments"} wrappers; the marker is
+    # plain text, not a special token
+    "phi4_mini_json": JsonTagsFormat("phi4_mini_json", starts=("functools",), mistral_list=True,
+                                     name_only_call=False),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
     # OLMo 3: calls one per line, no list brackets, inside <function_calls> (special tokens in its tokenizer); it

@@ -101,6 +101,8 @@ SHAPES: dict[str, CallShape] = {
     # OLMo 3 writes its calls one per line in <function_calls> (the grammar writes Python's literals, also read)
     "pythonic": _PYTHONIC,
     "llama4_pythonic": _PYTHONIC,  # the bare list (its <|python_start|> wrapper is optional)
+    "phi4_mini_json": CallShape('{{"name": "{name}", "arguments": ', "}", section_begin="functools[", section_end="]",
+                                separator=", ", triggers=("functools[",)),
     "olmo3": CallShape("{name}(", ")", args="python", section_begin="<function_calls>",
                        section_end="</function_calls>", triggers=("<function_calls>",)),
 }

@@ -122,7 +122,9 @@ MALFORMED = {  # format -> (wire, expected fold): degrade to text before the cal
     "glm47": ("<tool_call>not a name</tool_call>", [("text", "<tool_call>not a name</tool_call>")]),
     "minimax_m2": ("<minimax:tool_call>junk</minimax:tool_call>", [("text", "<minimax:tool_call>junk</minimax:tool_call>")]),
     "pythonic": ("[not a call] ok", [("text", "[not a call] ok")]),
-    "llama4_pythonic": ("<|python_start|>[1, 2]<|python_end|> ok", [("text", "<|python_start|>[1, 2]<|python_end|> ok")]),
+    "llama4_pythonic": ("<|python_start|>[1, 2]<|python_end|> ok",
+                        [("text", "<|python_start|>[1, 2]<|python_end|> ok")]),
+    "phi4_mini_json": ("Use functools.partial here.", [("text", "Use functools.partial here.")]),
     "olmo3": ("Sure. <function_calls>not a call</function_calls>",
               [("text", "Sure. <function_calls>not a call</function_calls>")]),
     # a call body that is not JSON: abandoned and skipped, its markup never shown (then the final answer)
@@ -199,6 +201,7 @@ MISSING_END = {  # format -> (suffix removed, call still complete?)
     "pythonic": ("]", True),
     "llama4_pythonic": ("]<|python_end|>", True),
     "olmo3": ("</function_calls>", True),
+    "phi4_mini_json": ("]", True),
 }
 
 
@@ -349,6 +352,15 @@ REPORTED = {  # id -> (text, parser kwargs, expected fold)
     "pythonic_reads_no_json_literals": ("[f(a=true)]", {"tools": "pythonic"}, [("text", "[f(a=true)]")]),
     "pythonic_cut_off_call_is_text": ("[f(a=1), g(b=", {"tools": "pythonic"},
                                       [("call", "f", {"a": 1}), ("text", ", g(b=")]),
+    # phi4_mini_json: the JSON list after `functools` (arguments or parameters); a wrapper without arguments, or an
+    # empty list, is not a call
+    "phi4_list": ('Checking. functools[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "parameters": {}}] Done.',
+                  {"tools": "phi4_mini_json"}, [("text", "Checking. "), ("call", "f", {"a": 1}), ("call", "g", {}),
+                                                ("text", " Done.")]),
+    "phi4_name_only_is_text": ('functools[{"name": "func"}]', {"tools": "phi4_mini_json"},
+                               [("text", 'functools[{"name": "func"}]')]),
+    "phi4_empty_list_is_text": ("functools[] This is just text", {"tools": "phi4_mini_json"},
+                                [("text", "functools[] This is just text")]),
     # llama4_pythonic: the list with or without <|python_start|>, <|python_end|> consumed after it; a start marker
     # that opens no list is text and the scan goes on after it
     "llama4_start_without_end": ("<|python_start|>[f(a=1), g()]", {"tools": "llama4_pythonic"},

@@ -110,6 +110,10 @@ def olmo3(calls: list[Call]) -> str:
     return "<function_calls>" + "\n".join(lines) + "</function_calls>"
 
 
+def phi4_mini_json(calls: list[Call]) -> str:
+    return "functools[" + ", ".join(json.dumps({"name": n, "arguments": a}, ensure_ascii=False) for n, a in calls) + "]"
+
+
 @dataclass
 class Fmt:
     tools: str
@@ -148,6 +152,7 @@ FORMATS = [
     Fmt("pythonic", None, pythonic, text_before_calls=False, text_after_calls=False, markers=()),
     Fmt("llama4_pythonic", None, llama4_pythonic, markers=("<|python_start|>", "<|python_end|>")),
     Fmt("olmo3", "olmo3", olmo3, markers=("<function_calls>", "</function_calls>")),
+    Fmt("phi4_mini_json", None, phi4_mini_json, markers=("functools",)),
 ]
 
 
