@@ -208,9 +208,20 @@ TOOL_PARSERS: dict[str, object] = {
         func_open="<invoke name=", func_head_end=">", func_close="</invoke>",
         param_open="<parameter name=", param_head_end=">", value_close="</parameter>", undescribed_string=True,
         special_tokens=True),
+    # Phi-4-mini (vLLM's template): `functools` then a JSON list of {"name", "arguments"} wrappers; the marker is
+    # plain text, not a special token
+    "phi4_mini_json": JsonTagsFormat("phi4_mini_json", starts=("functools",), mistral_list=True,
+                                     name_only_call=False),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
     "gemma4": Gemma4Format("gemma4"),
+    # OLMo 3: calls one per line, no list brackets, inside <function_calls> (special tokens in its tokenizer); it
+    # writes JSON's null/true/false as often as Python's literals
+    "olmo3": PythonicFormat("olmo3", bare_start=None, starts=("<function_calls>",), section_end="</function_calls>",
+                            bracketless=True, json_literals=True, special_tokens=True),
+    # Llama 4: the pythonic list, sometimes wrapped in its <|python_start|> ... <|python_end|> special tokens
+    "llama4_pythonic": PythonicFormat("llama4_pythonic", starts=("<|python_start|>",), section_end="<|python_end|>",
+                                      special_tokens=True),
 }
 
 

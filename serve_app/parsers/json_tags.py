@@ -1,4 +1,4 @@
-"""Engine for JSON-in-tags formats: hermes/qwen3_json, llama3_json, mistral, deepseek_v3/v31, kimi_k2.
+"""Engine for JSON-in-tags formats: hermes/qwen3_json, llama3_json, mistral, deepseek_v3/v31, kimi_k2, phi4_mini_json.
 
 A call is a name (inside a `{"name": .., "arguments": ..}` wrapper, or in a head before a separator marker) and
 an arguments JSON object. Streaming choice: the name is buffered (it is short); then the arguments object's text
@@ -50,7 +50,8 @@ class JsonTagsFormat:
     head_end: str | None = None  # None: JSON wrapper {"name", "arguments"}; else the marker ending a name head
     name_of: Callable[[str], tuple[str, str | None] | None] | None = None  # head text -> (name, model id)
     list_sep: str | None = None  # llama3_json: wrappers separated by ';'
-    mistral_list: bool = False  # [TOOL_CALLS] followed by either a JSON list of wrappers or NAME[ARGS]{..}
+    # [TOOL_CALLS] followed by either a JSON list of wrappers or NAME[ARGS]{..} (Phi-4-mini: `functools` and the list)
+    mistral_list: bool = False
     bare_start: str | None = None  # a call may also open the text with this character, without a marker
     head_grammar: str | None = None  # regex the whole name head must match; checked as a prefix while it grows
     args_end_head: bool = False  # the `{` opening the arguments also ends the head (Mistral v11: NAME{...})

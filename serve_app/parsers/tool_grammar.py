@@ -65,6 +65,9 @@ def _dsml(outer: str) -> CallShape:
                      triggers=(f"<{d}{outer}>",))
 
 
+_PYTHONIC = CallShape("{name}(", ")", args="python", section_begin="[", section_end="]", separator=", ",
+                      triggers=("[",), none_excludes=())
+
 SHAPES: dict[str, CallShape] = {
     "hermes": _HERMES,
     "qwen3_json": _HERMES,
@@ -100,8 +103,13 @@ SHAPES: dict[str, CallShape] = {
     "openai": CallShape("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>", "<|call|>",
                         triggers=("<|channel|>commentary to=",), separator="", none_excludes=("to=functions.",)),
     # Pythonic: Python call syntax has no xgrammar style; pythonic_grammar.py writes an EBNF grammar per tool.
-    "pythonic": CallShape("{name}(", ")", args="python", section_begin="[", section_end="]", separator=", ",
-                          triggers=("[",), none_excludes=()),
+    # OLMo 3 writes its calls one per line in <function_calls> (the grammar writes Python's literals, also read)
+    "pythonic": _PYTHONIC,
+    "llama4_pythonic": _PYTHONIC,  # the bare list (its <|python_start|> wrapper is optional)
+    "phi4_mini_json": CallShape('{{"name": "{name}", "arguments": ', "}", section_begin="functools[", section_end="]",
+                                separator=", ", triggers=("functools[",)),
+    "olmo3": CallShape("{name}(", ")", args="python", section_begin="<function_calls>",
+                       section_end="</function_calls>", triggers=("<function_calls>",)),
 }
 
 _HARMONY_ANALYSIS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")

@@ -97,7 +97,7 @@ def test_split_invariance(case):
 def test_big_argument_streams_incrementally():
     """The 20 KB value arrives in many fragments while it is generated, not in one piece at the end."""
     for fmt in FORMATS:
-        if fmt.tools == "pythonic":
+        if fmt.tools in ("pythonic", "llama4_pythonic", "olmo3"):
             continue  # pythonic calls are emitted whole at their closing parenthesis (documented)
         segs = [("calls", [("write_file", {"path": "a", "content": BIG})])]
         wire = fmt.render(segs[0][1])
@@ -123,6 +123,11 @@ MALFORMED = {  # format -> (wire, expected fold): degrade to text before the cal
     "minimax_m2": ("<minimax:tool_call>junk</minimax:tool_call>", [("text", "<minimax:tool_call>junk</minimax:tool_call>")]),
     "pythonic": ("[not a call] ok", [("text", "[not a call] ok")]),
     "gemma4": ("So <|tool_call>not a call<tool_call|>", [("text", "So <|tool_call>not a call<tool_call|>")]),
+    "llama4_pythonic": ("<|python_start|>[1, 2]<|python_end|> ok",
+                        [("text", "<|python_start|>[1, 2]<|python_end|> ok")]),
+    "phi4_mini_json": ("Use functools.partial here.", [("text", "Use functools.partial here.")]),
+    "olmo3": ("Sure. <function_calls>not a call</function_calls>",
+              [("text", "Sure. <function_calls>not a call</function_calls>")]),
     # a call body that is not JSON: abandoned and skipped, its markup never shown (then the final answer)
     "openai": ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>oops<|call|>"
                "<|start|>assistant<|channel|>final<|message|>ok<|return|>", [("text", "ok")]),
@@ -164,9 +169,9 @@ def test_malformed_arguments_never_complete_a_call(tools):
 
 
 TRUNCATED_FORMATS = [f for f in FORMATS]
-# Harmony's markup is special tokens and pythonic calls are one expression: a cut-off call there is only dropped.
-# The tag formats give the cut-off call's raw text back as text, so the non-streaming answer loses nothing.
-DROPS_CUT_OFF_TEXT = {"openai", "pythonic"}
+# Harmony's markup is special tokens: a cut-off call there is only dropped. The other formats give the cut-off
+# call's raw text back as text, so the non-streaming answer loses nothing.
+DROPS_CUT_OFF_TEXT = {"openai"}
 
 
 @pytest.mark.parametrize("fmt", TRUNCATED_FORMATS, ids=[f.tools for f in TRUNCATED_FORMATS])
@@ -197,6 +202,9 @@ MISSING_END = {  # format -> (suffix removed, call still complete?)
     "openai": ("<|call|>", True),
     "pythonic": ("]", True),
     "gemma4": ("<tool_call|>", True),  # the arguments' closing `}` completes the call
+    "llama4_pythonic": ("]<|python_end|>", True),
+    "olmo3": ("</function_calls>", True),
+    "phi4_mini_json": ("]", True),
 }
 
 
@@ -355,6 +363,44 @@ REPORTED = {  # id -> (text, parser kwargs, expected fold)
     # `]` closing an object breaks the notation: abandoned, all its text is text
     "gemma4_mismatched_close": ("<|tool_call>call:a{x:1]}<tool_call|>", {"tools": "gemma4"},
                                 [("text", "<|tool_call>call:a{x:1]}<tool_call|>")]),
+    # olmo3: calls one per line (or comma-separated) inside <function_calls>, JSON literals read like Python's; the
+    # bracketed list is not its format; what follows the calls without the end marker is text
+    "olmo3_json_literals": ("<function_calls>f(a=null, b=true, c=[false, {\"k\": null}], d='x')</function_calls>",
+                            {"tools": "olmo3"},
+                            [("call", "f", {"a": None, "b": True, "c": [False, {"k": None}], "d": "x"})]),
+    "olmo3_one_call_per_line": ("Sure. <function_calls>\nf(a=1)\ng(), h()\n</function_calls> Done.", {"tools": "olmo3"},
+                                [("text", "Sure. "), ("call", "f", {"a": 1}), ("call", "g", {}), ("call", "h", {}),
+                                 ("text", " Done.")]),
+    "olmo3_text_after_calls_without_end": ("<function_calls>f()\nThanks", {"tools": "olmo3"},
+                                           [("call", "f", {}), ("text", "\nThanks")]),
+    "olmo3_bracketed_list_is_text": ("<function_calls>[f(a=1)]</function_calls>", {"tools": "olmo3"},
+                                     [("text", "<function_calls>[f(a=1)]</function_calls>")]),
+    "olmo3_cut_off_call_is_text": ("<function_calls>f(a=1)\ng(b='x", {"tools": "olmo3"},
+                                   [("call", "f", {"a": 1}), ("text", "\ng(b='x")]),
+    "pythonic_reads_no_json_literals": ("[f(a=true)]", {"tools": "pythonic"}, [("text", "[f(a=true)]")]),
+    "pythonic_cut_off_call_is_text": ("[f(a=1), g(b=", {"tools": "pythonic"},
+                                      [("call", "f", {"a": 1}), ("text", ", g(b=")]),
+    # phi4_mini_json: the JSON list after `functools` (arguments or parameters); a wrapper without arguments, or an
+    # empty list, is not a call
+    "phi4_list": ('Checking. functools[{"name": "f", "arguments": {"a": 1}}, {"name": "g", "parameters": {}}] Done.',
+                  {"tools": "phi4_mini_json"}, [("text", "Checking. "), ("call", "f", {"a": 1}), ("call", "g", {}),
+                                                ("text", " Done.")]),
+    "phi4_name_only_is_text": ('functools[{"name": "func"}]', {"tools": "phi4_mini_json"},
+                               [("text", 'functools[{"name": "func"}]')]),
+    "phi4_empty_list_is_text": ("functools[] This is just text", {"tools": "phi4_mini_json"},
+                                [("text", "functools[] This is just text")]),
+    # llama4_pythonic: the list with or without <|python_start|>, <|python_end|> consumed after it; a start marker
+    # that opens no list is text and the scan goes on after it
+    "llama4_start_without_end": ("<|python_start|>[f(a=1), g()]", {"tools": "llama4_pythonic"},
+                                 [("call", "f", {"a": 1}), ("call", "g", {})]),
+    "llama4_bare_list_with_end": ("[f(a=1)] <|python_end|>Done.", {"tools": "llama4_pythonic"},
+                                  [("call", "f", {"a": 1}), ("text", "Done.")]),
+    "llama4_after_prose": ("Let me check. <|python_start|>[f()]<|python_end|>", {"tools": "llama4_pythonic"},
+                           [("text", "Let me check. "), ("call", "f", {})]),
+    "llama4_cut_end_marker_is_text": ("<|python_start|>[f()]<|python_", {"tools": "llama4_pythonic"},
+                                      [("call", "f", {}), ("text", "<|python_")]),
+    "llama4_marker_without_list_is_text": ("<|python_start|>oops <|python_start|>[f()]", {"tools": "llama4_pythonic"},
+                                           [("text", "<|python_start|>oops "), ("call", "f", {})]),
 }
 
 

@@ -122,6 +122,21 @@ def gemma4(calls: list[Call]) -> str:
     return "".join(f"<|tool_call>call:{n}{_gemma(a)}<tool_call|>" for n, a in calls)
 
 
+def llama4_pythonic(calls: list[Call]) -> str:
+    return "<|python_start|>" + pythonic(calls) + "<|python_end|>"
+
+
+def olmo3(calls: list[Call]) -> str:
+    # one call per line, values as JSON (its null/true/false are read like Python's literals)
+    lines = (f"{n}(" + ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in a.items()) + ")"
+             for n, a in calls)
+    return "<function_calls>" + "\n".join(lines) + "</function_calls>"
+
+
+def phi4_mini_json(calls: list[Call]) -> str:
+    return "functools[" + ", ".join(json.dumps({"name": n, "arguments": a}, ensure_ascii=False) for n, a in calls) + "]"
+
+
 @dataclass
 class Fmt:
     tools: str
@@ -165,6 +180,9 @@ FORMATS = [
     Fmt("pythonic", None, pythonic, text_before_calls=False, text_after_calls=False, markers=()),
     Fmt("gemma4", "gemma4", gemma4, think=("<|channel>thought\n", "<channel|>"),
         markers=("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>")),
+    Fmt("llama4_pythonic", None, llama4_pythonic, markers=("<|python_start|>", "<|python_end|>")),
+    Fmt("olmo3", "olmo3", olmo3, markers=("<function_calls>", "</function_calls>")),
+    Fmt("phi4_mini_json", None, phi4_mini_json, markers=("functools",)),
 ]
 
 
