@@ -206,8 +206,7 @@ TOOL_PARSERS: dict[str, object] = {
     "hy_v3": XmlFormat(
         "hy_v3", starts=("<tool_calls>",), section_end="</tool_calls>",
         func_open="<tool_call>", func_head_end="<tool_sep>", func_close="</tool_call>",
-        param_open="<arg_key>", param_head_end="</arg_key>", value_open="<arg_value>", value_close="</arg_value>",
-        special_tokens=True),
+        param_open="<arg_key>", param_head_end="</arg_key>", value_open="<arg_value>", value_close="</arg_value>"),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
 }
