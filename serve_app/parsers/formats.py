@@ -212,6 +212,36 @@ TOOL_PARSERS: dict[str, object] = {
     # plain text, not a special token
     "phi4_mini_json": JsonTagsFormat("phi4_mini_json", starts=("functools",), mistral_list=True,
                                      name_only_call=False),
+    # MiniMax-M1: <tool_calls>, one {"name", "arguments"} wrapper per line, </tool_calls> (not minimax_m2's XML);
+    # a malformed line is skipped, the calls after it stand
+    "minimax": JsonTagsFormat("minimax", starts=("<tool_calls>",), section_end="</tool_calls>", call_start="{",
+                              call_end="\n", inline_starts=("{",), name_only_call=False, think=_THINK),
+    # <tool_calls>[wrapper, ...]</tool_calls>
+    "hunyuan_a13b": JsonTagsFormat("hunyuan_a13b", starts=("<tool_calls>",), section_end="</tool_calls>",
+                                   json_list=True, think=_THINK),
+    "jamba": JsonTagsFormat("jamba", starts=("<tool_calls>",), section_end="</tool_calls>", json_list=True,
+                            special_tokens=True),
+    # Granite 3.x: <|tool_call|> (3.0's token) or <tool_call> (3.1's text), or nothing, then a JSON list
+    "granite": JsonTagsFormat("granite", starts=("<|tool_call|>", "<tool_call>"), bare_start="[", json_list=True),
+    # xLAM: a JSON list of wrappers opening the answer (or right after the think block), after [TOOL_CALLS], or
+    # inside <tool_call>…</tool_call> or a ```json fence
+    "xlam": JsonTagsFormat("xlam", starts=("[TOOL_CALLS]", "<tool_call>", "```json"), bare_start="[", json_list=True,
+                           closes=(("<tool_call>", "</tool_call>"), ("```json", "```")), think=_THINK),
+    "granite4": JsonTagsFormat("granite4", starts=("<tool_call>",), call_end="</tool_call>", special_tokens=True),
+    "granite-20b-fc": JsonTagsFormat("granite-20b-fc", starts=("<function_call>",)),
+    "internlm2": JsonTagsFormat("internlm2", starts=("<|action_start|><|plugin|>",), call_end="<|action_end|>",
+                                special_tokens=True),
+    "ernie45": JsonTagsFormat("ernie45", starts=("<tool_call>",), call_end="</tool_call>"),
+    # GigaChat 3 writes its call as a new message (`<|message_sep|>` + the `function call` role), 3.1 after a token;
+    # the call message ends with the end-of-sequence token, which shows with special tokens on
+    "gigachat3": JsonTagsFormat("gigachat3", starts=("<|message_sep|>\n\nfunction call<|role_sep|>\n",
+                                                     "<|function_call|>"), call_end="</s>", optional_call_end=True,
+                                special_tokens=True),
+    # Hy3 (Hunyuan V3): GLM's arg_key/arg_value pairs, the name ended by <tool_sep>, calls inside <tool_calls>
+    "hy_v3": XmlFormat(
+        "hy_v3", starts=("<tool_calls>",), section_end="</tool_calls>",
+        func_open="<tool_call>", func_head_end="<tool_sep>", func_close="</tool_call>",
+        param_open="<arg_key>", param_head_end="</arg_key>", value_open="<arg_value>", value_close="</arg_value>"),
     "openai": HarmonyFormat("openai"),
     "pythonic": PythonicFormat("pythonic"),
     "gemma4": Gemma4Format("gemma4"),

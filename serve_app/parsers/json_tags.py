@@ -1,4 +1,5 @@
-"""Engine for JSON-in-tags formats: hermes/qwen3_json, llama3_json, mistral, deepseek_v3/v31, kimi_k2, phi4_mini_json.
+"""Engine for JSON-in-tags formats: hermes/qwen3_json, llama3_json, mistral, deepseek_v3/v31, kimi_k2, phi4_mini_json,
+MiniMax-M1, Hunyuan-A13B, Jamba, Granite, InternLM2, ERNIE 4.5, GigaChat 3.
 
 A call is a name (inside a `{"name": .., "arguments": ..}` wrapper, or in a head before a separator marker) and
 an arguments JSON object. Streaming choice: the name is buffered (it is short); then the arguments object's text
@@ -47,17 +48,29 @@ class JsonTagsFormat:
     section_end: str | None = None  # e.g. <|tool_calls_section_end|>; None: the section is one call
     call_start: str | None = None  # call marker inside a section
     call_end: str | None = None  # None: the call ends when its JSON closes
+    # the call end marker may be missing: whatever else follows the call is text (GigaChat's end-of-sequence token,
+    # which shows only with special tokens on)
+    optional_call_end: bool = False
     head_end: str | None = None  # None: JSON wrapper {"name", "arguments"}; else the marker ending a name head
     name_of: Callable[[str], tuple[str, str | None] | None] | None = None  # head text -> (name, model id)
     list_sep: str | None = None  # llama3_json: wrappers separated by ';'
     # [TOOL_CALLS] followed by either a JSON list of wrappers or NAME[ARGS]{..} (Phi-4-mini: `functools` and the list)
     mistral_list: bool = False
+    json_list: bool = False  # the section is one JSON list of wrappers (`[` must follow the start marker)
+    # (start marker, the marker closing its list) where a start marker has its own close (xLAM: <tool_call> ->
+    # </tool_call>, ```json -> ```); other markers close with `section_end`
+    closes: tuple[tuple[str, str], ...] = ()
     bare_start: str | None = None  # a call may also open the text with this character, without a marker
     head_grammar: str | None = None  # regex the whole name head must match; checked as a prefix while it grows
     args_end_head: bool = False  # the `{` opening the arguments also ends the head (Mistral v11: NAME{...})
-    inline_starts: tuple[str, ...] = ()  # start markers that are the call's own first text (llama3: `{"name"`)
+    # start (or call) markers that are the call's own first text (llama3: `{"name"`; MiniMax-M1: each `{` of
+    # its one-wrapper-per-line section)
+    inline_starts: tuple[str, ...] = ()
     name_only_call: bool = True  # `{"name": "F"}` without arguments is a call (llama3_json: it is not)
     special_tokens: bool = False
+    # the family's think block, inside which no call is looked for (MiniMax-M1, Hunyuan: they reason about calls
+    # there; without a reasoning parser the block stays text)
+    think: tuple[str, str] | None = None
     harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
 
     def engine(self, schemas) -> JsonTagsEngine:
@@ -88,10 +101,11 @@ class JsonTagsEngine(SectionEngine):
     def __init__(self, fmt: JsonTagsFormat):
         self.fmt = fmt
         self.sec_m = Matcher([m for m in (fmt.call_start, fmt.section_end) if m])
-        self.end_m = Matcher([m for m in (fmt.call_end, fmt.section_end) if m])
+        self.end_m = self._end_m = Matcher([m for m in (fmt.call_end, fmt.section_end) if m])
         self.head_m = Matcher(([fmt.head_end] if fmt.head_end else []) + (["{"] if fmt.args_end_head else []))
         self.head_re = regex.compile(fmt.head_grammar) if fmt.head_grammar else None
         self.section_end = fmt.section_end
+        self.closes = {start: (end, Matcher([end])) for start, end in fmt.closes}
         self.state = SEC
         self.degraded = False
         self.steps = (self.step_section, self._step_wrap_head, self._step_name_head, self._step_arg_wait,
@@ -108,10 +122,12 @@ class JsonTagsEngine(SectionEngine):
         self.hold = ""
         self.in_list = False
         self.sought = False
+        if self.closes:
+            self.section_end, self.end_m = self.closes.get(marker, (f.section_end, self._end_m))
         self._reset_call()
         # an inline start marker is the beginning of the wrapper itself: the head is matched as marker + text
         self.head_prefix = marker if marker in f.inline_starts else ""
-        if f.mistral_list:
+        if f.mistral_list or f.json_list:
             self.state = LIST_OPEN
         elif f.call_start:
             self.state = SEC
@@ -122,7 +138,8 @@ class JsonTagsEngine(SectionEngine):
         """End of stream: an open call is abandoned, never guessed (its streamed prefix has no ToolCallEnd); the text
         it consumed is released as text so the non-streaming answer loses nothing."""
         rest = "".join(self.raw) + self.head + self.hold
-        if self.state in _OPEN_CALL or (self.state == SEC and rest.strip()):
+        if self.state in _OPEN_CALL or (self.state == SEC and rest.strip()) or (
+                self.state == CALL_TAIL and self.fmt.optional_call_end):  # (what may have begun an end marker)
             sink.plain(rest)
         self.raw, self.head, self.hold = [], "", ""
 
@@ -170,13 +187,16 @@ class JsonTagsEngine(SectionEngine):
             return CALL_TAIL
         if f.list_sep or self.in_list:
             return AFTER_CALL
-        return OVER
+        # calls without an end marker inside a section (MiniMax-M1's lines): the next call or the section end
+        return SEC if f.section_end else OVER
 
     # -- one step per state (the loop is SectionEngine.feed) -----------------------------------------------------
     def call_marker(self, mk: str) -> None:
         self.mark_idx = len(self.raw)
         self.raw.append(mk)
         self._begin_head()
+        if mk in self.fmt.inline_starts:
+            self.head_prefix = mk
 
     def _head_done(self, end: int):
         """The head (buffered in `head`) ends at `end`: the arguments come next."""
@@ -210,7 +230,7 @@ class JsonTagsEngine(SectionEngine):
         self.raw.append(self.head[:end])
         rest = self.head[end:]
         if not self.fmt.name_only_call:
-            return self.degrade(sink, rest)
+            return self._fail(sink, rest)
         idx = sink.start(self.name)
         sink.args(idx, "{}")
         sink.end(idx)
@@ -352,11 +372,18 @@ class JsonTagsEngine(SectionEngine):
 
     def _step_call_tail(self, t: str, i: int, sink: Sink):
         """After a call's arguments: its end marker (or the section's)."""
+        f = self.fmt
+        if f.optional_call_end:  # right after the call, or not at all
+            if len(t) - i < len(f.call_end) and f.call_end.startswith(t[i:]):
+                self.hold = t[i:]  # the end marker may be arriving
+                return None
+            if not t.startswith(f.call_end, i):  # not there: the call is over, what follows is text
+                self.state = OVER
+                return t, i
         p, mk = self.find(self.end_m, t, i)
         if p < 0:
             return None
-        f = self.fmt
-        if mk == f.section_end or not f.section_end:
+        if mk == self.section_end or not self.section_end:
             self.state = AFTER_CALL if f.list_sep else OVER
         else:
             self.state = SEC
@@ -376,7 +403,8 @@ class JsonTagsEngine(SectionEngine):
             self._begin_head()
         elif self.in_list and c == "]":
             i = j + 1
-            self.state = OVER
+            # a list inside tags (Hunyuan, Jamba): what follows up to the section end is not content
+            self.state = CALL_TAIL if self.section_end else OVER
         else:
             self.state = OVER
         return t, i
@@ -397,7 +425,8 @@ class JsonTagsEngine(SectionEngine):
         return rest, 0
 
     def _step_list_open(self, t: str, i: int, sink: Sink):
-        """Mistral: `[` opens a JSON list of wrappers; anything else is one call in the v11 form."""
+        """`[` opens a JSON list of wrappers; anything else is one call in Mistral's v11 form, or (json_list) not
+        a call."""
         j = _WS.match(t, i).end()
         if j >= len(t):
             self.hold = t[i:]
@@ -406,6 +435,8 @@ class JsonTagsEngine(SectionEngine):
             self.in_list = True
             self.raw.append(t[i:j + 1])
             j += 1
+        elif self.fmt.json_list:  # only a list is a call here
+            return self._fail(sink, t[i:])
         else:  # the whitespace is part of the call's text: given back with it if the call degrades
             self.raw.append(t[i:j])
         self._begin_head()

@@ -100,7 +100,7 @@ class StreamParser:
                 self.after_call, self.pending_ws = False, ""
         self.sink.reasoning = self.in_reasoning
         self.sink.plain(text)
-        if not self.in_reasoning and not self.text_started and not text.isspace():
+        if not self.in_reasoning and not self.in_opaque and not self.text_started and not text.isspace():
             self.text_started = True
 
     def _trim(self, text: str) -> str:
@@ -140,7 +140,7 @@ class StreamParser:
                     break
                 i = self.label_end
                 continue
-            if self.bare and not self.in_reasoning and not self.text_started:
+            if self.bare and not self.in_reasoning and not self.text_started and not self.in_opaque:
                 j = self._bare_start(t, i)
                 if j is not None:
                     if j < 0:
@@ -185,7 +185,7 @@ class StreamParser:
     def _bare_start(self, t: str, i: int) -> int | None:
         """Before any text, a call may open without a marker (`bare_start`, e.g. llama3's `{`). Returns -1 when only
         whitespace came so far (held), the index of the bare start when a call opens there (the engine is now
-        active), else None (the text has started)."""
+        active), else None (text: it starts the answer once emitted, unless it is an opaque think block)."""
         j = _WS.match(t, i).end()
         if j >= len(t):  # only whitespace so far: a bare call may still open the text
             self.hold = t[i:]
@@ -193,7 +193,6 @@ class StreamParser:
         if t[j] == self.bare:
             self._open(t[i:j])
             return j
-        self.text_started = True
         return None
 
     def _marker(self, mk: str) -> None:
@@ -227,8 +226,10 @@ class StreamParser:
             self.in_reasoning = False
             self._emit(mk)
         elif self.opaque and mk in self.opaque and r is None:
-            self.in_opaque = mk == self.opaque[0]
+            # the block stays text but does not start the answer: a bare call may still open it (xLAM)
+            self.in_opaque = True
             self._emit(mk)
+            self.in_opaque = mk == self.opaque[0]
         elif self.opaque and (self.in_reasoning or self.in_opaque):  # no calls inside the think block
             self._emit(mk)
         else:

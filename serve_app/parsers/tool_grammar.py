@@ -56,6 +56,9 @@ _QWEN_XML = CallShape("<tool_call>\n<function={name}>\n", "</function>\n</tool_c
                       triggers=("<tool_call>",), none_excludes=("<tool_call>", "<function="))
 _GLM = CallShape("<tool_call>{name}\n", "</tool_call>", args="glm_xml", triggers=("<tool_call>",))
 _DS_SECTION = ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>")
+_WRAP = '{{"name": "{name}", "arguments": '  # a JSON wrapper up to its arguments
+_LIST_IN_TOOL_CALLS = CallShape(_WRAP, "}", separator=", ", section_begin="<tool_calls>[", section_end="]</tool_calls>",
+                                triggers=("<tool_calls>",))
 
 
 def _dsml(outer: str) -> CallShape:
@@ -98,6 +101,24 @@ SHAPES: dict[str, CallShape] = {
     "minimax_m2": CallShape('<invoke name="{name}">\n', "</invoke>\n", args="minimax_xml", separator="",
                             section_begin="<minimax:tool_call>\n", section_end="</minimax:tool_call>",
                             triggers=("<minimax:tool_call>",)),
+    "minimax": CallShape(_WRAP, "}\n", separator="", section_begin="<tool_calls>\n", section_end="</tool_calls>",
+                         triggers=("<tool_calls>",)),
+    "hunyuan_a13b": _LIST_IN_TOOL_CALLS,
+    "jamba": _LIST_IN_TOOL_CALLS,
+    # xLAM and Granite also read a list that opens the answer without a marker: `none` forbids that list's start
+    "xlam": CallShape(_WRAP, "}", separator=", ", section_begin="<tool_call>[", section_end="]</tool_call>",
+                      triggers=("<tool_call>",), none_excludes=("<tool_call>", "[TOOL_CALLS]", "```json", '[{"name"')),
+    "granite": CallShape(_WRAP, "}", separator=", ", section_begin="<|tool_call|>[", section_end="]",
+                         triggers=("<|tool_call|>",), none_excludes=("<|tool_call|>", "<tool_call>", '[{"name"')),
+    "granite4": CallShape("<tool_call>" + _WRAP, "}</tool_call>", triggers=("<tool_call>",)),
+    "granite-20b-fc": CallShape("<function_call> " + _WRAP, "}", triggers=("<function_call>",)),
+    "internlm2": CallShape('<|action_start|><|plugin|>{{"name": "{name}", "parameters": ', "}<|action_end|>",
+                           triggers=("<|action_start|>",)),
+    "ernie45": _HERMES,
+    "gigachat3": CallShape("<|message_sep|>\n\nfunction call<|role_sep|>\n" + _WRAP, "}", separator="",
+                           triggers=("<|message_sep|>",), none_excludes=("<|message_sep|>", "<|function_call|>")),
+    "hy_v3": CallShape("<tool_call>{name}<tool_sep>", "</tool_call>", args="glm_xml", separator="",
+                       section_begin="<tool_calls>", section_end="</tool_calls>", triggers=("<tool_calls>",)),
     # Harmony: a call is its own commentary message, which ends the turn (`<|call|>` stops generation), so one call
     # per answer; `none` forbids addressing a function.
     "openai": CallShape("<|channel|>commentary to=functions.{name} <|constrain|>json<|message|>", "<|call|>",

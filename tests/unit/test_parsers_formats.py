@@ -128,6 +128,10 @@ MALFORMED = {  # format -> (wire, expected fold): degrade to text before the cal
     "phi4_mini_json": ("Use functools.partial here.", [("text", "Use functools.partial here.")]),
     "olmo3": ("Sure. <function_calls>not a call</function_calls>",
               [("text", "Sure. <function_calls>not a call</function_calls>")]),
+    "minimax": ("<tool_calls>junk</tool_calls>", [("text", "<tool_calls>junk</tool_calls>")]),
+    "hunyuan_a13b": ("<tool_calls>[junk]</tool_calls>", [("text", "<tool_calls>[junk]</tool_calls>")]),
+    "granite": ("<|tool_call|>[1, 2]", [("text", "<|tool_call|>[1, 2]")]),
+    "gigachat3": ("<|function_call|>not json", [("text", "<|function_call|>not json")]),
     # a call body that is not JSON: abandoned and skipped, its markup never shown (then the final answer)
     "openai": ("<|channel|>commentary to=functions.f <|constrain|>json<|message|>oops<|call|>"
                "<|start|>assistant<|channel|>final<|message|>ok<|return|>", [("text", "ok")]),
@@ -401,6 +405,54 @@ REPORTED = {  # id -> (text, parser kwargs, expected fold)
                                       [("call", "f", {}), ("text", "<|python_")]),
     "llama4_marker_without_list_is_text": ("<|python_start|>oops <|python_start|>[f()]", {"tools": "llama4_pythonic"},
                                            [("text", "<|python_start|>oops "), ("call", "f", {})]),
+    # MiniMax-M1: a malformed line, a name without arguments, arguments without a name are skipped; the calls
+    # around them stand and no markup leaks
+    "minimax_m1_bad_lines_skipped": (
+        '<tool_calls>\n{"name": "a", "arguments": {"x": 1}}\n{invalid json here}\n{"name": "missing_args"}\n'
+        '{"arguments": {"c": 1}}\n{"name": "b", "arguments": {}}\n</tool_calls>', {"tools": "minimax"},
+        [("call", "a", {"x": 1}), ("call", "b", {})]),
+    "minimax_m1_no_calls_in_think_block": (
+        '<think>try <tool_calls>\n{"name": "x", "arguments": {}}\n</tool_calls></think>Ok <tool_calls>\n'
+        '{"name": "y", "arguments": {}}\n</tool_calls>', {"tools": "minimax"},
+        [("text", '<think>try <tool_calls>\n{"name": "x", "arguments": {}}\n</tool_calls></think>Ok '),
+         ("call", "y", {})]),
+    "minimax_m1_missing_section_end": ('<tool_calls>\n{"name": "a", "arguments": {"x": 1}}', {"tools": "minimax"},
+                                       [("call", "a", {"x": 1})]),
+    # Hunyuan-A13B / Jamba: one JSON list inside <tool_calls>; anything but a list there is text
+    "hunyuan_list": ('Now. <tool_calls>[{"name": "a", "arguments": {"x": [1, {"y": 2}]}}, {"name": "b", '
+                     '"arguments": {}}]</tool_calls>', {"tools": "hunyuan_a13b"},
+                     [("text", "Now. "), ("call", "a", {"x": [1, {"y": 2}]}), ("call", "b", {})]),
+    "jamba_not_a_list_is_text": ('<tool_calls>{"name": "a", "arguments": {}}</tool_calls>', {"tools": "jamba"},
+                                 [("text", '<tool_calls>{"name": "a", "arguments": {}}</tool_calls>')]),
+    # Granite 3 / xLAM: a list may open the answer without a marker, but a list after prose is prose
+    "granite_bare_list": (' [{"name": "a", "arguments": {"x": 1}}]', {"tools": "granite"}, [("call", "a", {"x": 1})]),
+    "granite_list_after_prose_is_text": ('Some text [{"name": "f", "arguments": {}}]', {"tools": "granite"},
+                                         [("text", 'Some text [{"name": "f", "arguments": {}}]')]),
+    "xlam_list_after_think_block": ('<think>plan</think>[{"name": "a", "arguments": {}}]', {"tools": "xlam"},
+                                    [("text", "<think>plan</think>"), ("call", "a", {})]),
+    "xlam_no_call_in_think_block": ('<think>[{"name": "a", "arguments": {}}]</think>ok', {"tools": "xlam"},
+                                    [("text", '<think>[{"name": "a", "arguments": {}}]</think>ok')]),
+    "xlam_json_fence": ('Sure.\n```json\n[{"name": "a", "arguments": {}}]\n```', {"tools": "xlam"},
+                        [("text", "Sure.\n"), ("call", "a", {})]),
+    "xlam_tool_call_tags_then_text": ('<tool_call>[{"name": "a", "arguments": {}}]</tool_call> done', {"tools": "xlam"},
+                                      [("call", "a", {}), ("text", " done")]),
+    # GigaChat 3: the end-of-sequence token after the call is not content; without it, what follows is text
+    "gigachat3_eos_after_call": ('Ok.<|function_call|>{"name": "a", "arguments": {"x": 1}}</s>', {"tools": "gigachat3"},
+                                 [("text", "Ok."), ("call", "a", {"x": 1})]),
+    "gigachat3_text_after_call": ('<|function_call|>{"name": "a", "arguments": {}} bye', {"tools": "gigachat3"},
+                                  [("call", "a", {}), ("text", " bye")]),
+    "gigachat3_cut_eos_is_text": ('<|function_call|>{"name": "a", "arguments": {}}</', {"tools": "gigachat3"},
+                                  [("call", "a", {}), ("text", "</")]),
+    "internlm2_parameters": ('Sure.<|action_start|><|plugin|>{"name": "a", "parameters": {"x": 1}}<|action_end|>',
+                            {"tools": "internlm2"}, [("text", "Sure."), ("call", "a", {"x": 1})]),
+    "granite_20b_fc_two_calls": ('<function_call> {"name": "a", "arguments": {}}\n<function_call> {"name": "b", '
+                                 '"arguments": {"y": "z"}}', {"tools": "granite-20b-fc"},
+                                 [("call", "a", {}), ("call", "b", {"y": "z"})]),
+    "hy_v3_typed_value": ("<tool_calls><tool_call>f<tool_sep><arg_key>n</arg_key><arg_value>5</arg_value>"
+                          "<arg_key>s</arg_key><arg_value>5</arg_value></tool_call></tool_calls>",
+                          {"tools": "hy_v3", "tool_schemas": [{"name": "f", "parameters": {
+                              "type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}}}]},
+                          [("call", "f", {"n": 5, "s": "5"})]),
 }
 
 

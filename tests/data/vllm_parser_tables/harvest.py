@@ -27,6 +27,7 @@ import builtins
 import importlib.abc
 import importlib.machinery
 import json
+import random
 import subprocess
 import sys
 import types
@@ -85,6 +86,17 @@ TOOL_FILES = {
     "tests/tool_parsers/test_olmo3_tool_parser.py": "olmo3",
     "tests/tool_parsers/test_llama4_pythonic_tool_parser.py": "llama4_pythonic",
     "tests/tool_parsers/test_phi4mini_tool_parser.py": "phi4_mini_json",
+    "tests/tool_parsers/test_minimax_tool_parser.py": "minimax",  # MiniMax-M1 (JSON lines), not minimax_m2
+    "tests/tool_parsers/test_hunyuan_a13b_tool_parser.py": "hunyuan_a13b",
+    "tests/tool_parsers/test_jamba_tool_parser.py": "jamba",
+    "tests/tool_parsers/test_xlam_tool_parser.py": "xlam",
+    "tests/tool_parsers/test_granite_tool_parser.py": "granite",
+    "tests/tool_parsers/test_granite4_tool_parser.py": "granite4",
+    "tests/tool_parsers/test_granite_20b_fc_tool_parser.py": "granite-20b-fc",
+    "tests/tool_parsers/test_internlm2_tool_parser.py": "internlm2",
+    "tests/tool_parsers/test_hy_v3_tool_parser.py": "hy_v3",
+    "tests/tool_parsers/test_ernie45_moe_tool_parser.py": "ernie45",
+    "tests/tool_parsers/test_gigachat3_tool_parser.py": "gigachat3",
 }
 
 # Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt
@@ -320,7 +332,7 @@ def _config_vectors(rel: str, ns: dict, parser: str) -> list[dict]:
         xfail = set(k.get("xfail_nonstreaming") or {}) & set(k.get("xfail_streaming") or {})
 
         def vec(test, output, expect):
-            if test in xfail:  # vLLM itself does not meet these
+            if test in xfail:
                 return
             out.append({"id": f"{parser}/config.{test}", "source": src, "reasoning_parser": None,
                         "tool_parser": parser, "prompt_opens_think": None, "model_output": output,
@@ -528,6 +540,8 @@ def _bind(got, want, bindings) -> bool:
         return len(got) == len(want) and all(_bind(a, b, bindings) for a, b in zip(got, want))
     if isinstance(got, dict) and isinstance(want, dict):
         return got.keys() == want.keys() and all(_bind(got[x], want[x], bindings) for x in got)
+    if isinstance(got, Recorded) and isinstance(want, Recorded):  # FunctionCall(name=…) built from folded values
+        return type(got) is type(want) and _bind(got.kwargs, want.kwargs, bindings)
     return got == want
 
 
@@ -538,6 +552,8 @@ def _has_sentinel(v) -> bool:
         return any(_has_sentinel(x) for x in v)
     if isinstance(v, dict):
         return any(_has_sentinel(x) for x in v.values()) or any(_has_sentinel(x) for x in v)
+    if isinstance(v, Recorded):
+        return _has_sentinel(v.kwargs)
     return False
 
 
@@ -547,6 +563,10 @@ def _eq(a, b, negate=False, direct=False):
     if isinstance(a, P) or isinstance(b, P):
         if _has_sentinel(a if isinstance(b, P) else b):
             return True  # a streamed value compared with a non-streamed one: neither is a literal
+        if not STATE["in_assert"]:
+            # a branch on the result (`if content == "": content = None`), not an expectation: not recorded, and
+            # taken as unequal so the value stays recorded for the assertion that follows
+            return negate
         return (a != b) if negate else (a == b)
     if not STATE["in_assert"] or not (_has_sentinel(a) or _has_sentinel(b)):
         return (a != b) if negate else (a == b)
@@ -607,8 +627,11 @@ class Recording:
                 # before parsing still yields its vectors; anything else (a patched regex) ends the test, since its
                 # assertions would not be about the text alone. In a streaming test, the parser's internal state
                 # (prev_tool_call_arr, streamed_args_for_tool, ...) is an opaque value: assertions on it are skipped
-                if n in ("adjust_request", "is_reasoning_end", "is_reasoning_end_streaming", "extract_content_ids"):
+                if n in ("adjust_request", "is_reasoning_end", "is_reasoning_end_streaming", "extract_content_ids",
+                         "_reset_streaming_state"):
                     return Stub()
+                if n == "vocab":  # token ids a test derives from the vocabulary: only vLLM's parser reads them
+                    return {}
                 if rec.streams:
                     INTERNAL_USE.add(n)
                     return Internal()
@@ -634,8 +657,10 @@ class Recording:
 
     def stream_call(self, parser, previous_text, current_text, delta_text, request):
         st = parser.__dict__.get("_stream")
-        # the same stream while the texts continue it (some tests pass previous_text="" throughout)
-        if st is None or (previous_text != st.text and current_text != st.text + delta_text):
+        # the same stream while the texts continue it (some tests pass previous_text="" throughout; granite4's
+        # passes no texts at all, only deltas: its parser keeps its own buffer)
+        if st is None or (previous_text != st.text and current_text != st.text + delta_text
+                          and (previous_text, current_text) != ("", "")):
             st = Vec("", _tools_of(request) or parser.tools)
             st.deltas, st.calls, st.index = [], 0, len(self.streams)
             st.current_mismatch = False
@@ -823,6 +848,14 @@ def _json_shim():
     return m
 
 
+def _range(*a):
+    """`for i in range(len(recorded))` (aligning random ids before comparing whole lists): the recorded list's
+    length is unknown here, so the loop runs zero times; assertions inside it are not recorded."""
+    if any(isinstance(x, P) for x in a):
+        return range(0)
+    return builtins.range(*a)
+
+
 def _len(x):
     if isinstance(x, Internal):
         return x._touch()
@@ -955,7 +988,7 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
     exec(compile(tree, str(path), "exec"), ns)
     ns.update({n: f for n, f in MODULE_HELPERS.items() if n in ns})
     ns.update({"_vllm_eq": _eq, "_vllm_check": _check, "_vllm_in": _in, "_vllm_not_in": _not_in,
-               "json": _json_shim(), "len": _len, "print": lambda *a, **k: None})
+               "json": _json_shim(), "len": _len, "range": _range, "print": lambda *a, **k: None})
     tables: dict[str, list] = {}
     for t in TABLES:
         tables.setdefault(t["func"], []).append(t)
@@ -975,6 +1008,7 @@ def record_inline(path: Path, harmony=None) -> list[Vec]:
                 rec.streams.clear()
                 rec.plan = plan
                 STATE["failures"] = 0
+                random.seed(0)  # a test that cuts its text at random (granite4) cuts it the same way every run
                 error = None
                 try:
                     fn(*[_resolve(p, owner, ns, rec, row) for p in params])

@@ -96,6 +96,33 @@ def minimax_m2(calls: list[Call]) -> str:
     return f"<minimax:tool_call>\n{inv}</minimax:tool_call>"
 
 
+def _wrapper(n: str, a: dict, key: str = "arguments") -> str:
+    return json.dumps({"name": n, key: a}, ensure_ascii=False)
+
+
+def minimax_m1(calls: list[Call]) -> str:  # one wrapper per line
+    return "<tool_calls>\n" + "".join(_wrapper(n, a) + "\n" for n, a in calls) + "</tool_calls>"
+
+
+def json_list(open_: str, close: str = "") -> Callable[[list[Call]], str]:
+    def render(calls: list[Call]) -> str:
+        return open_ + "[" + ", ".join(_wrapper(n, a) for n, a in calls) + "]" + close
+    return render
+
+
+def tagged_wrappers(open_: str, close: str = "", sep: str = "", key: str = "arguments") -> Callable[[list[Call]], str]:
+    def render(calls: list[Call]) -> str:
+        return sep.join(open_ + _wrapper(n, a, key) + close for n, a in calls)
+    return render
+
+
+def hy_v3(calls: list[Call]) -> str:
+    body = "".join(f"<tool_call>{n}<tool_sep>\n" + "".join(
+        f"<arg_key>{k}</arg_key>\n<arg_value>{_val(v)}</arg_value>\n" for k, v in a.items()) + "</tool_call>\n"
+        for n, a in calls)
+    return f"<tool_calls>\n{body}</tool_calls>"
+
+
 def harmony_calls(calls: list[Call]) -> str:
     return "".join(f"<|start|>assistant<|channel|>commentary to=functions.{n} <|constrain|>json<|message|>"
                    f"{json.dumps(a, ensure_ascii=False)}<|call|>" for n, a in calls)
@@ -176,6 +203,21 @@ FORMATS = [
     Fmt("glm47", "glm45", glm47, typed_by_schema=True, markers=("<tool_call>", "<arg_key>", "</arg_value>")),
     Fmt("minimax_m2", "minimax_m2", minimax_m2, typed_by_schema=True,
         markers=("<minimax:tool_call>", "<invoke", "<parameter")),
+    Fmt("minimax", "deepseek_r1", minimax_m1, markers=("<tool_calls>", "</tool_calls>")),
+    Fmt("hunyuan_a13b", "deepseek_r1", json_list("<tool_calls>", "</tool_calls>"),
+        markers=("<tool_calls>", "</tool_calls>")),
+    Fmt("jamba", None, json_list("<tool_calls>", "</tool_calls>"), markers=("<tool_calls>", "</tool_calls>")),
+    Fmt("xlam", "deepseek_r1", json_list("<tool_call>", "</tool_call>"), markers=("<tool_call>", "</tool_call>")),
+    Fmt("granite", None, json_list("<|tool_call|>"), markers=("<|tool_call|>",)),
+    Fmt("granite4", None, tagged_wrappers("<tool_call>", "</tool_call>"), markers=("<tool_call>", "</tool_call>")),
+    Fmt("granite-20b-fc", None, tagged_wrappers("<function_call> ", sep="\n"), markers=("<function_call>",)),
+    Fmt("internlm2", None, tagged_wrappers("<|action_start|><|plugin|>", "<|action_end|>", key="parameters"),
+        markers=("<|action_start|>", "<|plugin|>", "<|action_end|>")),
+    Fmt("ernie45", None, tagged_wrappers("<tool_call>\n", "\n</tool_call>", sep="\n"),
+        markers=("<tool_call>", "</tool_call>")),
+    Fmt("gigachat3", None, tagged_wrappers("<|message_sep|>\n\nfunction call<|role_sep|>\n", "</s>"),
+        markers=("<|message_sep|>", "<|role_sep|>", "</s>")),
+    Fmt("hy_v3", "deepseek_r1", hy_v3, typed_by_schema=True, markers=("<tool_call", "<arg_key>", "<arg_value>")),
     Fmt("openai", "gpt_oss", harmony_calls, harmony=True, markers=("<|channel|>", "<|message|>", "<|call|>")),
     Fmt("pythonic", None, pythonic, text_before_calls=False, text_after_calls=False, markers=()),
     Fmt("gemma4", "gemma4", gemma4, think=("<|channel>thought\n", "<channel|>"),
