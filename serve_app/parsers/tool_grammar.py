@@ -29,14 +29,15 @@ from typing import Any
 
 from serve_app.conversation import ToolChoice, ToolSpec
 from serve_app.parsers.formats import REASONING_PARSERS
+from serve_app.parsers.gemma4_grammar import gemma_arguments
 from serve_app.parsers.pythonic_grammar import keyword_arguments
 
 
 @dataclass(frozen=True, slots=True)
 class CallShape:
     """How one tool format writes calls. `call_begin` holds `{name}`; `args` is xgrammar's JSON-schema style
-    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml") or "python" (keyword arguments, Python
-    literals: pythonic_grammar.py)."""
+    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml"), "python" (keyword arguments, Python
+    literals: pythonic_grammar.py) or "gemma" (Gemma 4's notation: gemma4_grammar.py)."""
 
     call_begin: str
     call_end: str
@@ -131,7 +132,11 @@ SHAPES: dict[str, CallShape] = {
                                 separator=", ", triggers=("functools[",)),
     "olmo3": CallShape("{name}(", ")", args="python", section_begin="<function_calls>",
                        section_end="</function_calls>", triggers=("<function_calls>",)),
+    # Gemma 4: its own notation, no xgrammar style either (gemma4_grammar.py); calls follow each other unseparated
+    "gemma4": CallShape("<|tool_call>call:{name}{{", "}<tool_call|>", args="gemma", separator="",
+                        triggers=("<|tool_call>",)),
 }
+_ARG_GRAMMARS = {"python": keyword_arguments, "gemma": gemma_arguments}  # notations written here, per tool
 
 _HARMONY_ANALYSIS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
 _TRIVIAL = {"type": "object", "properties": {}}
@@ -143,8 +148,8 @@ def _args_schema(tool: ToolSpec) -> dict[str, Any] | bool:
 
 
 def _call_tag(shape: CallShape, tool: ToolSpec) -> dict[str, Any]:
-    if shape.args == "python":
-        args: dict[str, Any] = keyword_arguments(_args_schema(tool)) or {"type": "const_string", "value": ""}
+    if shape.args in _ARG_GRAMMARS:
+        args: dict[str, Any] = _ARG_GRAMMARS[shape.args](_args_schema(tool)) or {"type": "const_string", "value": ""}
     else:
         args = {"type": "json_schema", "json_schema": _args_schema(tool), "style": shape.args}
     parts: list[dict[str, Any]] = []

@@ -30,6 +30,7 @@ ARGS = {
     "deepseek_xml": '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n',
     "glm_xml": "<arg_key>city</arg_key><arg_value>Paris</arg_value>",
     "python": 'city="Paris"',
+    "gemma": 'city:<|"|>Paris<|"|>',
 }
 REASONING = {"openai": "gpt_oss"}  # Harmony parses the whole stream: its tool format goes with its channels
 
@@ -242,7 +243,8 @@ def _walk(compiler, info, tok, solid, tag, rng: random.Random, limit: int = 400)
     return None
 
 
-@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47", "pythonic"])
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47", "pythonic",
+                                 "gemma4"])
 def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, compiler, info, tok, solid):
     rng = random.Random(fmt)
     schemas = {t.name: t.parameters for t in BOUNDED}
@@ -335,3 +337,130 @@ def test_pythonic_optional_arguments_may_all_be_left_out_and_the_grammar_grows_l
     # rules share each argument list's tail: twice the properties, about twice the grammar (a tree would be 4x)
     sizes = [len(json.dumps(structural_tag("pythonic", [tool(n)], ToolChoice("required")))) for n in (20, 40)]
     assert sizes[1] < 2.5 * sizes[0]
+
+
+# -- gemma4: Gemma 4's notation, checked against the schema --------------------------------------------------------
+
+G = '<|"|>'  # Gemma 4's string delimiter
+
+
+def _g(text: str) -> str:
+    return text.replace("'", G)  # tests write a string 'x' for <|"|>x<|"|>
+
+
+@pytest.mark.parametrize("args, ok", [
+    ("title:'Go',steps:[]", True),
+    ("title:'Go',steps:[{done:true,note:null},{done:false}],mode:null,extra:{k:[1,false]},ratio:0.5", True),
+    ("title:'Go',steps:[],mode:'fast'", True),
+    ("title:'Go',steps:[],mode:true", True),
+    ("title:'Go',steps:[],ratio:2", True),
+    ("title:'Go',steps:[{done:true,note:'a \"b\", {c}: [d] <|x\n'}]", True),  # a string holds the notation's marks
+    ("title:'Go',steps:[{done:true,note:'\\ <|\"|'}]", True),  # and a bare start of the delimiter
+    ("steps:[]", False),  # a required key missing
+    ("title:'Go'", False),
+    ("title:'G',steps:[]", False),  # minLength
+    ('title:"Go",steps:[]', False),  # JSON's quotes are not Gemma's
+    ("title:'Go',steps:[{done:True}]", False),  # Python's True is not Gemma's
+    ("title:'Go',steps:[{note:'x'}]", False),  # a required key of a nested object missing
+    ("title:'Go',steps:[{done:true},{done:true},{done:true}]", False),  # maxItems
+    ("title:'Go',steps:[],mode:'slow'", False),  # not in the enum
+    ("title:'Go',steps:[],ratio:-1", False),  # minimum
+    ("title:3,steps:[]", False),  # wrong type
+    ("title:'Go',steps:[],colour:'red'", False),  # an undeclared key
+    ("steps:[],title:'Go'", False),  # the schema's order
+    ("title:'Go', steps:[]", False),  # the template's spacing: none
+    ("title:'Go',steps:[{done:true,note:'a'b'}]", False),  # a string cannot hold the delimiter
+])
+def test_gemma4_arguments_follow_the_schema(args, ok, compiler, tok):
+    tag = structural_tag("gemma4", [RICH, NOARGS], ToolChoice("required"))
+    text = "<|tool_call>call:plan{" + _g(args) + "}<tool_call|>"
+    assert allows(compiler, tok, tag, text) is ok
+    if ok:  # and the parser reads them as schema-valid arguments
+        [(name, parsed)] = calls_of("gemma4", text, [RICH, NOARGS])
+        assert name == "plan"
+        jsonschema.validate(parsed, RICH.parameters)
+
+
+def test_gemma4_strings_are_any_text_without_the_delimiter(compiler, tok):
+    """Every text over the delimiter's characters up to 5 long: written iff it holds no delimiter, read back as is."""
+    tool = ToolSpec("say", parameters={"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]})
+    grammar = compiler.compile_structural_tag(json.dumps(structural_tag("gemma4", [tool], ToolChoice("required"))))
+    seen = 0
+    for n in range(6):
+        for chars in __import__("itertools").product('<|">a', repeat=n):
+            s = "".join(chars)
+            text = f"<|tool_call>call:say{{s:{G}{s}{G}}}<tool_call|>"
+            m = xgr.GrammarMatcher(grammar)
+            ok = m.accept_string(text) and (m.is_terminated() or m.accept_token(tok.eos_token_id))
+            assert ok is (G not in s), s
+            if ok:
+                assert calls_of("gemma4", text, [tool]) == [("say", {"s": s})], s
+                seen += 1
+    assert seen > 3000
+
+
+def test_gemma4_checked_strings_and_numbers(compiler, tok):
+    tool = ToolSpec("book", parameters={"type": "object", "properties": {
+        "day": {"type": "string", "format": "date"}, "code": {"type": "string", "pattern": "^[A-Z]{3}$"},
+        "note": {"type": "string", "maxLength": 3}, "seats": {"type": "integer", "minimum": 1, "maximum": 4}}})
+    tag = structural_tag("gemma4", [tool], ToolChoice("required"))
+
+    def ok(args: str) -> bool:
+        return allows(compiler, tok, tag, "<|tool_call>call:book{" + _g(args) + "}<tool_call|>")
+
+    assert ok("day:'2025-01-31',code:'CDG',note:'a\nb',seats:4") and ok("") and ok("note:''")
+    assert not ok("day:'31/01/2025'") and not ok("code:'cdg'") and not ok("code:'CDGX'")
+    assert not ok("note:'abcd'") and not ok("note:'a\"b'")  # a length-checked string is written without `"`
+    assert not ok("seats:5") and not ok("seats:'2'")
+
+
+def test_gemma4_what_the_notation_cannot_write_is_not_written(compiler, tok):
+    odd = {"type": "object", "properties": {"a:b": {"type": "integer"}, " pad": {"type": "integer"},
+                                            "ok": {"enum": ["x", f"y{G}z"]}}}
+    tag = structural_tag("gemma4", [ToolSpec("odd", parameters=odd)], ToolChoice("required"))
+    call = "<|tool_call>call:odd{{{}}}<tool_call|>".format
+    assert allows(compiler, tok, tag, call("")) and allows(compiler, tok, tag, call(_g("ok:'x'")))
+    assert not allows(compiler, tok, tag, call("a:b:1")) and not allows(compiler, tok, tag, call(" pad:1"))
+    assert not allows(compiler, tok, tag, call(_g(f"ok:'y{G}z'")))
+    # a required key it cannot write: the call cannot be written at all
+    stuck = dict(odd, required=["a:b"])
+    tag = structural_tag("gemma4", [ToolSpec("odd", parameters=stuck)], ToolChoice("required"))
+    assert not allows(compiler, tok, tag, call("")) and not allows(compiler, tok, tag, call("a:b:1"))
+
+
+def test_gemma4_calls_without_arguments_and_with_a_free_schema(compiler, tok):
+    tag = structural_tag("gemma4", [RICH, NOARGS], ToolChoice("tool", name="ping"))
+    ping = "<|tool_call>call:ping{}<tool_call|>"
+    assert allows(compiler, tok, tag, ping) and not allows(compiler, tok, tag, ping.replace("{}", "{x:1}"))
+    assert calls_of("gemma4", ping, [NOARGS]) == [("ping", {})]
+    free = [ToolSpec("anything", parameters={"type": "object", "additionalProperties": True,
+                                             "$defs": {}, "$ref": "#/$defs/x"})]
+    tag = structural_tag("gemma4", free, ToolChoice("required"))
+    text = "<|tool_call>call:anything{" + _g("a:1,b:[true,null,'s'],c:{d:-2.5e3}") + "}<tool_call|>"
+    assert allows(compiler, tok, tag, text) and allows(compiler, tok, tag, "<|tool_call>call:anything{}<tool_call|>")
+    assert calls_of("gemma4", text, free) == [("anything", {"a": 1, "b": [True, None, "s"], "c": {"d": -2500.0}})]
+    assert not allows(compiler, tok, tag, "<|tool_call>call:anything{a:True}<tool_call|>")
+    assert not allows(compiler, tok, tag, "<|tool_call>call:anything{a}<tool_call|>")
+
+
+NESTED = [ToolSpec("note", parameters={"type": "object", "properties": {
+    "text": {"type": "string", "maxLength": 6},
+    "tags": {"type": "array", "maxItems": 2, "items": {"type": "object", "properties": {
+        "k": {"type": "boolean"}, "v": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["v"]}},
+    "mode": {"enum": ["a", None, 1.5, [1, "b"], {"c": True}]}}, "required": ["text"]})]
+
+
+@pytest.mark.parametrize("fmt", ["pythonic", "gemma4"])
+def test_random_paths_through_nested_arguments_parse_as_schema_valid_calls(fmt, compiler, info, tok, solid):
+    """Free text in bounded strings, nested arrays and objects, structured enum values, ranged numbers."""
+    rng = random.Random(fmt)
+    tag = structural_tag(fmt, NESTED, ToolChoice("required", parallel=False))
+    done = 0
+    for _ in range(12):
+        text = _walk(compiler, info, tok, solid, tag, rng)
+        if text is None:
+            continue
+        [(name, arguments)] = calls_of(fmt, text, NESTED)
+        jsonschema.validate(arguments, NESTED[0].parameters)
+        done += 1
+    assert done >= 6
