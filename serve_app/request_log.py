@@ -3,7 +3,8 @@
 Fields: ts, request_id, tenant, api, model, prompt_tokens, cached_tokens, output_tokens, ttft_s, duration_s,
 finish_reason, replica, route (the policy that chose the replica, or why there was no choice), predicted_cached
 (the router's belief), phases_ms (milliseconds each step before the first token took, from the request's arrival:
-parse, render, tenant, route, accept, first_token — where a slow TTFT went) and engine_ms (inside the engine
+http (ASGI entry to the route), parse, render, tenant, route, accept, first_token, then first_frame (the first
+token's frame handed to the server) — where a slow TTFT went) and engine_ms (inside the engine
 replica, the first token's handoff to vLLM's engine core, queue wait, prefill and way back to the replica:
 engine/vllm_engine.py `first_chunk_ms`). Never prompt text or keys: `ingress.log_request_text` (a debug setting)
 adds the last input text, and nothing adds keys. Written through its own logger (no propagation), so it stays one line of JSON
@@ -12,11 +13,16 @@ whatever the process's logging setup.
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import sys
 import time
 from typing import Any
+
+# time.monotonic() when the HTTP request reached the app (set by the outer ASGI middleware, before routing and the
+# body): the request log's phases start there
+ARRIVED: contextvars.ContextVar[float | None] = contextvars.ContextVar("serve_app_arrived", default=None)
 
 _logger = logging.getLogger("serve_app.requests")
 

@@ -229,8 +229,9 @@ class GenerationService:
         return len(rendered.token_ids)
 
     async def prepare(self, conv: Conversation, opts: GenerationOptions, model_id: str,
-                      received: float | None = None) -> PreparedRequest:
-        """`received`: time.monotonic() when the HTTP request arrived (the request log's phases start there)."""
+                      received: float | None = None, routed: float | None = None) -> PreparedRequest:
+        """`received`: time.monotonic() when the HTTP request arrived (the request log's phases start there);
+        `routed`: when its route began (the `http` phase ends there)."""
         renderer, model = await self.renderer_for(model_id)
         wrong = tool_grammar.check_choice(conv.tool_choice, conv.tools)
         if wrong:
@@ -244,6 +245,8 @@ class GenerationService:
             prepared = await self._prepare_admitted(renderer, model, conv, opts, model_id)
             if received is not None:
                 prepared.received = received
+                if routed is not None:
+                    prepared.marks["http"] = routed
                 prepared.marks["parse"] = prepared.created
             prepared.marks["render"] = time.monotonic()
             prepared.tenant = tenant

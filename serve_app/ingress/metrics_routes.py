@@ -11,12 +11,13 @@ tests) it serves the process-local registry. The server wires the middleware wit
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
-from serve_app import metrics, tenants
+from serve_app import metrics, request_log, tenants
 from serve_app.errors import ServiceError
 from serve_app.ingress.envelope import api_router, openai_envelope
 
@@ -85,6 +86,7 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         status = 500  # an app that raises before starting a response is a 500 to the client
+        request_log.ARRIVED.set(time.monotonic())
         metrics.CURRENT_API.set(api_of(scope.get("path", "")))
         tenants.CURRENT.set(None)
         self.inflight += 1

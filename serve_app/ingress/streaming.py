@@ -22,6 +22,7 @@ from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from serve_app import request_log
 from serve_app.conversation import Conversation, Event, GenerationOptions
 from serve_app.errors import ServiceError
 from serve_app.ingress import sse
@@ -116,11 +117,13 @@ async def read_body(request: Request, ctx: IngressContext) -> Any:
 
 
 async def generate(api: ApiAdapter, request: Request, ctx: IngressContext) -> Response:
-    received = time.monotonic()
+    routed = time.monotonic()
+    arrived = request_log.ARRIVED.get()
     call = await api.parse(await read_body(request, ctx), request, ctx)
     headers = api.headers(request, ctx)
     try:
-        prepared = await ctx.service.prepare(call.conversation, call.options, call.model, received=received)
+        prepared = await ctx.service.prepare(call.conversation, call.options, call.model,
+                                             received=arrived or routed, routed=routed if arrived else None)
     except ServiceError as err:
         if not (call.stream and api.fails_in_stream(call, err)):
             raise
@@ -145,7 +148,7 @@ async def generate(api: ApiAdapter, request: Request, ctx: IngressContext) -> Re
         if refused is not None:
             await stream.aclose()
             raise refused
-    return _sse(_frames(api, call, encoder, stream, ctx), headers)
+    return _sse(_frames(api, call, encoder, stream, ctx, prepared.marks), headers)
 
 
 def _sse(frames: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:
@@ -156,7 +159,8 @@ async def _failed(encoder: WireEncoder, err: ServiceError) -> AsyncIterator[byte
     yield encoder.start() + encoder.fail(err)
 
 
-async def _frames(api: ApiAdapter, call: Call, encoder: WireEncoder, stream, ctx: IngressContext):
+async def _frames(api: ApiAdapter, call: Call, encoder: WireEncoder, stream, ctx: IngressContext,
+                  marks: dict[str, float] | None = None):
     try:
         head = encoder.start()
         if head:  # its own write: nothing waits behind the first token
@@ -168,6 +172,8 @@ async def _frames(api: ApiAdapter, call: Call, encoder: WireEncoder, stream, ctx
                 await api.finished(call, encoder, ctx)  # e.g. stored before the terminal event leaves
             if out:
                 yield out
+                if marks is not None and "first_token" in marks and "first_frame" not in marks:
+                    marks["first_frame"] = time.monotonic()  # the server took the first token's frame
             if encoder.finished:
                 break
         if not encoder.finished:  # the service always ends with Finish; never leave a client hanging if not

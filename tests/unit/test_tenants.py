@@ -291,11 +291,39 @@ async def test_one_json_log_line_per_request_without_text_or_key(capsys):
     assert line["ttft_s"] is not None and line["duration_s"] >= line["ttft_s"]
     # Where the time to first token went, step by step from the request's arrival, in the order they happen.
     phases = line["phases_ms"]
-    assert list(phases) == ["parse", "render", "tenant", "route", "accept", "first_token"]
+    assert list(phases) == ["http", "parse", "render", "tenant", "route", "accept", "first_token"]
     assert all(v >= 0 for v in phases.values())
     assert sum(phases.values()) / 1000 >= line["ttft_s"] - 0.002  # from arrival, so at least the service's TTFT
     assert line["engine_ms"] == {"handoff": 0.5, "queued": 2.0, "prefill": 9.0}  # the replica's, as it sent them
     assert "my secret" not in json.dumps(line) and "key-b" not in json.dumps(line)
+
+
+async def test_a_streamed_request_logs_when_its_first_token_frame_left(capsys):
+    gate = asyncio.Event()
+
+    class Held(ReplayEngines):  # the stream goes on only once the client has the first token
+        async def _chunks(self):
+            yield EngineChunk("Hi", [1, 2], num_cached_tokens=0)
+            await gate.wait()
+            yield EngineChunk("", [3], finish_reason="stop")
+
+    inner = replica(settings(), LimitState(), Held())
+
+    async def app(scope, receive, send):  # httpx's ASGI transport hands the client the body only at its end
+        async def sent(message):
+            await send(message)
+            if message["type"] == "http.response.body" and b"Hi" in message.get("body", b""):
+                gate.set()
+        await inner(scope, receive, sent)
+
+    stream = await oai(app, "key-b").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                            stream=True)
+    async for _ in stream:
+        pass
+    line = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")][-1]
+    # after the first token reached the ingress: its frame handed to the HTTP server
+    assert list(line["phases_ms"])[-2:] == ["first_token", "first_frame"]
+    assert line["phases_ms"]["first_frame"] >= 0
 
 
 async def test_model_list_shows_only_the_tenants_models():
