@@ -99,7 +99,7 @@ class FakeService:
         self.resolve_model(model_id)
         return prompt_len(conv)
 
-    async def prepare(self, conv, opts, model_id, received=None):
+    async def prepare(self, conv, opts, model_id, received=None, routed=None):
         model = self.resolve_model(model_id)
         fs = opts.forced_script or "text"
         if fs.startswith("raise:"):

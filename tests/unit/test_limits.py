@@ -94,7 +94,7 @@ def test_responses_status_and_incomplete_reason(reason):
 class TooLong:
     """A service whose every prompt is longer than the context."""
 
-    async def prepare(self, conv, opts, model_id, received=None):
+    async def prepare(self, conv, opts, model_id, received=None, routed=None):
         raise PromptTooLong(9000, 8192)
 
 

@@ -50,7 +50,7 @@ class StubService:
             raise ModelNotFound(model_id)
         return m
 
-    async def prepare(self, conv, opts, model_id, received=None):
+    async def prepare(self, conv, opts, model_id, received=None, routed=None):
         model = self.resolve_model(model_id)
         if opts.forced_script == "raise:too_long":
             raise PromptTooLong(9000, 8192)

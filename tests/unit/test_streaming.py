@@ -31,7 +31,7 @@ SCRIPTS = {
 
 
 class StubService:
-    async def prepare(self, conv, opts, model_id, received=None):
+    async def prepare(self, conv, opts, model_id, received=None, routed=None):
         if model_id == "busy":
             raise Overloaded(retry_after=2.5)
         model = SETTINGS.find_model(model_id)
