@@ -56,6 +56,10 @@ class Family(_Strict):
     text_reasoning_and_calls: bool = True  # reasoning, text and calls together in one turn
     text_with_calls: bool = True  # a call turn's text renders as text (gpt-oss writes it to the analysis channel)
     reasoning_with_calls: bool = True  # a turn with calls renders its reasoning
+    reasoning_with_answers: bool = True  # a turn without calls renders its reasoning (Gemma 4: only call turns do)
+    text_before_calls: bool = True  # a call turn's text renders in front of its calls (Gemma 4 writes it after them)
+    # Thinking off: the empty think block the generation prompt closes renders back with the turn (Gemma 4 drops it)
+    empty_thought_replayed: bool = True
     declares_tools: bool = True  # the template writes the request's tool schemas into the prompt
     limits: list[str] = Field(default_factory=list)  # further limits, in words
 

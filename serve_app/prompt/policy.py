@@ -70,6 +70,10 @@ _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 def _reads(template: str, key: str) -> bool:
     return re.search(r"\.%s\b|\[\s*['\"]%s['\"]\s*\]|\.get\(\s*['\"]%s['\"]" % (key, key, key), template) is not None
 _ARGS_STRING = re.compile(r"arguments['\"\]]*\s*\)?\s*is\s+string")
+# A template that tests `arguments is mapping` writes a dict in its own notation (Gemma 4: `key:<|"|>v<|"|>`);
+# its `is string` branch is a fallback for text already in that notation (Gemma 4 wraps it in braces), not a
+# place to print JSON verbatim. Such a template gets the dict, as vLLM hands every template.
+_ARGS_MAPPING = re.compile(r"arguments['\"\]]*\s*\)?\s*is\s+mapping")
 
 
 def decide_policy(template: str, reasoning_parser: str | None, generation_tail: str = "") -> ReplayPolicy:
@@ -96,7 +100,7 @@ def decide_policy(template: str, reasoning_parser: str | None, generation_tail: 
         mode=mode,
         markers=markers,
         opener=opener,
-        arguments_as_string=bool(_ARGS_STRING.search(template)),
+        arguments_as_string=bool(_ARGS_STRING.search(template)) and not _ARGS_MAPPING.search(template),
         developer_role=bool(re.search(r"['\"]developer['\"]", template)),
         fields=fields,
     )

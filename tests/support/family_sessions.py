@@ -72,9 +72,10 @@ def turn_parts(fam: Family, thinking: bool, reasoning: str, text: str, calls: li
     """The turn as the family's template can express it (see the catalog's flags)."""
     if calls and not fam.parallel_calls:
         calls = calls[:1]
-    keep_reasoning = thinking and fam.reasoning_parser and (fam.reasoning_with_calls or not calls)
+    keep_reasoning = thinking and fam.reasoning_parser and (fam.reasoning_with_calls if calls
+                                                            else fam.reasoning_with_answers)
     parts: list = [ReasoningPart(reasoning)] if keep_reasoning else []
-    if text and (not calls or not keep_reasoning or fam.text_reasoning_and_calls):
+    if text and (not calls or ((not keep_reasoning or fam.text_reasoning_and_calls) and fam.text_before_calls)):
         parts.append(TextPart(text))
     for i, (name, args) in enumerate(calls):
         cid = f"functions.{name}:{first_id + i}" if fam.tool_parser == "kimi_k2" else f"call_{first_id + i}"
@@ -83,8 +84,9 @@ def turn_parts(fam: Family, thinking: bool, reasoning: str, text: str, calls: li
 
 
 # What a dropped think block may hold besides the thought: markers, whitespace, and the header words of the
-# message it was (gpt-oss drops a whole `<|channel|>analysis<|message|>…<|end|><|start|>assistant` message).
-_MARKUP = re.compile(r"<[^<>]{0,40}>|\s+|\b(?:assistant|analysis)\b")
+# message it was (gpt-oss drops a whole `<|channel|>analysis<|message|>…<|end|><|start|>assistant` message), or
+# its channel's label (Gemma 4's `<|channel>thought\n…<channel|>`).
+_MARKUP = re.compile(r"<[^<>]{0,40}>|\s+|\b(?:assistant|analysis|thought)\b")
 
 
 def only_markup(block: str, reasoning: list[str]) -> bool:

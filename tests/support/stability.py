@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +170,20 @@ def chat_conversation(body: dict[str, Any]) -> tuple[Conversation, GenerationOpt
 
 # -- real templates: what the model emits, and what a template drops by design -----------------------------------
 
+def unreplayed_empty_block(prompt: str, full: str, markers: tuple[str, str] | None) -> str:
+    """The empty think block a thinking-off generation prompt ends with (`<|channel>thought\n<channel|>`) when the
+    turn rendered into history leaves it out; "" otherwise."""
+    if not markers or full.startswith(prompt):
+        return ""
+    start, end = markers
+    at = prompt.rfind(start)
+    block = prompt[at:] if at >= 0 else ""
+    inner = block[len(start):]
+    if not block.endswith(end) or not re.fullmatch(r"\s*\w*\s*", inner[: len(inner) - len(end)]):
+        return ""  # not a closed block with at most a role label in it
+    return block if full.startswith(prompt[:at]) else ""
+
+
 def emitted_text(renderer, conv: Conversation, parts: list, opts: GenerationOptions, stop_tokens: list[str],
                  tool_starts: tuple[str, ...] = ()) -> tuple[str, str, bool]:
     """What a model trained on its template generates for the assistant turn `parts` after `conv`: the
@@ -189,6 +204,9 @@ def emitted_text(renderer, conv: Conversation, parts: list, opts: GenerationOpti
 
     full = render(parts)
     out: str | None = full[len(prompt.text):] if full.startswith(prompt.text) else None
+    block = unreplayed_empty_block(prompt.text, full, renderer.policy.markers)
+    if out is None and block:  # thinking off, the template drops the empty block (Gemma 4): the turn follows it
+        out = full[len(prompt.text) - len(block):]
     first = next((p.text for p in parts if isinstance(p, (ReasoningPart, TextPart)) and p.text), None)
     if out is None and first is not None and first in full:
         # The turn is all there but earlier turns render differently now (gpt-oss): it starts after the last

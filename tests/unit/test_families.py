@@ -35,6 +35,7 @@ from serve_app.families import Family, apply_family, get_family, load_catalog
 from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS, fold_complete, make_stream_parser, parse_complete
 from serve_app.prompt import PromptRenderer, load_tokenizer
 from serve_app.settings import ModelConfig
+from tests.support.stability import unreplayed_empty_block
 
 ROOT = Path(__file__).resolve().parents[2]
 FAMILIES = sorted(load_catalog())
@@ -82,7 +83,7 @@ def turn(fam: Family, calls=CALLS, text: str | None = TEXT, reasoning: str | Non
 def full_turn(fam: Family) -> list:
     """The richest turn the template can express."""
     calls = CALLS if fam.parallel_calls else CALLS[:1]
-    text = TEXT if fam.text_reasoning_and_calls or not fam.reasoning_parser else None
+    text = TEXT if (fam.text_reasoning_and_calls or not fam.reasoning_parser) and fam.text_before_calls else None
     return turn(fam, calls, text, REASONING if fam.reasoning_with_calls else None)
 
 
@@ -120,8 +121,11 @@ def emitted(r: PromptRenderer, fam: Family, parts: list, opts: GenerationOptions
     prompt = r.render_sync(conv, opts)
     with_turn = Conversation(messages=[*conv.messages, Message("assistant", parts)], tools=conv.tools)
     text = r.render_text(with_turn, opts, add_generation_prompt=False)
-    assert text.startswith(prompt.text), f"{fam.name}: the rendered turn does not extend the generation prompt"
-    out = text[len(prompt.text):]
+    # Thinking off, a template may drop the empty think block its generation prompt closed (catalog flag)
+    block = "" if fam.empty_thought_replayed else unreplayed_empty_block(prompt.text, text, r.policy.markers)
+    head = prompt.text[: len(prompt.text) - len(block)]
+    assert text.startswith(head), f"{fam.name}: the rendered turn does not extend the generation prompt"
+    out = text[len(head):]
     ends = [out.rfind(t) for t in fam.stop_tokens if t in out]
     if ends:
         cut = max(ends)
@@ -318,7 +322,8 @@ def test_turn_without_thinking_round_trips(tokenizer_path, name):
     fam = get_family(name)
     r = renderer(tokenizer_path, name)
     opts = GenerationOptions(thinking=False)
-    original = turn(fam, CALLS if fam.parallel_calls else CALLS[:1], TEXT, reasoning=None)
+    original = turn(fam, CALLS if fam.parallel_calls else CALLS[:1], TEXT if fam.text_before_calls else None,
+                    reasoning=None)
     text, in_reasoning = emitted(r, fam, original, opts)
     assert in_reasoning is False
     parts = fold_complete(parse(fam, text, in_reasoning))
@@ -363,6 +368,42 @@ def test_template_drops_the_reasoning_of_a_tool_call_turn(tokenizer_path, name):
     text, in_reasoning = emitted(r, fam, turn(fam, CALLS[:1], TEXT), GenerationOptions(thinking=True))
     assert REASONING not in text
     assert semantic(fold_complete(parse(fam, text, in_reasoning))) == semantic(turn(fam, CALLS[:1], TEXT, None))
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).text_before_calls])
+def test_template_writes_a_call_turns_text_after_its_calls_and_results(tokenizer_path, name):
+    from serve_app.conversation import ToolResultPart
+
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    text, in_reasoning = emitted(r, fam, turn(fam, CALLS[:1], TEXT, None), GenerationOptions(thinking=True))
+    assert semantic(fold_complete(parse(fam, text, in_reasoning))) == semantic(turn(fam, CALLS[:1], None, None)) + [
+        ("TextPart", TEXT)]
+    conv = Conversation(messages=[*base_conv().messages, Message("assistant", turn(fam, CALLS[:1], TEXT, None)),
+                                  Message("user", [ToolResultPart(call_id(fam, CALLS[0][0], 0), "written")])],
+                        tools=SCHEMAS)
+    prompt = r.render_sync(conv, GenerationOptions(thinking=True)).text
+    assert prompt.index("written") < prompt.index(TEXT)
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).reasoning_with_answers])
+def test_template_drops_the_reasoning_of_an_answer(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    text, _ = emitted(r, fam, [ReasoningPart(REASONING), TextPart(TEXT)], GenerationOptions(thinking=True))
+    assert REASONING not in text and TEXT in text
+
+
+@pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).empty_thought_replayed])
+def test_template_drops_the_empty_think_block_of_a_thinking_off_prompt(tokenizer_path, name):
+    fam = get_family(name)
+    r = renderer(tokenizer_path, name)
+    opts = GenerationOptions(thinking=False)
+    prompt = r.render_sync(base_conv(), opts).text
+    conv = Conversation(messages=[*base_conv().messages, Message("assistant", [TextPart(TEXT)])], tools=SCHEMAS)
+    history = r.render_text(conv, opts, add_generation_prompt=False)
+    block = unreplayed_empty_block(prompt, history, r.policy.markers)
+    assert block and prompt.endswith(block) and history.startswith(prompt[: -len(block)] + TEXT)
 
 
 @pytest.mark.parametrize("name", FAMILIES)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from serve_app.families import get_family, load_catalog
-from tests.support.family_sessions import APIS, family_renderer, run_session, thinking_cases
+from tests.support.family_sessions import APIS, family_renderer, only_markup, run_session, thinking_cases
 
 CASES = [pytest.param(name, thinking, id=f"{name}-{'thinking' if thinking else 'no-thinking'}")
          for name in sorted(load_catalog()) for thinking in thinking_cases(get_family(name))]
@@ -48,7 +48,10 @@ def test_next_turn_reuses_the_cache_but_what_the_template_drops(tokenizer_path, 
         assert r.ok, f"{name} {api} turn {r.turn}: reused {r.reused}/{r.cached}, dropped {r.dropped}"
     # Inside a tool loop nothing is ever lost; after a new user query only templates that drop thinking lose any.
     loop = [r for r in results if r.turn != 2]
-    assert all(r.fraction == 1.0 for r in loop), [(r.turn, r.reused, r.cached) for r in loop]
+    if thinking or fam.empty_thought_replayed:
+        assert all(r.fraction == 1.0 for r in loop), [(r.turn, r.reused, r.cached) for r in loop]
+    else:  # thinking off, the template drops the empty think block each prompt closed (Gemma 4), nothing else
+        assert all(only_markup(b, []) for r in loop for b in r.dropped), [(r.turn, r.dropped) for r in loop]
     after_query = results[1]
     if fam.thinking_replay == "keeps_all":
         assert after_query.fraction == 1.0

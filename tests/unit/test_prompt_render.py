@@ -138,6 +138,10 @@ def test_string_arguments_are_detected_where_the_template_prints_them_verbatim()
     assert decide_policy("{% if f.arguments is string %}{{ f.arguments }}{% endif %}", None).arguments_as_string
     assert decide_policy("{{ fn['arguments'] is string }}", None).arguments_as_string
     assert not decide_policy("{{ tc.function.arguments | tojson }}", None).arguments_as_string
+    # Gemma 4: a dict is written in the template's own notation; the string branch only wraps text in braces
+    assert not decide_policy("{% if f['arguments'] is mapping %}{{ f.arguments | dictsort }}"
+                             "{% elif f['arguments'] is string %}{{ '{' + f['arguments'] + '}' }}{% endif %}",
+                             None).arguments_as_string
 
 
 # -- reasoning replay -----------------------------------------------------------------------------------------------
