@@ -161,6 +161,7 @@ async def _failed(encoder: WireEncoder, err: ServiceError) -> AsyncIterator[byte
 
 async def _frames(api: ApiAdapter, call: Call, encoder: WireEncoder, stream, ctx: IngressContext,
                   marks: dict[str, float] | None = None):
+    frame_mark = marks is not None  # the first token's frame is still to be marked
     try:
         head = encoder.start()
         if head:  # its own write: nothing waits behind the first token
@@ -172,8 +173,9 @@ async def _frames(api: ApiAdapter, call: Call, encoder: WireEncoder, stream, ctx
                 await api.finished(call, encoder, ctx)  # e.g. stored before the terminal event leaves
             if out:
                 yield out
-                if marks is not None and "first_token" in marks and "first_frame" not in marks:
+                if frame_mark and "first_token" in marks:
                     marks["first_frame"] = time.monotonic()  # the server took the first token's frame
+                    frame_mark = False
             if encoder.finished:
                 break
         if not encoder.finished:  # the service always ends with Finish; never leave a client hanging if not

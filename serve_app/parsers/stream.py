@@ -136,9 +136,9 @@ class StreamParser:
                 t, i = rest, 0
                 continue
             if self.label:
-                if self._skip_label(t, i):
+                i = self._skip_label(t, i)
+                if i < 0:
                     break
-                i = self.label_end
                 continue
             if self.bare and not self.in_reasoning and not self.text_started and not self.in_opaque:
                 j = self._bare_start(t, i)
@@ -159,17 +159,17 @@ class StreamParser:
             self._marker(mk)
         return out
 
-    def _skip_label(self, t: str, i: int) -> bool:
-        """At the head of the reasoning: the role label is dropped when it is there whole (`label_end` is past it),
-        kept as reasoning when the text turns out different, held (True) while the text so far is a prefix of it."""
+    def _skip_label(self, t: str, i: int) -> int:
+        """At the head of the reasoning: the role label is dropped when it is there whole (returns the index past
+        it), kept as reasoning when the text turns out different (returns `i`), held (-1) while the text so far is a
+        prefix of it."""
         label = self.label
         head = t[i:i + len(label)]
         if len(head) < len(label) and label.startswith(head):
             self.hold = head
-            return True
+            return -1
         self.label = ""
-        self.label_end = i + len(label) if head == label else i
-        return False
+        return i + len(label) if head == label else i
 
     def _section_over(self) -> None:
         """The engine handed the text after its section back: a call (or degraded markup) is behind us."""

@@ -23,6 +23,28 @@ PIECES = sorted({m for f in FORMATS for m in f.markers} | {
     '<｜DSML｜parameter name="a" string="false">', "</｜DSML｜parameter>", "é🎉"})
 
 
+def folded(events) -> list[tuple]:
+    return [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None), getattr(p, "arguments", None))
+            for p in fold_complete(events)]
+
+
+def assert_split_invariant(text: str, cut_lists, kw: dict, context) -> None:
+    """No input raises, the events keep their contract, and every split folds to what the whole text gives."""
+    events = parse_complete(text, **kw)
+    check_events(events)
+    want = folded(events)
+    for cuts in cut_lists:
+        ev = stream(text, cuts, **kw)
+        check_events(ev)
+        assert folded(ev) == want, (context, text, cuts)
+
+
+def some_cuts(rng: random.Random, text: str, k: int) -> list[list[int]]:
+    """k random cut points (fewer for a short text) and one-character deltas."""
+    return [sorted(rng.sample(range(1, len(text)), min(len(text) - 1, k))) if len(text) > 1 else [],
+            list(range(1, len(text)))]
+
+
 def random_text(rng: random.Random) -> str:
     return "".join(rng.choice(PIECES) for _ in range(rng.randint(1, 40)))
 
@@ -33,18 +55,7 @@ def test_fuzz_never_raises_and_is_split_invariant(fmt):
     kw = {"reasoning": fmt.reasoning, "tools": fmt.tools}
     for _ in range(150):
         text = random_text(rng)
-        events = parse_complete(text, **kw)
-        check_events(events)
-        whole = fold_complete(events)
-        want = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None), getattr(p, "arguments", None))
-                for p in whole]
-        for cuts in (sorted(rng.sample(range(1, len(text)), min(len(text) - 1, 5))) if len(text) > 1 else [],
-                     list(range(1, len(text)))):
-            ev = stream(text, cuts, **kw)
-            check_events(ev)
-            got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
-                    getattr(p, "arguments", None)) for p in fold_complete(ev)]
-            assert got == want, (text, cuts)
+        assert_split_invariant(text, some_cuts(rng, text, 5), kw, fmt.tools)
 
 
 def test_mutated_fixtures_are_split_invariant():
@@ -69,17 +80,7 @@ def test_mutated_fixtures_are_split_invariant():
                 w = w[:p]
         if len(w) < 2:
             continue
-        kw = kwargs(fmt, segs)
-        events = parse_complete(w, **kw)
-        check_events(events)
-        want = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
-                 getattr(p, "arguments", None)) for p in fold_complete(events)]
-        for cuts in (sorted(rng.sample(range(1, len(w)), min(len(w) - 1, 6))), list(range(1, len(w)))):
-            ev = stream(w, cuts, **kw)
-            check_events(ev)
-            got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
-                    getattr(p, "arguments", None)) for p in fold_complete(ev)]
-            assert got == want, (name, w, cuts)
+        assert_split_invariant(w, some_cuts(rng, w, 6), kwargs(fmt, segs), name)
 
 
 GEMMA4_PIECES = ["<|tool_call>", "call:f{", "call:", "{", "}", "[", "]", ":", ",", '<|"|>', "<|", '"|>', "a:", "1",
@@ -94,15 +95,4 @@ def test_gemma4_notation_fuzz():
     for _ in range(300):
         text = ("<|tool_call>call:f{" if rng.random() < 0.5 else "") + "".join(
             rng.choice(GEMMA4_PIECES) for _ in range(rng.randint(1, 30)))
-        kw = {"reasoning": "gemma4", "tools": "gemma4"}
-        events = parse_complete(text, **kw)
-        check_events(events)
-        want = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
-                 getattr(p, "arguments", None)) for p in fold_complete(events)]
-        for cuts in (sorted(rng.sample(range(1, len(text)), min(len(text) - 1, 5))) if len(text) > 1 else [],
-                     list(range(1, len(text)))):
-            ev = stream(text, cuts, **kw)
-            check_events(ev)
-            got = [(type(p).__name__, getattr(p, "text", None), getattr(p, "name", None),
-                    getattr(p, "arguments", None)) for p in fold_complete(ev)]
-            assert got == want, (text, cuts)
+        assert_split_invariant(text, some_cuts(rng, text, 5), {"reasoning": "gemma4", "tools": "gemma4"}, "gemma4")

@@ -4,6 +4,7 @@ is what the format's parser reads as calls of the allowed tools, with arguments 
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -305,11 +306,16 @@ NOARGS = ToolSpec("ping", parameters={"type": "object", "properties": {}})
     ('steps=[], title="Go"', False),  # the schema's order, as xgrammar's JSON styles keep it
 ])
 def test_pythonic_arguments_follow_the_schema(args, ok, compiler, tok):
-    tag = structural_tag("pythonic", [RICH, NOARGS], ToolChoice("required"))
-    text = f"[plan({args})]"
+    check_plan_call("pythonic", f"[plan({args})]", ok, compiler, tok)
+
+
+def check_plan_call(fmt: str, text: str, ok: bool, compiler, tok) -> None:
+    """`required` over RICH and NOARGS allows `text` exactly when `ok`, and the parser reads an allowed one as a
+    schema-valid call of `plan`."""
+    tag = structural_tag(fmt, [RICH, NOARGS], ToolChoice("required"))
     assert allows(compiler, tok, tag, text) is ok
-    if ok:  # and the parser reads them as schema-valid arguments
-        [(name, parsed)] = calls_of("pythonic", text, [RICH, NOARGS])
+    if ok:
+        [(name, parsed)] = calls_of(fmt, text, [RICH, NOARGS])
         assert name == "plan"
         jsonschema.validate(parsed, RICH.parameters)
 
@@ -372,13 +378,7 @@ def _g(text: str) -> str:
     ("title:'Go',steps:[{done:true,note:'a'b'}]", False),  # a string cannot hold the delimiter
 ])
 def test_gemma4_arguments_follow_the_schema(args, ok, compiler, tok):
-    tag = structural_tag("gemma4", [RICH, NOARGS], ToolChoice("required"))
-    text = "<|tool_call>call:plan{" + _g(args) + "}<tool_call|>"
-    assert allows(compiler, tok, tag, text) is ok
-    if ok:  # and the parser reads them as schema-valid arguments
-        [(name, parsed)] = calls_of("gemma4", text, [RICH, NOARGS])
-        assert name == "plan"
-        jsonschema.validate(parsed, RICH.parameters)
+    check_plan_call("gemma4", "<|tool_call>call:plan{" + _g(args) + "}<tool_call|>", ok, compiler, tok)
 
 
 def test_gemma4_strings_are_any_text_without_the_delimiter(compiler, tok):
@@ -387,7 +387,7 @@ def test_gemma4_strings_are_any_text_without_the_delimiter(compiler, tok):
     grammar = compiler.compile_structural_tag(json.dumps(structural_tag("gemma4", [tool], ToolChoice("required"))))
     seen = 0
     for n in range(6):
-        for chars in __import__("itertools").product('<|">a', repeat=n):
+        for chars in itertools.product('<|">a', repeat=n):
             s = "".join(chars)
             text = f"<|tool_call>call:say{{s:{G}{s}{G}}}<tool_call|>"
             m = xgr.GrammarMatcher(grammar)
