@@ -69,7 +69,7 @@ def free_port() -> int:
 
 
 def ours_config(port: int, model_path: str, ingress_replicas: int, placement: str | None = None,
-                engine_threads: str = "all") -> dict:
+                engine_threads: str = "all", engine_placement: str = "deployment") -> dict:
     engine_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     if engine_threads == "auto":  # vLLM's own binding instead of the app's small-host default
         engine_env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
@@ -93,14 +93,17 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
         **{k: served[k] for k in ("controller_options", "proxy_location") if k in served},
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
-                          "args": {"models": [model], "router": router, "ingress": ingress}}],
+                          "args": {"models": [model], "router": router, "ingress": ingress,
+                                   "engine_placement": engine_placement}}],
     }
 
 
 def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
-               placement: str | None = None, engine_threads: str = "all") -> subprocess.Popen:
+               placement: str | None = None, engine_threads: str = "all",
+               engine_placement: str = "deployment") -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
-    path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads)))
+    path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads,
+                                               engine_placement)))
     return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log, cwd=ROOT,
                             env={**os.environ, **env}, start_new_session=True)
 
@@ -405,6 +408,9 @@ def main() -> None:
     ap.add_argument("--ingress-replicas", type=int, default=1)
     ap.add_argument("--router-placement", choices=("ingress", "deployment"),
                     help="where routing decisions are made (default: the shipped RouterConfig's)")
+    ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment",
+                    help="deployment: Engine deployment replicas behind the KV-aware router; ingress: the engine "
+                         "inside the ingress process (settings.AppSettings.engine_placement)")
     ap.add_argument("--only", choices=("ours", "vllm"), help="measure one server only (profiling)")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (Ray Serve's own settings), repeatable")
@@ -431,7 +437,8 @@ def main() -> None:
     procs = {}
     if "ours" in names:
         procs["ours"] = start_ours(ports["ours"], model_path, a.ingress_replicas, log,
-                                   dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement, a.engine_threads)
+                                   dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement, a.engine_threads,
+                                   a.engine_placement)
     if "vllm" in names:
         procs["vllm"] = start_vllm(ports["vllm"], model_path, log, a.engine_threads)
     try:
@@ -470,6 +477,7 @@ def main() -> None:
             "rounds": a.rounds,
             "ingress_replicas": a.ingress_replicas,
             "router_placement": a.router_placement or RouterConfig().placement,
+            "engine_placement": a.engine_placement,
             "serve_env": a.serve_env,
             "engine_threads": a.engine_threads,
             "load_generator_ceiling": ceiling,

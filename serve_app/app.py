@@ -2,6 +2,8 @@
 
     Ingress (FastAPI, CPU) ──▶ Router (KV index + load, one per app) ──▶ Engine-<model> (vLLM, one per weights)
 
+or, with `engine_placement: ingress`, the Ingress alone with the engines in each of its replicas.
+
 Models whose weights and engine settings are equal share one Engine deployment (`service.engine_key`), so one
 engine can be served under several ids with different parsers or chat templates.
 """
@@ -54,6 +56,13 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         if m.model_source in EMBEDDED:
             ensure_model(m.model_source, settings.model_cache_dir)
 
+    # One key ring for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of
+    # them, and after a restart (serve_app/keyring.py). Test configs may run on a random key without a warning.
+    secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
+    ingress_env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
+    if settings.engine_placement == "ingress":
+        return _ingress_with_engines(settings, secret, ingress_env)
+
     make_policy(settings.router.policy)  # an unknown policy name fails here, not in the Router replica
     router_opts = _small_options(settings.router.deployment.serve_options())
     router = Router.options(**router_opts).bind(settings.router.model_dump())
@@ -72,11 +81,17 @@ def build_app(args: dict[str, Any]) -> serve.Application:
             router=router,
         )
 
-    # One key ring for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of
-    # them, and after a restart (serve_app/keyring.py). Test configs may run on a random key without a warning.
-    secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
-    ingress_env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
     return Ingress.options(**_small_options(settings.ingress.serve_options(), env=ingress_env)).bind(
         settings.model_dump(), secret, engines, router, bind_store(settings), bind_limits(settings)
     )
 
+
+def _ingress_with_engines(settings: AppSettings, secret, ingress_env: dict[str, str] | None) -> serve.Application:
+    """`engine_placement: ingress`: the Ingress deployment alone (with the stores it uses); each replica starts
+    the engines in its own process, so it carries their environment and their resources."""
+    env = dict(ingress_env or {})
+    for m in settings.models:
+        env.update(m.engine_env)
+    opts = _small_options(settings.ingress.serve_options(), default_cpus=0.5, env=env)
+    return Ingress.options(**opts).bind(settings.model_dump(), secret, {}, None, bind_store(settings),
+                                         bind_limits(settings))

@@ -258,6 +258,13 @@ class AppSettings(_Strict):
     ingress: IngressConfig = Field(default_factory=IngressConfig)
     testing: TestingConfig = Field(default_factory=TestingConfig)
     model_cache_dir: str | None = None  # where converted default weights live; default ~/.cache/serve_app/models
+    # Where the engines run. `deployment`: an Engine deployment per engine, its replicas reached over a Serve call
+    # and the delta channel, each request sent to the replica that holds its prefix (the KV-aware router).
+    # `ingress`: every ingress replica runs the engines in its own process, as vLLM's API server does — no Serve
+    # call and no relay process on a token's path (docs/serving-path.md) — and the front door spreads requests
+    # over the ingress replicas with no prefix affinity: one replica per host, or several where affinity does not
+    # matter. Their resources are the ingress deployment's (`ingress.deployment.ray_actor_options`).
+    engine_placement: Literal["deployment", "ingress"] = "deployment"
 
     @field_validator("models")
     @classmethod
@@ -271,6 +278,15 @@ class AppSettings(_Strict):
         if not models:
             raise ValueError("at least one model is required")
         return models
+
+    @model_validator(mode="after")
+    def _engines_in_ingress(self) -> "AppSettings":
+        if self.engine_placement == "ingress":
+            for i, m in enumerate(self.models):
+                if m.deployment != DeploymentOptions():
+                    raise ValueError(f"models[{i}].deployment has no effect with engine_placement: ingress (the "
+                                     "ingress replicas run the engines): set ingress.deployment instead")
+        return self
 
     def find_model(self, model_id: str) -> ModelConfig | None:
         for m in self.models:

@@ -181,6 +181,12 @@ def build_engine_args(
     return AsyncEngineArgs(**kwargs)
 
 
+def freeze_vllm_envs() -> None:
+    from vllm import envs
+
+    envs.enable_envs_cache()
+
+
 class VLLMEngine:
     """Owns one AsyncLLM. `start()` builds it; `generate()` streams `EngineChunk`s."""
 
@@ -201,7 +207,10 @@ class VLLMEngine:
         # `override_generation_config` on top, as vLLM's own server applies them (read at start).
         self.default_sampling: dict[str, Any] = {}
 
-    def start(self) -> None:
+    def start(self, cache_envs: bool = True) -> None:
+        """`cache_envs=False` where more engines start in this process after this one: their engine cores are
+        started from this process and read their settings (`engine_env`) from it, so vLLM's settings are frozen
+        only after the last (`freeze_vllm_envs`)."""
         from vllm.v1.engine.async_llm import AsyncLLM
 
         env = dict(self.model.engine_env)
@@ -223,9 +232,8 @@ class VLLMEngine:
         # vLLM reads its settings from the environment through a module __getattr__ on every access, several
         # times per output on the output path (a tenth of the replica's output thread, profiled); its engine core
         # freezes them after start-up and so does this process now that the engine is up.
-        from vllm import envs
-
-        envs.enable_envs_cache()
+        if cache_envs:
+            freeze_vllm_envs()
         cfg = self.engine.vllm_config
         try:
             check_window_applied(self.model.sliding_window, cfg.model_config)
@@ -301,24 +309,25 @@ class VLLMEngine:
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt
         first, entered = True, time.monotonic()
-        async for out in self.engine.generate(
-            prompt,
-            params,
-            req.request_id,
-            priority=req.priority,
-        ):
-            comp = out.outputs[0]
-            chunk = EngineChunk(
-                text=comp.text,
-                token_ids=list(comp.token_ids),
-                finish_reason=comp.finish_reason if out.finished else None,
-                stop_reason=comp.stop_reason if out.finished else None,
-            )
-            if first:
-                chunk.num_cached_tokens = out.num_cached_tokens or 0
-                chunk.engine_ms = first_chunk_ms(entered, out.metrics, time.monotonic())
-                first = False
-            yield chunk
+        outputs = self.engine.generate(prompt, params, req.request_id, priority=req.priority)
+        try:
+            async for out in outputs:
+                comp = out.outputs[0]
+                chunk = EngineChunk(
+                    text=comp.text,
+                    token_ids=list(comp.token_ids),
+                    finish_reason=comp.finish_reason if out.finished else None,
+                    stop_reason=comp.stop_reason if out.finished else None,
+                )
+                if first:
+                    chunk.num_cached_tokens = out.num_cached_tokens or 0
+                    chunk.engine_ms = first_chunk_ms(entered, out.metrics, time.monotonic())
+                    first = False
+                yield chunk
+        finally:
+            # A consumer that stops early (the client went away) aborts the request in AsyncLLM now, which frees
+            # its KV blocks, rather than whenever the abandoned generator is finalized.
+            await outputs.aclose()
 
     async def num_unfinished(self) -> int:
         assert self.engine is not None

@@ -32,8 +32,18 @@ class Ingress:
                 self.local_router.start()
             except RuntimeError:  # no running loop (outside Serve): the first request starts it
                 pass
-        client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s,
-                                   local=self.local_router)
+        self.local_engines = None
+        if cfg.engine_placement == "ingress":
+            # The engines run in this process (engine/local_client.py): no Engine deployment, no Router.
+            from serve_app.engine.local_client import LocalEngineClient
+            from serve_app.engine.stat_logger import EngineStatLogger
+
+            client = self.local_engines = LocalEngineClient.start(
+                cfg.models, forced_scripts=cfg.testing.forced_scripts, model_cache_dir=cfg.model_cache_dir,
+                replica_id=serve.get_replica_context().replica_id.unique_id, stat_loggers=[EngineStatLogger])
+        else:
+            client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s,
+                                       local=self.local_router)
         # tenant_limits: the shared TenantLimits handle, when some tenant has limits
         limiter = LimitClient(tenant_limits) if tenant_limits is not None else None
         service = GenerationService(cfg, client, limiter=limiter)
@@ -56,6 +66,14 @@ class Ingress:
             return {}
         self.local_router.start()
         return self.local_router.metrics()
+
+    async def num_unfinished(self) -> int:
+        """Requests the engines in this process still run (`engine_placement: ingress`; 0 otherwise)."""
+        return await self.local_engines.num_unfinished() if self.local_engines is not None else 0
+
+    def __del__(self):
+        if getattr(self, "local_engines", None) is not None:
+            self.local_engines.shutdown()
 
     def __serve_build_asgi_app__(self):
         app = create_app(self.ctx)

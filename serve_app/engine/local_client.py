@@ -1,0 +1,100 @@
+"""The engines in the ingress's own process (`engine_placement: ingress`): service.EngineClient without Ray.
+
+Each engine is a VLLMEngine (an AsyncLLM whose engine core runs in a child process, as under vLLM's own API
+server), so a token's path is engine core → this process, where it is parsed and framed: no Serve call per
+request and no relay process per token (docs/serving-path.md, "The engines in the ingress"). There is no routing
+choice to make: this process's engine is the one that serves. What the Engine deployment's Serve call gave the
+other placement comes from AsyncLLM itself here: a consumer that falls behind gets the deltas that piled up as one
+(vLLM's per-request output collector merges `DELTA` outputs), and closing the stream aborts the request in the
+engine, which frees its KV blocks (VLLMEngine.generate).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import AsyncIterator
+
+from serve_app.engine.types import EngineChunk, EngineRequest
+from serve_app.routing.types import Decision, RouteRequest
+from serve_app.settings import ModelConfig
+
+log = logging.getLogger(__name__)
+
+POLICY = "in-process"  # the request log's `route` for a request this process's own engine served
+
+
+class LocalEngineClient:
+    def __init__(self, engines: dict, replica_id: str = "local"):
+        """`engines`: engine key -> a started VLLMEngine (or anything with its interface)."""
+        self._engines = engines
+        self.replica_id = replica_id
+
+    @classmethod
+    def start(cls, models: list[ModelConfig], *, forced_scripts: bool, model_cache_dir: str | None,
+              replica_id: str = "local", stat_loggers: list | None = None) -> "LocalEngineClient":
+        """One VLLMEngine per engine key of `models` (models that share weights and engine settings share one),
+        started one after another in this process."""
+        from serve_app.engine.provision import ensure_model
+        from serve_app.engine.vllm_engine import VLLMEngine, freeze_vllm_envs
+        from serve_app.service import engine_key
+
+        engines: dict = {}
+        try:
+            for m in models:
+                key = engine_key(m)
+                if key in engines:
+                    continue
+                engine = VLLMEngine(m, ensure_model(m.model_source, model_cache_dir), forced_scripts=forced_scripts,
+                                    kv_events=False, stat_loggers=stat_loggers)
+                engine.start(cache_envs=False)
+                engines[key] = engine
+        except BaseException:
+            for engine in engines.values():
+                engine.shutdown()
+            raise
+        freeze_vllm_envs()
+        return cls(engines, replica_id)
+
+    def _engine(self, engine_key: str):
+        try:
+            return self._engines[engine_key]
+        except KeyError:
+            raise RuntimeError(f"no engine {engine_key} in this process") from None
+
+    async def block_size(self, engine_key: str) -> int:
+        return int(self._engine(engine_key).block_size)
+
+    async def reasoning_gate(self, engine_key: str) -> bool:
+        return bool(self._engine(engine_key).reasoning_gate)
+
+    async def probe(self, engine_key: str) -> None:
+        await self._engine(engine_key).check_health()
+
+    async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
+        # One engine per key in this process: it serves. A Decision (not None) so the request log says why.
+        self._engine(engine_key)
+        return Decision(replica_id=self.replica_id, policy=POLICY)
+
+    def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
+        pass  # no router learns rates here
+
+    def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
+        pass
+
+    async def open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Validation (vLLM's own, e.g. an output schema its grammar cannot compile) raises here, before the
+        adapter commits a response head; the request enters the engine with the stream's first step."""
+        engine = self._engine(engine_key)
+        engine.validate(req)
+        return engine.generate(req)
+
+    async def num_unfinished(self) -> int:
+        return sum([await e.num_unfinished() for e in self._engines.values()])
+
+    def shutdown(self) -> None:
+        for engine in self._engines.values():
+            try:
+                engine.shutdown()
+            except Exception:  # noqa: BLE001 - shutting down the rest matters more
+                log.exception("engine shutdown failed")
+

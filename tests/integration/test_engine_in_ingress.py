@@ -1,0 +1,170 @@
+"""`engine_placement: ingress` on the real server: the engines run inside the Ingress replica (no Engine or Router
+deployment), and every API behaves as with the Engine deployment.
+
+A second app beside the session's server (its own route prefix), with two engines in its one ingress process
+(the 8K weights under two context lengths, so two engine keys): streamed calls parsed and equal to the
+non-streamed answer through the real SDKs, a tool loop whose second turn reuses the first's cached prefix,
+vLLM's own validation as a 400 before the stream starts, and streams dropped mid-way aborted in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.support.streams import is_delta, stream_body
+
+pytestmark = pytest.mark.integration
+
+APP = "inproc"
+PLAIN = "smollm2-135m-instruct"
+SHORT = "inproc-4k"  # the same weights at 4K context: a second engine in the same process
+BASH = {"type": "function", "function": {"name": "Bash", "description": "Run a shell command", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+
+def call(name: str, args: dict) -> str:
+    return '<tool_call>\n{"name": "' + name + '", "arguments": ' + json.dumps(args) + "}\n</tool_call>"
+
+
+def forced(script: str) -> dict:
+    return {"nvext": {"forced_script": script}}
+
+
+@pytest.fixture(scope="module")
+def app_url(serve_url, serve_config):
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    args = copy.deepcopy(serve_config["applications"][0]["args"])
+    base = next(m for m in args["models"] if m["id"] == PLAIN)
+    short = {**copy.deepcopy(base), "id": SHORT, "source": base.get("source") or PLAIN, "aliases": [],
+             "max_model_len": 4096, "max_output_tokens": 1024}
+    args["models"] = [base, short]
+    args["engine_placement"] = "ingress"
+    args["ingress"] = {**args.get("ingress", {}), "deployment": {"num_replicas": 1}}
+    serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
+    url = f"{serve_url}/{APP}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    else:
+        raise RuntimeError("the in-process app did not become healthy")
+    yield url
+    serve.delete(APP)
+
+
+@pytest.fixture(scope="module")
+def ingress(app_url):
+    from ray import serve
+
+    return serve.get_deployment_handle("Ingress", app_name=APP)
+
+
+def test_only_the_ingress_runs(app_url):
+    from ray import serve
+
+    deployments = serve.status().applications[APP].deployments
+    assert set(deployments) <= {"Ingress", "ResponseStore", "TenantLimits"}, set(deployments)
+    assert "Ingress" in deployments
+
+
+def test_chat_stream_parses_calls_and_equals_the_non_streamed_answer(app_url):
+    client = openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    script = "Listing first." + call("Bash", {"command": "ls -la \"a b\"\n"}) + "\n" + call("Bash", {"command": "pwd"})
+    kw = dict(model=PLAIN, max_tokens=300, tools=[BASH], messages=[{"role": "user", "content": "go"}],
+              extra_body=forced(script))
+    whole = client.chat.completions.create(**kw)
+    msg = whole.choices[0].message
+    assert msg.content == "Listing first."
+    assert [json.loads(c.function.arguments) for c in msg.tool_calls] == [{"command": "ls -la \"a b\"\n"},
+                                                                       {"command": "pwd"}]
+    assert whole.choices[0].finish_reason == "tool_calls"
+    text, args, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        text += d.content or ""
+        for tc in d.tool_calls or []:
+            args[tc.index] = args.get(tc.index, "") + (tc.function.arguments or "")
+        finish = chunk.choices[0].finish_reason or finish
+    assert text == msg.content and finish == "tool_calls"
+    assert [json.loads(args[i]) for i in sorted(args)] == [json.loads(c.function.arguments) for c in msg.tool_calls]
+
+
+def test_two_engines_in_one_process_each_serve_their_model(app_url):
+    client = openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    for model in (PLAIN, SHORT):
+        r = client.chat.completions.create(model=model, max_tokens=50, messages=[{"role": "user", "content": "hi"}],
+                                           extra_body=forced(f"I am {model}."))
+        assert r.choices[0].message.content == f"I am {model}."
+    with pytest.raises(openai.BadRequestError):  # the 4K engine's own context, not the 8K one's
+        client.chat.completions.create(model=SHORT, max_tokens=10, messages=[{"role": "user", "content": "hi " * 5000}])
+
+
+def test_tool_loop_reuses_the_cached_prefix(app_url):
+    client = anthropic.Anthropic(base_url=app_url, api_key="unused", max_retries=0, timeout=300)
+    tool = {"name": "Bash", "description": "Run a shell command", "input_schema": BASH["function"]["parameters"]}
+    kw = dict(model=PLAIN, max_tokens=200, system="You are a coding agent. " * 40, tools=[tool])
+    user = [{"role": "user", "content": "go"}]
+    first = client.messages.create(messages=user, extra_body=forced(call("Bash", {"command": "echo hi"})), **kw)
+    use = first.content[-1]
+    assert use.type == "tool_use" and use.input == {"command": "echo hi"} and first.stop_reason == "tool_use"
+    history = [user[0], {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "hi"}]}]
+    second = client.messages.create(messages=history, extra_body=forced("It printed hi."), **kw)
+    assert second.content[-1].text == "It printed hi." and second.stop_reason == "end_turn"
+    assert second.usage.cache_read_input_tokens > 0
+
+
+def test_a_schema_the_grammar_cannot_compile_is_a_400(app_url):
+    client = openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=PLAIN, max_tokens=8, messages=[{"role": "user", "content": "x"}],
+                                       response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "x", "schema": {"type": "objekt"}}})
+    assert "objekt" in err.value.message
+
+
+def test_dropped_streams_are_aborted_in_the_engine(app_url, ingress):
+    apis = ["anthropic", "chat", "responses"]
+    dropped = 0
+
+    async def one(i: int, client: httpx.AsyncClient) -> int:
+        nonlocal dropped
+        path, body = stream_body(apis[i % 3], PLAIN, "word " * 1500, 1800)
+        async with client.stream("POST", f"{app_url}{path}", json=body) as resp:
+            if resp.status_code != 200:
+                return resp.status_code
+            async for line in resp.aiter_lines():
+                if is_delta(line):
+                    dropped += 1
+                    return 200  # leaving the block closes the connection mid-stream
+        return -1
+
+    async def storm():
+        limits = httpx.Limits(max_connections=50, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+            return await asyncio.gather(*(one(i, client) for i in range(24)))
+
+    statuses = asyncio.run(storm())
+    assert statuses == [200] * 24 and dropped == 24, statuses
+    deadline = time.monotonic() + 60
+    while ingress.num_unfinished.remote().result(timeout_s=30) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert ingress.num_unfinished.remote().result(timeout_s=30) == 0
+    assert httpx.get(f"{app_url}/health", timeout=10).status_code == 200
