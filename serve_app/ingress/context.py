@@ -36,5 +36,7 @@ class IngressContext:
     replica_tag: str = ""  # this ingress replica's name, sent as `x-serve-replica` ("" outside Serve)
 
 
-def get_ctx(request: Request) -> IngressContext:
+async def get_ctx(request: Request) -> IngressContext:
+    # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request (and anyio's
+    # root-task lookup walks every task on the loop: O(open streams) each time).
     return request.app.state.ctx
