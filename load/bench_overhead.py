@@ -59,11 +59,12 @@ def wait_healthy(url: str, path: str, timeout: float, proc: subprocess.Popen) ->
     raise RuntimeError(f"{url} did not become healthy")
 
 
-def start_ours(port: int, log) -> subprocess.Popen:
+def start_ours(port: int, log, engine_placement: str = "deployment") -> subprocess.Popen:
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     args = config["applications"][0]["args"]
     args["models"] = [args["models"][0]]  # the native model only: one engine, like the vLLM server
+    args["engine_placement"] = engine_placement
     path = Path(tempfile.mkdtemp()) / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
     return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log,
@@ -135,6 +136,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests per round and concurrency level")
     ap.add_argument("--ours-port", type=int, default=8020)
     ap.add_argument("--vllm-port", type=int, default=8021)
+    ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment",
+                    help="where this app runs its engine (settings.AppSettings.engine_placement)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
@@ -143,7 +146,7 @@ def main() -> None:
     model_id = "smollm2-135m-instruct"
     path = ensure_model(model_id)
     log = open(tempfile.mkstemp(prefix="bench_overhead_", suffix=".log")[1], "w")
-    procs = [start_ours(a.ours_port, log), start_vllm(a.vllm_port, path, model_id, log)]
+    procs = [start_ours(a.ours_port, log, a.engine_placement), start_vllm(a.vllm_port, path, model_id, log)]
     try:
         ours, theirs = f"http://127.0.0.1:{a.ours_port}", f"http://127.0.0.1:{a.vllm_port}"
         wait_healthy(ours, "/health", 900, procs[0])
@@ -166,7 +169,7 @@ def main() -> None:
 
         out = {"command": " ".join([Path(PY).name, "-m", "load.bench_overhead", *sys.argv[1:]]),
                "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-               "tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
+               "engine_placement": a.engine_placement, "tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
         for c in (1, 8):
             row = {}
             for name in ("ours", "vllm"):

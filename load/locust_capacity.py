@@ -27,7 +27,7 @@ from load.bench_capacity import ROOT, CpuMeter, free_port, git_commit, host, sto
 PY = sys.executable
 
 
-def config(port: int, model_path: str) -> dict:
+def config(port: int, model_path: str, engine_placement: str = "deployment") -> dict:
     served = yaml.safe_load((ROOT / "config.yaml").read_text())
     model = {
         "id": "tiny",
@@ -47,6 +47,7 @@ def config(port: int, model_path: str) -> dict:
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
                           "args": {"models": [model], "testing": {"forced_scripts": True},
+                                   "engine_placement": engine_placement,
                                    "ingress": {"api_keys": ["sk-load-test"], "strip_preamble": True}}}],
     }
 
@@ -56,6 +57,8 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=64)
     ap.add_argument("--run-time", type=int, default=180, help="seconds")
     ap.add_argument("--max-turns", type=int, default=4)
+    ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment",
+                    help="where this app runs its engine (settings.AppSettings.engine_placement)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
@@ -64,7 +67,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
     cfg = Path(tempfile.mkdtemp()) / "locust_capacity.yaml"
-    cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model())))
+    cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model(), a.engine_placement)))
     log = open(tempfile.mkstemp(prefix="locust_capacity_", suffix=".log")[1], "w")
     server = subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(cfg)], stdout=log, stderr=log, cwd=ROOT,
                               start_new_session=True)
@@ -93,6 +96,7 @@ def main() -> None:
             "host": host(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "model": "tiny-random-smollm2 (dummy weights) with forced agent scripts (qwen3 thinking, hermes tools)",
+            "engine_placement": a.engine_placement,
             "users": a.users,
             "run_time_s": a.run_time,
             "wall_s": round(wall, 1),
