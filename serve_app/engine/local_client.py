@@ -97,4 +97,3 @@ class LocalEngineClient:
                 engine.shutdown()
             except Exception:  # noqa: BLE001 - shutting down the rest matters more
                 log.exception("engine shutdown failed")
-
