@@ -12,10 +12,8 @@ and call `stop_session_server()` first, so one `pytest tests` run serves both wi
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
@@ -101,6 +99,7 @@ def serve_url(serve_config):
     from ray import serve
 
     from serve_app.app import build_app
+    from tests.support.apps import wait_healthy
 
     os.environ.setdefault("RAY_SERVE_LOG_TO_STDERR", "0")
     http = serve_config["http_options"]
@@ -116,16 +115,7 @@ def serve_url(serve_config):
                     controller_options=serve_config.get("controller_options"))
         serve.run(build_app(app_cfg["args"]), name=app_cfg["name"], route_prefix=app_cfg["route_prefix"])
         url = f"http://{http['host']}:{http['port']}"
-        deadline = time.monotonic() + 600
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the test server did not become healthy")
-            time.sleep(1)
+        wait_healthy(url, "the test server")
         yield url
     finally:
         stop_session_server()

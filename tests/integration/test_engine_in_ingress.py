@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.apps import run_app
 from tests.support.streams import is_delta, stream_body
 
 pytestmark = pytest.mark.integration
@@ -42,8 +43,6 @@ def forced(script: str) -> dict:
 def app_url(serve_url, serve_config):
     from ray import serve
 
-    from serve_app.app import build_app
-
     args = copy.deepcopy(serve_config["applications"][0]["args"])
     base = next(m for m in args["models"] if m["id"] == PLAIN)
     short = {**copy.deepcopy(base), "id": SHORT, "source": base.get("source") or PLAIN, "aliases": [],
@@ -51,19 +50,7 @@ def app_url(serve_url, serve_config):
     args["models"] = [base, short]
     args["engine_placement"] = "ingress"
     args["ingress"] = {**args.get("ingress", {}), "deployment": {"num_replicas": 1}}
-    serve.run(build_app(args), name=APP, route_prefix=f"/{APP}")
-    url = f"{serve_url}/{APP}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    else:
-        raise RuntimeError("the in-process app did not become healthy")
-    yield url
+    yield run_app(args, APP, serve_url)
     serve.delete(APP)
 
 

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support.apps import run_app
 from tests.support.streams import assert_engine_error, is_delta, sse_data, sse_events, still_running, stream_body
 
 pytestmark = pytest.mark.integration
@@ -254,8 +255,6 @@ def small_app(serve_url, serve_config):
     running 2 and queueing 2. Its own engine, so killing it does not disturb the shared server."""
     from ray import serve
 
-    from serve_app.app import build_app
-
     args = copy.deepcopy(serve_config["applications"][0]["args"])
     base = next(m for m in args["models"] if m["id"] == "smollm2-135m-instruct")
     base["deployment"] = {"max_ongoing_requests": 2, "max_queued_requests": 2, "num_replicas": 1,
@@ -263,19 +262,7 @@ def small_app(serve_url, serve_config):
     args["models"] = [base]
     args["ingress"] = {**args.get("ingress", {}), "max_inflight_requests": 6,
                        "deployment": {"num_replicas": 1, "graceful_shutdown_timeout_s": GRACE_S}}
-    serve.run(build_app(args), name=SMALL_APP, route_prefix=f"/{SMALL_APP}")
-    url = f"{serve_url}/{SMALL_APP}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    else:
-        raise RuntimeError("the small app did not become healthy")
-    yield url
+    yield run_app(args, SMALL_APP, serve_url)
     if SMALL_APP in serve.status().applications:  # the graceful-shutdown test deletes it itself
         serve.delete(SMALL_APP)
 

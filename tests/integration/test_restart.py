@@ -15,10 +15,11 @@ import json
 import time
 
 import anthropic
-import httpx
 import openai
 import psycopg
 import pytest
+
+from tests.support.apps import healthy
 
 pytestmark = pytest.mark.integration
 
@@ -45,12 +46,8 @@ def _kill_and_wait(app: str, deployments: tuple[str, ...], url: str) -> None:
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         fresh = {d: set(_replicas(app, d)) - before[d] for d in deployments}
-        if all(len(fresh[d]) >= len(before[d]) for d in deployments):
-            try:
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
+        if all(len(fresh[d]) >= len(before[d]) for d in deployments) and healthy(url):
+            return
         time.sleep(1)
     raise AssertionError("Serve did not replace the killed replicas in time")
 

@@ -1,0 +1,36 @@
+"""Serve apps the integration tests start beside the session's server, and the health wait every start uses."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+
+def healthy(url: str) -> bool:
+    """Whether the app at `url` answers its /health with 200 (every engine answered) now."""
+    try:
+        return httpx.get(f"{url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy(url: str, what: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not healthy(url):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not become healthy")
+        time.sleep(1)
+
+
+def run_app(args: dict, name: str, base_url: str) -> str:
+    """Deploy `build_app(args)` as app `name` under the route prefix `/name` of the running Serve instance and
+    return its URL once healthy."""
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    serve.run(build_app(args), name=name, route_prefix=f"/{name}")
+    url = f"{base_url}/{name}"
+    wait_healthy(url, f"the {name} app")
+    return url
