@@ -471,6 +471,10 @@ class GenerationService:
             else:
                 fin = _map_finish(last, saw_tool, prepared.length_stop)
                 outcome["finish"] = fin.reason
+                if prepared._release is not None:
+                    # Before the final frame goes out: a client that sends its next request the moment it reads
+                    # the end must find the tenant's slot free (released again, idempotently, in `finally`).
+                    prepared._release(completion)
                 yield fin
                 if warm and last.finish_reason in ("stop", "length"):
                     self._warm_next_turn(key, engine_req, generated)
