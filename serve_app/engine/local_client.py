@@ -91,6 +91,11 @@ class LocalEngineClient:
     async def num_unfinished(self) -> int:
         return sum([await e.num_unfinished() for e in self._engines.values()])
 
+    async def check_health(self) -> None:
+        """Raises when any engine in this process is dead (vLLM's EngineDeadError after its engine core exits)."""
+        for engine in self._engines.values():
+            await engine.check_health()
+
     def shutdown(self) -> None:
         for engine in self._engines.values():
             try:

@@ -71,6 +71,13 @@ class Ingress:
         """Requests the engines in this process still run (`engine_placement: ingress`; 0 otherwise)."""
         return await self.local_engines.num_unfinished() if self.local_engines is not None else 0
 
+    async def check_health(self) -> None:
+        """Serve's periodic health check. With the engines in this process a dead engine core fails it, so Serve
+        replaces the replica, engines and all, as it replaces a dead Engine replica in the other placement;
+        otherwise every request here would fail until someone restarted the app."""
+        if self.local_engines is not None:
+            await self.local_engines.check_health()
+
     def __del__(self):
         if getattr(self, "local_engines", None) is not None:
             self.local_engines.shutdown()

@@ -4,7 +4,9 @@ deployment), and every API behaves as with the Engine deployment.
 A second app beside the session's server (its own route prefix), with two engines in its one ingress process
 (the 8K weights under two context lengths, so two engine keys): streamed calls parsed and equal to the
 non-streamed answer through the real SDKs, a tool loop whose second turn reuses the first's cached prefix,
-vLLM's own validation as a 400 before the stream starts, and streams dropped mid-way aborted in the engine.
+vLLM's own validation as a 400 before the stream starts, streams dropped mid-way aborted in the engine, and (last,
+since it replaces the replica) an engine core killed mid-stream: the stream ends with its API's error, the replica
+fails Serve's health check and Serve replaces it, engines and all.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import time
 import anthropic
 import httpx
 import openai
+import psutil
 import pytest
 
 from tests.support.apps import run_app
-from tests.support.streams import is_delta, stream_body
+from tests.support.streams import assert_engine_error, is_delta, still_running, stream_body
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +158,51 @@ def test_dropped_streams_are_aborted_in_the_engine(app_url, ingress):
         time.sleep(0.5)
     assert ingress.num_unfinished.remote().result(timeout_s=30) == 0
     assert httpx.get(f"{app_url}/health", timeout=10).status_code == 200
+
+
+def test_a_dead_engine_core_fails_the_health_check_and_serve_replaces_the_replica(app_url):
+    import ray
+
+    def ingress_actors():
+        return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(f"SERVE_REPLICA::{APP}#Ingress")]
+
+    (victim,) = ingress_actors()
+    (replica_proc,) = [p for p in psutil.process_iter(["cmdline"])
+                       if f"ServeReplica:{APP}:Ingress" in " ".join(p.info["cmdline"] or [])]
+    cores = [p for p in replica_proc.children(recursive=True) if "EngineCore" in " ".join(p.cmdline() + [p.name()])]
+    assert len(cores) == 2, [(p.name(), p.cmdline()) for p in replica_proc.children(recursive=True)]
+    lines: list[str] = []
+
+    async def stream_and_kill():
+        path, body = stream_body("chat", PLAIN, "word " * 1500, 1800)
+        async with httpx.AsyncClient(timeout=180) as c, c.stream("POST", app_url + path, json=body) as resp:
+            assert resp.status_code == 200
+            async for line in resp.aiter_lines():
+                lines.append(line)
+                if is_delta(line) and not killed:  # once output has started
+                    for p in cores:
+                        p.kill()
+                    killed.append(True)
+
+    killed: list[bool] = []
+    asyncio.run(asyncio.wait_for(stream_and_kill(), 120))  # the stream ends; it does not hang
+    assert killed
+    assert_engine_error("chat", lines)
+    # Serve's health check (engine/local_client.py check_health) fails and the replica is replaced: its process
+    # goes, and with it nothing of the old engines stays behind.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(f"{app_url}/v1/chat/completions", timeout=120, json={
+                "model": SHORT, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                **forced("ok")})
+        except httpx.HTTPError:
+            r = None
+        if r is not None and r.status_code == 200 and ingress_actors() and ingress_actors() != [victim]:
+            break
+        assert r is None or r.status_code in (500, 502, 503, 529), r.text[:300]
+        time.sleep(2)
+    assert ingress_actors() and ingress_actors() != [victim]
+    assert r.json()["choices"][0]["message"]["content"] == "ok"
+    assert not still_running([replica_proc], within_s=60), "the replaced replica's process is still running"

@@ -50,7 +50,7 @@ class StandIn:
     """VLLMEngine's interface, recording what was asked of it."""
 
     def __init__(self, chunks=(), invalid: bool = False, fail_start: bool = False):
-        self.block_size, self.reasoning_gate = 128, True
+        self.block_size, self.reasoning_gate, self.dead = 128, True, False
         self.chunks, self.invalid, self.fail_start = list(chunks), invalid, fail_start
         self.validated, self.closed, self.stopped = [], False, False
         self.started_with: bool | None = None
@@ -76,7 +76,8 @@ class StandIn:
         return len(self.chunks)
 
     async def check_health(self) -> None:
-        pass
+        if self.dead:
+            raise RuntimeError("EngineCore encountered an issue")  # what AsyncLLM raises (EngineDeadError)
 
     def shutdown(self) -> None:
         self.stopped = True
@@ -93,6 +94,15 @@ def test_choose_names_this_process_and_refuses_an_engine_it_lacks():
     with pytest.raises(RuntimeError, match="no engine X"):
         run(client.choose("X", RouteRequest(request_id="a", block_hashes=[], num_prompt_tokens=3)))
     assert run(client.block_size("E")) == 128 and run(client.reasoning_gate("E")) is True
+
+
+def test_health_fails_when_any_engine_in_the_process_is_dead():
+    a, b = StandIn(), StandIn()
+    client = LocalEngineClient({"A": a, "B": b})
+    run(client.check_health())
+    b.dead = True
+    with pytest.raises(RuntimeError, match="EngineCore"):
+        run(client.check_health())
 
 
 def test_open_validates_before_the_stream_and_closing_it_closes_the_engines():
