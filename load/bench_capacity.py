@@ -69,7 +69,8 @@ def free_port() -> int:
 
 
 def ours_config(port: int, model_path: str, ingress_replicas: int, placement: str | None = None,
-                engine_threads: str = "all", engine_placement: str = "deployment") -> dict:
+                engine_threads: str = "all", engine_placement: str = "deployment",
+                ingress_set: dict | None = None) -> dict:
     engine_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     if engine_threads == "auto":  # vLLM's own binding instead of the app's small-host default
         engine_env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
@@ -82,7 +83,7 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
         "engine_env": engine_env,
         "engine_kwargs": {"enforce_eager": True, "load_format": "dummy"},
     }
-    ingress: dict = {"strip_preamble": True}
+    ingress: dict = {"strip_preamble": True, **(ingress_set or {})}
     if ingress_replicas != 1:
         ingress["deployment"] = {"num_replicas": ingress_replicas}
     served = yaml.safe_load((ROOT / "config.yaml").read_text())  # Serve's own settings as the README runs them
@@ -100,10 +101,10 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
 
 def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
                placement: str | None = None, engine_threads: str = "all",
-               engine_placement: str = "deployment") -> subprocess.Popen:
+               engine_placement: str = "deployment", ingress_set: dict | None = None) -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
     path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads,
-                                               engine_placement)))
+                                               engine_placement, ingress_set)))
     return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log, cwd=ROOT,
                             env={**os.environ, **env}, start_new_session=True)
 
@@ -414,12 +415,18 @@ def main() -> None:
     ap.add_argument("--only", choices=("ours", "vllm"), help="measure one server only (profiling)")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (Ray Serve's own settings), repeatable")
+    ap.add_argument("--via", choices=("front-door", "replica"), default="front-door",
+                    help="front-door: the port clients use (HAProxy); replica: straight to the (one) ingress "
+                         "replica's own HTTP port, to see what the front door costs")
+    ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an `ingress:` setting of this app (YAML value, e.g. render_threads=1), repeatable")
     ap.add_argument("--engine-threads", choices=("all", "auto"), default="all",
                     help="all: the engine's OpenMP threads on every CPU (this app's small-host default); auto: "
                          "vLLM's own binding, which leaves a core to the serving path (the GPU regime)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
+    ingress_set = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.ingress_set)}
 
     from load.tiny_model import ensure_tiny_model
 
@@ -438,13 +445,17 @@ def main() -> None:
     if "ours" in names:
         procs["ours"] = start_ours(ports["ours"], model_path, a.ingress_replicas, log,
                                    dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement, a.engine_threads,
-                                   a.engine_placement)
+                                   a.engine_placement, ingress_set)
     if "vllm" in names:
         procs["vllm"] = start_vllm(ports["vllm"], model_path, log, a.engine_threads)
     try:
         urls = {n: f"http://127.0.0.1:{ports[n]}" for n in names}
         for n in names:
             wait_healthy(urls[n], procs[n])
+        if a.via == "replica" and "ours" in names:
+            from load.probe_ingress_hop import replica_http_port
+
+            urls["ours"] = f"http://127.0.0.1:{replica_http_port(ports['ours'])}"
         meters = {n: CpuMeter(procs[n].pid, n) for n in names}
         acc = {(n, c): {"results": [], "wall": 0.0, "cpu": {}, "client_cpu": 0.0, "windows": []}
                for n in names for c in levels}
@@ -479,6 +490,8 @@ def main() -> None:
             "router_placement": a.router_placement or RouterConfig().placement,
             "engine_placement": a.engine_placement,
             "serve_env": a.serve_env,
+            "ingress_set": ingress_set,
+            "via": a.via,
             "engine_threads": a.engine_threads,
             "load_generator_ceiling": ceiling,
             "levels": {},

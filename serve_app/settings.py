@@ -169,6 +169,10 @@ class IngressConfig(_Strict):
     tool_dispatch: bool = False  # Chat Completions `event: tool_call_dispatch` side channel, to requests with nvext.tool_dispatch
     ping_interval_s: float = 10.0
     render_timeout_s: float = 30.0
+    # Threads rendering and tokenizing prompts, per model. Templates run under the GIL and tokenizing is
+    # serialised per model, so more threads add no parallelism, only contention with the event loop that streams
+    # tokens (docs/serving-path.md); more than one keeps renders going while one template is slow.
+    render_threads: int = Field(default=4, ge=1, le=64)
     max_inflight_requests: int = 256  # per ingress replica; beyond it: overloaded at once (529; OpenAI APIs 503)
     router_timeout_s: float = 0.5  # past this the ingress routes least-loaded without the Router
     # Signs thinking blocks / encrypts reasoning. A list is a key ring, newest first: new signatures use the

@@ -71,7 +71,6 @@ def load_tokenizer(path_or_id: str, chat_template: str | None = None):
 # Memoised prompt pieces (per renderer, per process): long pieces only, bounded by their total length.
 _MEMO_MIN_CHARS = 2048
 _MEMO_MAX_CHARS = 32 * 1024 * 1024
-_WORKERS = 4  # renders per model at once; tokenizing itself is serialised by the encode lock
 
 
 def _format_default(parser: str | None) -> bool:
@@ -97,11 +96,13 @@ class PromptRenderer:
     """Renders and tokenizes for one model; shared by all requests. The policy is fixed at construction (probed
     once from the template); the piece memo is guarded by the encode lock."""
 
-    def __init__(self, tokenizer, model, *, strip_preamble: bool = True, render_timeout_s: float = 30.0):
+    def __init__(self, tokenizer, model, *, strip_preamble: bool = True, render_timeout_s: float = 30.0,
+                 render_threads: int = 4):
         self.tokenizer = tokenizer
         self.model = model
         self.strip_preamble = strip_preamble
         self.render_timeout_s = render_timeout_s
+        self.render_threads = render_threads  # renders at once; tokenizing itself is serialised by the encode lock
         template = tokenizer.chat_template
         if isinstance(template, dict):  # named templates: the default one renders chat
             template = template.get("default") or next(iter(template.values()))
@@ -123,7 +124,7 @@ class PromptRenderer:
         self._memo: OrderedDict[str, list[int]] = OrderedDict()
         self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
+        self._pool = self._new_pool()
         self.policy = self._probe_affixes(self._probe_tool_reasoning(self.policy), model)
         self.replay_exact = self._probe_replay()
         if self.replay_exact is False and self.policy.mode != "drop":
@@ -428,6 +429,9 @@ class PromptRenderer:
                                                  self._format_starts_in_reasoning))
         return RenderedPrompt(text=text, token_ids=ids, starts_in_reasoning=starts)
 
+    def _new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        return concurrent.futures.ThreadPoolExecutor(max_workers=self.render_threads, thread_name_prefix="render")
+
     async def render(self, conv: Conversation, opts: GenerationOptions, **kw) -> RenderedPrompt:
         return await self.run(self.render_sync, conv, opts, **kw)
 
@@ -440,7 +444,7 @@ class PromptRenderer:
             return await asyncio.wait_for(fut, self.render_timeout_s)
         except asyncio.TimeoutError:
             # The stuck thread cannot be killed; give later requests fresh threads instead of queueing behind it.
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_WORKERS, thread_name_prefix="render")
+            self._pool = self._new_pool()
             pool.shutdown(wait=False)  # work queued there still runs (its threads are not all stuck)
             raise ServiceError("timeout", f"rendering the prompt took longer than {self.render_timeout_s:g} s",
                                code="render_timeout") from None

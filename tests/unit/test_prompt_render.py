@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -387,6 +388,32 @@ def test_a_stuck_render_times_out_without_blocking_later_renders(tok):
     err, out = asyncio.run(main())
     assert err.kind == "timeout" and err.status == 504
     assert out.token_ids
+
+
+def test_render_threads_bound_the_renders_running_at_once(tok):
+    model = ModelConfig(id="m", reasoning_parser="qwen3", tool_parser="hermes")
+    r = PromptRenderer(tok, model, render_threads=2)
+    lock, running, peak = threading.Lock(), [0], [0]
+    real = r.render_text
+
+    def counted(*a, **k):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        try:
+            time.sleep(0.05)  # long enough for every queued render to try to start meanwhile
+            return real(*a, **k)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    async def main():
+        r.render_text = counted  # type: ignore[method-assign]
+        return await asyncio.gather(*(r.render(conv(USER), GenerationOptions()) for _ in range(6)))
+
+    outs = asyncio.run(main())
+    assert peak[0] == 2
+    assert len({tuple(o.token_ids) for o in outs}) == 1
 
 
 def test_load_tokenizer_takes_an_inline_template_or_a_path():
