@@ -126,6 +126,27 @@ def start_vllm(port: int, model_path: str, log, engine_threads: str = "all") -> 
     return subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
 
 
+def replica_http_port(front: int) -> int:
+    """The ingress replica's own HTTP port: a port its process listens on that answers the API (Ray's own ports in
+    the same process do not)."""
+    import httpx
+
+    for proc in psutil.process_iter(["cmdline"]):
+        if "Ingress" not in " ".join(proc.info["cmdline"] or []):
+            continue
+        for conn in proc.net_connections(kind="tcp"):
+            port = conn.laddr.port
+            if conn.status != psutil.CONN_LISTEN or port == front:
+                continue
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
+            except httpx.HTTPError:
+                continue
+            if r.status_code == 200 and MODEL_ID in r.text:
+                return port
+    raise RuntimeError("no ingress replica HTTP port answered /v1/models")
+
+
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 900, headers: dict | None = None) -> None:
     """Until a 2-token chat request succeeds (the engine is up, not just the HTTP server)."""
     import httpx
@@ -453,8 +474,6 @@ def main() -> None:
         for n in names:
             wait_healthy(urls[n], procs[n])
         if a.via == "replica" and "ours" in names:
-            from load.probe_ingress_hop import replica_http_port
-
             urls["ours"] = f"http://127.0.0.1:{replica_http_port(ports['ours'])}"
         meters = {n: CpuMeter(procs[n].pid, n) for n in names}
         acc = {(n, c): {"results": [], "wall": 0.0, "cpu": {}, "client_cpu": 0.0, "windows": []}

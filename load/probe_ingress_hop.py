@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -23,32 +22,11 @@ import time
 from pathlib import Path
 
 import aiohttp
-import httpx
-import psutil
 
-from load.bench_capacity import (MODEL_ID, free_port, git_commit, host, one_stream, pct, request_phases, start_ours,
-                                 stop, wait_healthy)
+from load.bench_capacity import (free_port, git_commit, host, one_stream, pct, replica_http_port,
+                                 request_phases, start_ours, stop, wait_healthy)
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def replica_http_port(front: int) -> int:
-    """The ingress replica's own HTTP port: a port its process listens on that answers the API (Ray's own ports in
-    the same process do not)."""
-    for proc in psutil.process_iter(["cmdline"]):
-        if "Ingress" not in " ".join(proc.info["cmdline"] or []):
-            continue
-        for conn in proc.net_connections(kind="tcp"):
-            port = conn.laddr.port
-            if conn.status != psutil.CONN_LISTEN or port == front:
-                continue
-            try:
-                r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-            except httpx.HTTPError:
-                continue
-            if r.status_code == 200 and MODEL_ID in r.text:
-                return port
-    raise RuntimeError("no ingress replica HTTP port answered /v1/models")
 
 
 async def alternate(urls: dict[str, str], n: int, tokens: int) -> dict[str, list[dict]]:

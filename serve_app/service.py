@@ -84,6 +84,11 @@ class PreparedRequest:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
+    def release(self, output_tokens: int) -> None:
+        """Free the admission slot and tenant lease, if admission took any (idempotent)."""
+        if self._release is not None:
+            self._release(output_tokens)
+
 
 class EngineClient(Protocol):
     """How the service reaches engines and the router; the Ray implementation is in serve_app/ingress/clients.py."""
@@ -472,10 +477,9 @@ class GenerationService:
             else:
                 fin = _map_finish(last, saw_tool, prepared.length_stop)
                 outcome["finish"] = fin.reason
-                if prepared._release is not None:
-                    # Before the final frame goes out: a client that sends its next request the moment it reads
-                    # the end must find the tenant's slot free (released again, idempotently, in `finally`).
-                    prepared._release(completion)
+                # Before the final frame goes out: a client that sends its next request the moment it reads the
+                # end must find the tenant's slot free (released again, idempotently, in `finally`).
+                prepared.release(completion)
                 yield fin
                 if warm and last.finish_reason in ("stop", "length"):
                     self._warm_next_turn(key, engine_req, generated)
@@ -491,8 +495,7 @@ class GenerationService:
             outcome.update(finish="error", error=message)
             yield Finish("error", error=message, error_kind=kind)
         finally:
-            if prepared._release is not None:
-                prepared._release(completion)
+            prepared.release(completion)
             outcome.setdefault("finish", "cancelled")  # closed by the client (GeneratorExit) before the end
             self._log(prepared, decision=decision, output_tokens=completion, **outcome)
             if chunks is not None:
