@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,7 +47,7 @@ import aiohttp
 import psutil
 import yaml
 
-from serve_app.settings import RouterConfig
+from serve_app.settings import AppSettings, RouterConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -57,6 +58,14 @@ LEVELS = (1, 8, 32, 128)
 # engine's OpenMP threads are bound to stalls the other's forward passes: first tokens of 0.4-1 s right after
 # the other server's round, for either server (load/results/first_token_probe.json, docs/serving-path.md).
 SETTLE_S = 1.5
+
+
+def add_engine_placement_arg(ap: argparse.ArgumentParser, default: str = "deployment") -> None:
+    """`--engine-placement`, the same in every load script: where this app runs its engines."""
+    placements = typing.get_args(AppSettings.model_fields["engine_placement"].annotation)
+    ap.add_argument("--engine-placement", choices=placements, default=default,
+                    help="deployment: Engine deployment replicas behind the KV-aware router; ingress: the engines "
+                         "inside the ingress process (settings.AppSettings.engine_placement)")
 
 
 # -- servers -------------------------------------------------------------------------------------------------
@@ -119,10 +128,9 @@ def start_vllm(port: int, model_path: str, log, engine_threads: str = "all") -> 
     if cpu_lacks_bf16():
         cmd += ["--dtype", "float32"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    if engine_threads == "all":
-        env.update(cpu_thread_env(os.sched_getaffinity(0), env))  # the binding our engines pick on this host
-    else:
+    if engine_threads == "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
+    env.update(cpu_thread_env(os.sched_getaffinity(0), env))  # what our engines add on this host, for both servers
     return subprocess.Popen(cmd, stdout=log, stderr=log, env=env, start_new_session=True)
 
 
@@ -430,9 +438,7 @@ def main() -> None:
     ap.add_argument("--ingress-replicas", type=int, default=1)
     ap.add_argument("--router-placement", choices=("ingress", "deployment"),
                     help="where routing decisions are made (default: the shipped RouterConfig's)")
-    ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment",
-                    help="deployment: Engine deployment replicas behind the KV-aware router; ingress: the engine "
-                         "inside the ingress process (settings.AppSettings.engine_placement)")
+    add_engine_placement_arg(ap)
     ap.add_argument("--only", choices=("ours", "vllm"), help="measure one server only (profiling)")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (Ray Serve's own settings), repeatable")

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from load.bench_capacity import SETTLE_S, git_commit, host
+from load.bench_capacity import SETTLE_S, add_engine_placement_arg, git_commit, host
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -136,8 +136,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=8, help="requests per round and concurrency level")
     ap.add_argument("--ours-port", type=int, default=8020)
     ap.add_argument("--vllm-port", type=int, default=8021)
-    ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment",
-                    help="where this app runs its engine (settings.AppSettings.engine_placement)")
+    add_engine_placement_arg(ap)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 

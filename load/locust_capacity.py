@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from load.bench_capacity import ROOT, CpuMeter, free_port, git_commit, host, stop, wait_healthy
+from load.bench_capacity import ROOT, CpuMeter, add_engine_placement_arg, free_port, git_commit, host, stop, wait_healthy
 
 PY = sys.executable
 
@@ -57,8 +57,7 @@ def main() -> None:
     ap.add_argument("--users", type=int, default=64)
     ap.add_argument("--run-time", type=int, default=180, help="seconds")
     ap.add_argument("--max-turns", type=int, default=4)
-    ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment",
-                    help="where this app runs its engine (settings.AppSettings.engine_placement)")
+    add_engine_placement_arg(ap)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
