@@ -118,7 +118,8 @@ def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict
                             env={**os.environ, **env}, start_new_session=True)
 
 
-def start_vllm(port: int, model_path: str, log, engine_threads: str = "all") -> subprocess.Popen:
+def start_vllm(port: int, model_path: str, log, engine_threads: str = "all",
+               extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     from serve_app.engine.vllm_engine import cpu_lacks_bf16, cpu_thread_env
 
     cmd = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--served-model-name", MODEL_ID,
@@ -127,7 +128,7 @@ def start_vllm(port: int, model_path: str, log, engine_threads: str = "all") -> 
            "--chat-template", str(ROOT / "serve_app" / "templates" / "smollm2_tools.jinja")]
     if cpu_lacks_bf16():
         cmd += ["--dtype", "float32"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
     if engine_threads == "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
     env.update(cpu_thread_env(os.sched_getaffinity(0), env))  # what our engines add on this host, for both servers

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from load.probe_stalls import summarize, ttft_split
+from load.probe_stalls import attribute, stall_events, summarize, ttft_split
 
 
 def _stream(first: float, gaps: list[tuple[float, float]], prompt: str = "p", sent: float = 0.0) -> dict:
@@ -36,3 +36,26 @@ def test_ttft_split_adds_up_to_the_client_ttft():
     assert split["before_app_p50_ms"] == pytest.approx(250.0)
     assert split["in_app_p50_ms"] == pytest.approx(500.0)
     assert split["after_app_p50_ms"] == pytest.approx(150.0)
+
+
+def test_a_stall_is_a_gap_shared_by_half_the_streams_and_is_put_on_the_process_bursting_then():
+    # Four streams; all stall from 1.0 to 1.5 s, one alone from 3.0 to 3.4 s (not a shared stall).
+    streams = [_stream(0.05, [(1.5 + i * 0.01, 0.5), (2.0, 0.05)] + ([(3.4, 0.4)] if i == 0 else []))
+               for i in range(4)]
+    events = stall_events(streams)
+    assert [round(a, 2) for a, _ in events] == [1.0]
+    # 100 ms samples over 5 s: the dashboard agent uses 0.6 of a core from 0.9 to 1.6 s, the ingress 0.4 always.
+    t0 = 1000.0
+    samples = [(t0 + k / 10, {"ingress": 0.4, "ray:agent": 0.6 if 9 <= k <= 16 else 0.0}) for k in range(50)]
+    out = attribute(streams, samples, t0, 5.0, seed=1)
+    assert out["stalls"] == [{"start_s": 1.0, "length_s": 0.52, "bursting": {"ray:agent": 0.6}}]  # to the median end
+    assert out["stalls_with_a_bursting_process_off_the_token_path"] == 1
+    assert out["calm_windows"] == 1 and out["calm_windows_with_one"] == 0
+
+
+def test_the_token_paths_own_processes_do_not_count_as_bystanders():
+    streams = [_stream(0.05, [(1.5, 0.5)]) for _ in range(2)]
+    samples = [(k / 10, {"engine_core": 1.5 if 10 <= k <= 15 else 0.5}) for k in range(40)]
+    out = attribute(streams, samples, 0.0, 4.0, seed=2)
+    assert out["stalls"][0]["bursting"] == {"engine_core": 1.0}
+    assert out["stalls_with_a_bursting_process_off_the_token_path"] == 0
