@@ -51,11 +51,10 @@ SMALL_HOST_CPUS = 4
 def cpu_thread_env(cpus: set[int], environ: dict[str, str]) -> dict[str, str]:
     """Env for a CPU engine on a small host: bind its OpenMP threads to every usable CPU instead of reserving one,
     and let them sleep at a barrier instead of spinning (OpenMP's passive wait). Bound to every core, the compute
-    threads share their cores with the scheduler, the serving path and Ray's daemons; a spinning thread keeps its
-    core from whichever of those preempted its partner, so a daemon's periodic burst stalled every stream for
-    0.3-3 s at once, where sleeping threads let it finish on the core they leave (docs/serving-path.md "Streams
-    stalled together"). Each key only where the operator has not set it; nothing on a host big enough for vLLM's
-    own choice."""
+    threads share their cores with the scheduler, the serving path and Ray's daemons; while one is preempted its
+    spinning partner keeps the other core from everyone, and every stream stalled for 0.3-3 s at once, where a
+    sleeping partner frees its core (docs/serving-path.md "Streams stalled together"). Each key only where the
+    operator has not set it; nothing on a host big enough for vLLM's own choice."""
     if not cpus or len(cpus) > SMALL_HOST_CPUS:
         return {}
     out = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in sorted(cpus)), "OMP_WAIT_POLICY": "PASSIVE"}
