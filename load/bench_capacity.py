@@ -231,9 +231,10 @@ def self_cpu() -> float:
 async def one_stream(session: aiohttp.ClientSession, url: str, prompt: str, tokens: int) -> dict:
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
+    sent, t0 = time.time(), time.perf_counter()
     first = last = None
     gaps: list[float] = []
+    ends: list[float] = []  # perf_counter() at the end of each gap (load/probe_stalls.py places them in the round)
     usage = None
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
@@ -250,12 +251,14 @@ async def one_stream(session: aiohttp.ClientSession, url: str, prompt: str, toke
                     first = now
                 else:
                     gaps.append(now - last)
+                    ends.append(now)
                 last = now
     end = time.perf_counter()
     n = int(usage["completion_tokens"]) if usage else 0
     ttft = (first or end) - t0
     tpot = (end - (first or end)) / (n - 1) if n > 1 else 0.0
-    return {"ttft": ttft, "gaps": gaps, "tokens": n, "tpot": tpot}
+    return {"ttft": ttft, "gaps": gaps, "tokens": n, "tpot": tpot, "sent": sent, "started": t0, "first": first,
+            "gap_ends": ends}
 
 
 async def run_level(url: str, concurrency: int, requests: int, tokens: int, seed: int) -> dict:

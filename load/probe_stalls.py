@@ -26,12 +26,13 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
 import psutil
 
-from load.bench_capacity import (MODEL_ID, PY, SETTLE_S, add_engine_placement_arg, free_port, git_commit, host, pct,
+from load.bench_capacity import (PY, SETTLE_S, add_engine_placement_arg, free_port, git_commit, host, one_stream, pct,
                                  replica_http_port, request_log, role_of, start_ours, start_vllm, stop, wait_healthy)
 from load.tiny_model import ensure_tiny_model
 
@@ -148,26 +149,11 @@ def attribute(streams: list[dict], samples: list[tuple[float, dict[str, float]]]
     }
 
 
-
-
-async def _stream(session: aiohttp.ClientSession, url: str, prompt: str, tokens: int, t0: float) -> dict:
-    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
-            "ignore_eos": True, "temperature": 0, "stream": True}
-    first = last = None
-    gaps: list[tuple[float, float]] = []  # (when the gap ended, seconds from the round's start; its length)
-    sent = time.time()
-    async with session.post(url + "/v1/chat/completions", json=body) as resp:
-        resp.raise_for_status()
-        async for line in resp.content:
-            if b'"content":"' not in line or b'"content":""' in line:
-                continue
-            now = time.perf_counter() - t0
-            if first is None:
-                first, first_wall = now, time.time()
-            else:
-                gaps.append((now, now - last))
-            last = now
-    return {"prompt": prompt, "sent": sent, "first": first, "first_wall": first_wall, "gaps": gaps}
+def _in_round(r: dict, prompt: str, t0: float) -> dict:
+    """bench_capacity.one_stream's result with its times from the round's start (perf_counter() t0)."""
+    return {"prompt": prompt, "sent": r["sent"], "first": r["first"] - t0,
+            "first_wall": r["sent"] + r["first"] - r["started"],
+            "gaps": [(e - t0, g) for e, g in zip(r["gap_ends"], r["gaps"])]}
 
 
 async def _round(url: str, c: int, tokens: int, seed: int) -> list[dict]:
@@ -175,7 +161,8 @@ async def _round(url: str, c: int, tokens: int, seed: int) -> list[dict]:
     conn = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=1800)) as session:
         t0 = time.perf_counter()
-        return list(await asyncio.gather(*(_stream(session, url, p, tokens, t0) for p in prompts)))
+        results = await asyncio.gather(*(one_stream(session, url, p, tokens) for p in prompts))
+    return [_in_round(r, p, t0) for r, p in zip(results, prompts)]
 
 
 def run_round(url: str, c: int, tokens: int, seed: int, timeline_root: int | None) -> tuple[list[dict], dict | None]:
@@ -206,7 +193,7 @@ def summarize(streams: list[dict]) -> dict:
         "long_gaps_during_admission": sum(1 for t, d in long_ if t - d < admitted),
         "longest_gap_ms": round(1000 * max(d for _, d in gaps), 1),
         # Long gaps by the second of the round they ended in: a stall shared by all streams is one column.
-        "long_gaps_by_second": {str(k): v for k, v in sorted(_by_second(long_).items())},
+        "long_gaps_by_second": {str(k): v for k, v in sorted(Counter(int(t) for t, _ in long_).items())},
     }
 
 
@@ -224,16 +211,10 @@ def ttft_split(streams: list[dict], log: dict[str, dict]) -> dict:
         before.append(arrived - s["sent"])
         inside.append(rec["ttft_s"])
         after.append(s["first_wall"] - arrived - rec["ttft_s"])
-    return {"matched": len(before), **{f"{k}_p50_ms": round(1000 * pct(v, 0.5), 1) for k, v in
-                                       (("before_app", before), ("in_app", inside), ("after_app", after))},
-            **{f"{k}_p90_ms": round(1000 * pct(v, 0.9), 1) for k, v in
-               (("before_app", before), ("in_app", inside), ("after_app", after))}}
-
-
-def _by_second(gaps: list[tuple[float, float]]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    for t, _ in gaps:
-        out[int(t)] = out.get(int(t), 0) + 1
+    out: dict = {"matched": len(before)}
+    for name, xs in (("before_app", before), ("in_app", inside), ("after_app", after)):
+        out[f"{name}_p50_ms"] = round(1000 * pct(xs, 0.5), 1)
+        out[f"{name}_p90_ms"] = round(1000 * pct(xs, 0.9), 1)
     return out
 
 
