@@ -120,13 +120,12 @@ class _Metric:
         if self._ray is not None:
             method = {"counter": "inc", "gauge": "set", "histogram": "observe"}[self.kind]
             fn, tags = getattr(self._ray, method), {k: str(v) for k, v in labels.items()}
-            counter = self.kind == "counter"
             if self.kind == "gauge":
-                return _GAUGES.recorder(fn, tags)
+                return _BUFFERED.recorder(fn, tags)
+            if self.kind == "counter":  # a zero increment is dropped there (Ray's counters refuse it)
+                return _BUFFERED.counter(fn, tags)
 
             def record(value: float) -> None:
-                if counter and value <= 0:
-                    return  # Ray's counters refuse a zero increment (prometheus_client's take it as a no-op)
                 try:
                     fn(value, tags=tags)
                 except Exception:  # noqa: BLE001 - metrics must never break serving
@@ -149,23 +148,30 @@ class _Metric:
         fn(value)
 
 
-class _GaugeFlusher:
-    """Ray-backed gauges hand their latest value to Ray at most every `PERIOD_S`, from one daemon thread.
+class _Flusher:
+    """Ray-backed gauges and counters hand Ray their latest value / accumulated increments at most every
+    `PERIOD_S`, from one daemon thread.
 
-    Why: a gauge is only read when Ray's agent exports (every few seconds), but the ingress sets its in-flight and
-    queue gauges twice per request, and each `ray.util.metrics` call is a call into Ray's core worker (a few
-    percent of the ingress's CPU at high request rates, docs/serving-path.md). Recording is now a dict store; the
-    value Ray exports is at most `PERIOD_S` old."""
+    Why: a metric is only read when Ray's agent exports (every few seconds), but the ingress sets its in-flight and
+    queue gauges twice per request and vLLM's stat logger sets about ten gauges and counters on every engine step
+    (at low concurrency, every token), and each `ray.util.metrics` call is a call into Ray's core worker: together
+    about a tenth of the ingress's busy time at concurrency 1 (docs/serving-path.md). Recording is now a dict store
+    (a gauge) or an addition under an uncontended lock (a counter); what Ray exports is at most `PERIOD_S` old.
+    Histograms are not buffered: Ray has no call that records several observations at once, so buffering would only
+    move the cost to this thread."""
 
     PERIOD_S = 0.5
 
     def __init__(self):
         self._latest: dict[int, tuple[Any, dict[str, str], float]] = {}
         self._sent: dict[int, tuple] = {}
+        self._pending: dict[int, list] = {}  # slot -> [fn, tags, sum not yet sent]
+        self._pending_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def recorder(self, fn, tags: dict[str, str]):
+        """A gauge's setter: `fn(value, tags=tags)` is called with the latest value at the next flush."""
         slot = id(tags)  # one slot per (gauge, label set): the tag dict is built once per label set
 
         def record(value: float) -> None:
@@ -175,10 +181,28 @@ class _GaugeFlusher:
 
         return record
 
+    def counter(self, fn, tags: dict[str, str]):
+        """A counter's increment: `fn(sum, tags=tags)` is called at the next flush with what was added since the
+        last one (nothing when that is zero: Ray's counters refuse a zero increment)."""
+        entry = [fn, tags, 0.0]
+        slot = id(entry)
+
+        def inc(value: float = 1.0) -> None:
+            if value <= 0:
+                return
+            with self._pending_lock:
+                if entry[2] == 0:
+                    self._pending[slot] = entry
+                entry[2] += value
+            if self._thread is None:
+                self._start()
+
+        return inc
+
     def _start(self) -> None:
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="serve-app-gauges", daemon=True)
+                self._thread = threading.Thread(target=self._run, name="serve-app-metrics", daemon=True)
                 self._thread.start()
 
     def flush(self) -> None:
@@ -192,6 +216,16 @@ class _GaugeFlusher:
             except Exception:  # noqa: BLE001 - metrics must never break serving
                 pass
             self._sent[slot] = entry
+        with self._pending_lock:
+            due = [(e[0], e[1], e[2]) for e in self._pending.values()]
+            for e in self._pending.values():
+                e[2] = 0.0
+            self._pending.clear()
+        for fn, tags, total in due:
+            try:
+                fn(total, tags=tags)
+            except Exception:  # noqa: BLE001 - metrics must never break serving
+                pass
 
     def _run(self) -> None:
         while True:
@@ -199,7 +233,7 @@ class _GaugeFlusher:
             self.flush()
 
 
-_GAUGES = _GaugeFlusher()
+_BUFFERED = _Flusher()
 
 
 REQUESTS = _Metric("counter", "requests_total", "HTTP requests by API, status code and tenant ('none' before auth)",

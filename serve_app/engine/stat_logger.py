@@ -1,17 +1,29 @@
-"""vLLM's engine metrics through Ray's metrics, without the one metric recorded per generated token.
+"""vLLM's engine metrics through Ray's metrics, without the per-token cost of recording them.
 
-vLLM's Prometheus stat logger observes `vllm:inter_token_latency_seconds` once per running request per engine
-step, i.e. once per generated token. Through Ray's metrics each observation is a native record call: profiled at
-concurrency 128 on the frontend-bound tiny model, a quarter of the engine replica's output-handling thread
-(docs/serving-path.md). The latency a client sees between tokens is recorded by the ingress instead, per API
-(`ray_serve_app_inter_token_seconds`, after parsing and framing, which is what an operator wants), so the
-engine's copy is not exported. Every other vLLM metric (queue, KV usage, prefix-cache hits, its own TTFT, per
-request times) is recorded as vLLM records it.
+vLLM's Prometheus stat logger records on every engine step: it observes `vllm:inter_token_latency_seconds` once
+per running request (once per generated token), and sets about ten gauges (running, waiting, KV usage...) and
+increments the token counters. Through Ray's metrics each of those is a native record call. Profiled on the
+frontend-bound tiny model (docs/serving-path.md), the inter-token histogram was a quarter of the engine replica's
+output-handling thread at concurrency 128, and the per-step gauges and counters about a tenth of the ingress's busy
+time at concurrency 1, where every step carries one token.
+
+So this logger
+- does not export the engine's inter-token histogram: the latency a client sees between tokens is recorded by the
+  ingress instead, per API (`ray_serve_app_inter_token_seconds`, after parsing and framing, which is what an
+  operator wants);
+- hands vLLM's gauges and counters to the service's metrics buffer (`metrics._Flusher`): a gauge's latest value
+  and a counter's accumulated increments reach Ray at most every half second, from one thread, instead of on every
+  step. What Ray exports is the same, at most that much later. Histograms are recorded as vLLM records them.
 """
 
 from __future__ import annotations
 
-from vllm.v1.metrics.ray_wrappers import RayPrometheusStatLogger
+import time
+from typing import Any
+
+from vllm.v1.metrics.ray_wrappers import RayCounterWrapper, RayGaugeWrapper, RayPrometheusStatLogger
+
+from serve_app import metrics
 
 # vLLM's per-engine children of metrics observed once per generated token.
 PER_TOKEN_METRICS = ("histogram_inter_token_latency",)
@@ -22,6 +34,77 @@ class _NotExported:
         pass
 
 
+class _BufferedGauge:
+    """A labelled vLLM Ray gauge whose `set` goes through the metrics buffer."""
+
+    def __init__(self, wrapper: RayGaugeWrapper):
+        self.set = metrics._BUFFERED.recorder(wrapper.metric.set, wrapper._tags)
+
+    def set_to_current_time(self) -> None:
+        self.set(time.time())
+
+
+class _BufferedCounter:
+    """A labelled vLLM Ray counter whose `inc` goes through the metrics buffer."""
+
+    def __init__(self, wrapper: RayCounterWrapper):
+        self.inc = metrics._BUFFERED.counter(wrapper.metric.inc, wrapper._tags)
+
+
+class _BufferedFamily:
+    """An unlabelled vLLM Ray gauge or counter that vLLM labels on every step (`.labels(...).inc(n)`): each label
+    set's buffered child is built once."""
+
+    def __init__(self, wrapper: RayGaugeWrapper | RayCounterWrapper):
+        self._wrapper = wrapper
+        self._children: dict[tuple, Any] = {}
+
+    def labels(self, *labels, **labelskwargs):
+        key = (labels, tuple(sorted(labelskwargs.items())))
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = _buffered(self._wrapper.labels(*labels, **labelskwargs))
+        return child
+
+
+def _buffered(value: Any) -> Any:
+    """`value` with every Ray gauge and counter in it (dicts and lists followed) replaced by a buffered one."""
+    if isinstance(value, (RayGaugeWrapper, RayCounterWrapper)):
+        if not value._is_labeled:
+            return _BufferedFamily(value)
+        return _BufferedGauge(value) if isinstance(value, RayGaugeWrapper) else _BufferedCounter(value)
+    if isinstance(value, dict):
+        return {k: _buffered(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_buffered(v) for v in value]
+    return value
+
+
+def buffer_metrics(obj: Any, depth: int = 1) -> int:
+    """Replace the Ray gauges and counters held in `obj`'s attributes by buffered ones; also in the attributes of
+    vLLM helper objects it holds (spec-decoding, KV-connector, perf metrics), `depth` levels down. Returns how many
+    attributes changed."""
+    changed = 0
+    for name, value in list(vars(obj).items()):
+        new = _buffered(value)
+        if new is not value and _holds_buffered(new):
+            setattr(obj, name, new)
+            changed += 1
+        elif depth > 0 and type(value).__module__.startswith("vllm.") and hasattr(value, "__dict__"):
+            changed += buffer_metrics(value, depth - 1)
+    return changed
+
+
+def _holds_buffered(value: Any) -> bool:
+    if isinstance(value, (_BufferedGauge, _BufferedCounter, _BufferedFamily)):
+        return True
+    if isinstance(value, dict):
+        return any(_holds_buffered(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_holds_buffered(v) for v in value)
+    return False
+
+
 class EngineStatLogger(RayPrometheusStatLogger):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -29,3 +112,4 @@ class EngineStatLogger(RayPrometheusStatLogger):
             children = getattr(self, attr, None)
             if isinstance(children, dict):  # engine index -> labelled child (vllm/v1/metrics/utils.py)
                 setattr(self, attr, {idx: _NotExported() for idx in children})
+        buffer_metrics(self)

@@ -40,6 +40,11 @@ def _scrape(url: str):
     return samples(r.text)
 
 
+def _generated(scraped) -> float:
+    """vLLM's generated-token counter, whichever suffix the exporter gives it."""
+    return sum(_total(scraped, n) for n in ("ray_vllm_generation_tokens_total", "ray_vllm_generation_tokens"))
+
+
 def _total(scraped, name: str, **labels) -> float:
     return sum(v for n, ls, v in scraped if n == name and all(ls.get(k) == x for k, x in labels.items()))
 
@@ -94,6 +99,7 @@ def test_every_dashboard_panel_has_data_after_traffic(serve_url):
     chat_ok = dict(api="chat", status="200", tenant=DASHBOARD_TENANT)
     chat_before = _total(before, REQUESTS, **chat_ok)
     cached_before = _total(before, CACHED, api="chat")
+    generated_before = _generated(before)
     sent = _traffic(serve_url)
 
     deadline = time.monotonic() + EXPORT_WAIT_S
@@ -101,12 +107,14 @@ def test_every_dashboard_panel_has_data_after_traffic(serve_url):
         scraped = _scrape(serve_url)
         missing = _missing(scraped)
         counted = _total(scraped, REQUESTS, **chat_ok) - chat_before
-        if not missing and counted >= sent:
+        # vLLM's per-step counters reach Ray through the metrics buffer (engine/stat_logger.py): they arrive too.
+        generated = _generated(scraped) - generated_before
+        if not missing and counted >= sent and generated > 0:
             break
         if time.monotonic() > deadline:
             names = sorted({n for n, _, _ in scraped if n.startswith(("ray_serve_app", "ray_vllm"))})
             pytest.fail(f"after {EXPORT_WAIT_S}s: panels without data {missing}; chat requests counted {counted} "
-                        f"of {sent}; exported: {names}")
+                        f"of {sent}; engine tokens counted {generated}; exported: {names}")
         time.sleep(3)
 
     # Each request is counted once (one registry, not a copy per backend), by API, status and tenant; no other

@@ -155,9 +155,9 @@ def test_metrics_route_and_middleware():
 def test_ray_gauges_send_only_their_latest_value_when_flushed():
     """A Ray-backed gauge set on every request costs a call into Ray's core worker each time; the flusher keeps
     the latest value per label set and hands Ray only changes, once per period."""
-    from serve_app.metrics import _GaugeFlusher
+    from serve_app.metrics import _Flusher
 
-    class Manual(_GaugeFlusher):
+    class Manual(_Flusher):
         def _start(self):  # flushed by the test, not by a thread
             pass
 

@@ -1,0 +1,128 @@
+"""vLLM's per-step gauges and counters reach Ray through the metrics buffer (serve_app/engine/stat_logger.py): the
+same totals and latest values, one Ray call per metric and label set per flush instead of one per engine step."""
+
+from __future__ import annotations
+
+import pytest
+
+from serve_app import metrics
+from serve_app.engine import stat_logger
+from vllm.v1.metrics.ray_wrappers import RayCounterWrapper, RayGaugeWrapper, RayHistogramWrapper
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+
+class _Manual(metrics._Flusher):
+    def _start(self):  # flushed by the test, not by a thread
+        pass
+
+
+class _Calls:
+    """Stands in for a `ray.util.metrics` metric: records what would have gone to Ray's core worker."""
+
+    def __init__(self, log: list, name: str, real):
+        self.log, self.name = log, name
+        self._tag_keys = real._tag_keys  # what vLLM's `labels()` reads
+
+    def set(self, value, tags=None):
+        self.log.append((self.name, "set", value, tags.get("engine")))
+
+    def inc(self, value, tags=None):
+        self.log.append((self.name, "inc", value, tags.get("engine")))
+
+    def observe(self, value, tags=None):
+        self.log.append((self.name, "observe", value, tags.get("engine")))
+
+
+def _per_engine(cls, name: str, log: list, engines=(0, 1)) -> dict:
+    extra = {"buckets": [1, 8, 64]} if cls is RayHistogramWrapper else {}
+    parent = cls(f"vllm:{name}", "doc", ["model_name", "engine"], **extra)
+    parent.metric = _Calls(log, name, parent.metric)  # the labelled children copy the parent's metric
+    return create_metric_per_engine(parent, {i: ["m", str(i)] for i in engines})
+
+
+class _Holder:
+    """The shape of vLLM's PrometheusStatLogger attributes this module rewrites."""
+
+    def __init__(self, log: list):
+        self.gauge_running = _per_engine(RayGaugeWrapper, "running", log)
+        self.gauge_waiting_by_reason = {"capacity": _per_engine(RayGaugeWrapper, "waiting", log)}
+        self.counter_generation_tokens = _per_engine(RayCounterWrapper, "generation_tokens", log)
+        self.histogram_iteration_tokens = _per_engine(RayHistogramWrapper, "iteration_tokens", log)
+        family = RayCounterWrapper("vllm:cached_by_source", "doc", ["model_name", "engine", "source"])
+        family.metric = _Calls(log, "cached_by_source", family.metric)
+        self.counter_cached_by_source = family
+        self.per_engine_labelvalues = {0: ["m", "0"], 1: ["m", "1"]}
+
+
+@pytest.fixture
+def buffer(monkeypatch):
+    flusher = _Manual()
+    monkeypatch.setattr(metrics, "_BUFFERED", flusher)
+    return flusher
+
+
+def _step(h: _Holder, engine: int, running: int, tokens: int, cached: int) -> None:
+    """What vLLM's `record` does for one engine step, through the same attribute shapes."""
+    h.gauge_running[engine].set(running)
+    h.gauge_waiting_by_reason["capacity"][engine].set(0)
+    h.counter_generation_tokens[engine].inc(tokens)
+    h.histogram_iteration_tokens[engine].observe(tokens)
+    h.counter_cached_by_source.labels("m", str(engine), "device").inc(cached)
+
+
+def test_steps_reach_ray_once_per_flush_with_the_same_totals_and_latest_values(buffer):
+    log: list = []
+    h = _Holder(log)
+    assert stat_logger.buffer_metrics(h) == 4  # gauges, the reason-keyed gauges, the counter, the family
+    assert h.per_engine_labelvalues == {0: ["m", "0"], 1: ["m", "1"]}  # not metrics: untouched
+    steps = [(0, 3, 3, 0), (0, 2, 2, 128), (1, 1, 1, 0), (0, 2, 2, 0), (1, 1, 1, 256), (0, 1, 1, 0)]
+    for s in steps:
+        _step(h, *s)
+    # Histograms are recorded as vLLM records them, once per step.
+    assert [x for x in log if x[1] != "observe"] == []
+    assert [(x[2], x[3]) for x in log] == [(t, str(e)) for e, _, t, _ in steps]
+    log.clear()
+    buffer.flush()
+    got = sorted(log)
+    assert got == sorted([
+        ("cached_by_source", "inc", 128, "0"), ("cached_by_source", "inc", 256, "1"),
+        ("generation_tokens", "inc", 3 + 2 + 2 + 1, "0"), ("generation_tokens", "inc", 1 + 1, "1"),
+        ("running", "set", 1, "0"), ("running", "set", 1, "1"),
+        ("waiting", "set", 0, "0"), ("waiting", "set", 0, "1"),
+    ])
+    log.clear()
+    buffer.flush()  # nothing happened since: nothing sent
+    assert log == []
+    _step(h, 1, 4, 5, 0)
+    buffer.flush()
+    assert sorted(log) == [("generation_tokens", "inc", 5, "1"), ("iteration_tokens", "observe", 5, "1"),
+                           ("running", "set", 4, "1"), ("waiting", "set", 0, "1")]
+
+
+def test_a_family_builds_each_label_sets_child_once(buffer):
+    log: list = []
+    h = _Holder(log)
+    stat_logger.buffer_metrics(h)
+    family = h.counter_cached_by_source
+    assert family.labels("m", "0", "device") is family.labels("m", "0", "device")
+    assert family.labels("m", "0", "device") is not family.labels("m", "0", "cpu")
+
+
+def test_counter_increments_added_during_a_flush_are_sent_by_the_next(buffer):
+    sent: list = []
+    inc = buffer.counter(lambda v, tags: sent.append(v), {"k": "v"})
+    inc(2)
+    inc(0)  # Ray's counters refuse zero: never sent
+    inc(-1)
+    buffer.flush()
+    inc(3)
+    buffer.flush()
+    buffer.flush()
+    assert sent == [2, 3]
+
+
+def test_the_classes_buffered_are_the_ones_vllms_ray_logger_builds():
+    """`buffer_metrics` recognises vLLM's Ray gauges and counters by class: if a vLLM upgrade builds others, this
+    fails instead of the buffering silently doing nothing."""
+    assert stat_logger.EngineStatLogger._gauge_cls is RayGaugeWrapper
+    assert stat_logger.EngineStatLogger._counter_cls is RayCounterWrapper
