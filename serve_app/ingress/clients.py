@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _GONE_RETRIES = 2  # Serve may pick the dead replica again until its controller has dropped it
+# Before such a retry: lets Serve's request router take the failed call's report (serve_router.py passes an
+# unreachable replica over from then on) before it chooses again.
+_GONE_BACKOFF_S = 0.05
 # How long a request whose replica died before its first delta may wait for another replica to accept it. A live
 # replica accepts at once; with none (the only replica died) Serve would hold the call until a replacement has
 # started, minutes for a vLLM engine, while the client waits on an open stream: past this the request fails.
@@ -171,6 +174,7 @@ class ServeEngineClient:
                     log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
                                 type(e).__name__, req.request_id)
                     self._forget(engine_key, req)
+                    await asyncio.sleep(_GONE_BACKOFF_S * (attempt + 1))
         except BaseException:
             receiver.unregister(key)
             raise

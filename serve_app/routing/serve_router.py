@@ -12,11 +12,18 @@ from Serve.
 from __future__ import annotations
 
 import logging
+import time
 from typing import List, Optional
 
 from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 log = logging.getLogger(__name__)
+
+# How long a replica whose actor a call found unreachable (ActorUnavailableError: its node lost, not yet declared
+# dead) is passed over while another replica remains. Serve keeps it among the candidates until the controller
+# drops it, and as the least loaded one (its requests just failed) its own choice would send the retry straight
+# back to it.
+SUSPECT_S = 10.0
 
 
 def _target_of(pending: Optional[PendingRequest]) -> str | None:
@@ -50,20 +57,37 @@ class TargetReplicaRouter(RequestRouter):
         self._router_app = router_app or self.app_name  # the Router deployment is in the engines' app
         self._engine_key = engine_key
         self._router_handle = None
+        self._suspects: dict[str, float] = {}  # replica id -> until when it is passed over
 
     async def choose_replicas(
         self, candidate_replicas: List[RunningReplica], pending_request: Optional[PendingRequest] = None
     ) -> List[List[RunningReplica]]:
+        candidates = self._usable(candidate_replicas)
         target = _target_of(pending_request)
         if target is not None:
-            for replica in candidate_replicas:
+            for replica in candidates:
                 if replica.replica_id.unique_id == target:
                     return [[replica]]
         # No usable target: one group of all candidates, and Serve takes the shortest queue (least loaded).
-        return [candidate_replicas]
+        return [candidates]
+
+    def _usable(self, candidates: List[RunningReplica]) -> List[RunningReplica]:
+        """The candidates without the suspects, unless that leaves none (then Serve's own retries decide)."""
+        if not self._suspects:
+            return candidates
+        now = time.monotonic()
+        self._suspects = {r: until for r, until in self._suspects.items() if until > now}
+        live = [c for c in candidates if c.replica_id.unique_id not in self._suspects]
+        return live or candidates
+
+    def on_replica_actor_unavailable(self, replica_id) -> None:
+        super().on_replica_actor_unavailable(replica_id)
+        self._suspects[replica_id.unique_id] = time.monotonic() + SUSPECT_S
 
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)
+        ids = {r.replica_id.unique_id for r in replicas}
+        self._suspects = {r: until for r, until in self._suspects.items() if r in ids}
         self._sync([r.replica_id.unique_id for r in replicas])
 
     def on_replica_actor_died(self, replica_id) -> None:

@@ -106,3 +106,36 @@ def test_a_driver_handle_never_reports(monkeypatch):
     monkeypatch.setattr(r, "_reports", TargetReplicaRouter._reports.__get__(r))  # the real check: a driver here
     r._sync(["a", "b"])
     assert handles == [] and calls == []
+
+
+def test_an_unreachable_replica_is_passed_over_while_another_remains(monkeypatch):
+    """A node lost: a call finds replica b's actor unreachable before Serve's controller drops it. b looks the
+    least loaded (its requests just failed), so Serve's own choice would send the retry straight back; it is passed
+    over for a while, even as the Router's target, unless it is the only candidate left."""
+
+    async def run():
+        r, _ = _router(monkeypatch, [])
+        a, b = Replica("a"), Replica("b")
+        r.update_replicas([a, b])
+
+        def pending(target):
+            req = EngineRequest(request_id="1", prompt_token_ids=[1], max_tokens=1, target_replica=target)
+            return PendingRequest(args=[req], kwargs={}, metadata=None)
+
+        r.on_replica_actor_unavailable(b.replica_id)
+        out = {"any": await r.choose_replicas([a, b], pending(None)),
+               "target b": await r.choose_replicas([a, b], pending("b")),
+               "only b": await r.choose_replicas([b], pending(None))}
+        clock = [serve_router.time.monotonic() + serve_router.SUSPECT_S + 1]
+        monkeypatch.setattr(serve_router.time, "monotonic", lambda: clock[0])
+        out["later"] = await r.choose_replicas([a, b], pending(None))
+        r.on_replica_actor_unavailable(b.replica_id)
+        r.update_replicas([a])  # Serve dropped it: forgotten, and a replacement with another id is not affected
+        out["dropped"] = dict(r._suspects)
+        return out, a, b
+
+    out, a, b = asyncio.run(run())
+    assert out["any"] == [[a]] and out["target b"] == [[a]]
+    assert out["only b"] == [[b]]  # nothing else: Serve's own retries decide
+    assert out["later"] == [[a, b]]  # the suspicion expires: a replica that was only briefly unreachable returns
+    assert out["dropped"] == {}
