@@ -53,26 +53,36 @@ class _BufferedCounter:
 
 class _BufferedFamily:
     """An unlabelled vLLM Ray gauge or counter that vLLM labels on every step (`.labels(...).inc(n)`): each label
-    set's buffered child is built once."""
+    set's buffered child is built once. Recorded without labels (`.set(v)`, `.inc(n)`), it is its own child."""
 
     def __init__(self, wrapper: RayGaugeWrapper | RayCounterWrapper):
         self._wrapper = wrapper
         self._children: dict[tuple, Any] = {}
+        self._self: Any = None
 
     def labels(self, *labels, **labelskwargs):
         key = (labels, tuple(sorted(labelskwargs.items())))
         child = self._children.get(key)
         if child is None:
-            child = self._children[key] = _buffered(self._wrapper.labels(*labels, **labelskwargs))
+            child = self._children[key] = _labelled(self._wrapper.labels(*labels, **labelskwargs))
         return child
+
+    def __getattr__(self, name: str):  # set / inc / set_to_current_time on the unlabelled metric
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if self._self is None:
+            self._self = _labelled(self._wrapper)
+        return getattr(self._self, name)
+
+
+def _labelled(wrapper: RayGaugeWrapper | RayCounterWrapper) -> "_BufferedGauge | _BufferedCounter":
+    return _BufferedGauge(wrapper) if isinstance(wrapper, RayGaugeWrapper) else _BufferedCounter(wrapper)
 
 
 def _buffered(value: Any) -> Any:
     """`value` with every Ray gauge and counter in it (dicts and lists followed) replaced by a buffered one."""
     if isinstance(value, (RayGaugeWrapper, RayCounterWrapper)):
-        if not value._is_labeled:
-            return _BufferedFamily(value)
-        return _BufferedGauge(value) if isinstance(value, RayGaugeWrapper) else _BufferedCounter(value)
+        return _labelled(value) if value._is_labeled else _BufferedFamily(value)
     if isinstance(value, dict):
         return {k: _buffered(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -108,6 +108,27 @@ def test_a_family_builds_each_label_sets_child_once(buffer):
     assert family.labels("m", "0", "device") is not family.labels("m", "0", "cpu")
 
 
+def test_an_unlabelled_metric_recorded_directly_is_buffered_too(buffer):
+    log: list = []
+
+    class Plain:
+        def __init__(self):
+            g = RayGaugeWrapper("vllm:plain_gauge", "doc")
+            g.metric = _Calls(log, "plain_gauge", g.metric)
+            c = RayCounterWrapper("vllm:plain_counter", "doc")
+            c.metric = _Calls(log, "plain_counter", c.metric)
+            self.gauge, self.counter = g, c
+
+    h = Plain()
+    stat_logger.buffer_metrics(h)
+    for v in (1, 2, 3):
+        h.gauge.set(v)
+        h.counter.inc(v)
+    assert log == []
+    buffer.flush()
+    assert sorted(log) == [("plain_counter", "inc", 6, None), ("plain_gauge", "set", 3, None)]
+
+
 def test_counter_increments_added_during_a_flush_are_sent_by_the_next(buffer):
     sent: list = []
     inc = buffer.counter(lambda v, tags: sent.append(v), {"k": "v"})
