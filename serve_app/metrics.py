@@ -165,7 +165,7 @@ class _Flusher:
     def __init__(self):
         self._latest: dict[int, tuple[Any, dict[str, str], float]] = {}
         self._sent: dict[int, tuple] = {}
-        self._pending: dict[int, list] = {}  # slot -> [fn, tags, sum not yet sent]
+        self._pending: list[list] = []  # counters with increments not yet sent: [fn, tags, sum]
         self._pending_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -185,14 +185,13 @@ class _Flusher:
         """A counter's increment: `fn(sum, tags=tags)` is called at the next flush with what was added since the
         last one (nothing when that is zero: Ray's counters refuse a zero increment)."""
         entry = [fn, tags, 0.0]
-        slot = id(entry)
 
         def inc(value: float = 1.0) -> None:
             if value <= 0:
                 return
             with self._pending_lock:
                 if entry[2] == 0:
-                    self._pending[slot] = entry
+                    self._pending.append(entry)
                 entry[2] += value
             if self._thread is None:
                 self._start()
@@ -217,8 +216,8 @@ class _Flusher:
                 pass
             self._sent[slot] = entry
         with self._pending_lock:
-            due = [(e[0], e[1], e[2]) for e in self._pending.values()]
-            for e in self._pending.values():
+            due = [(e[0], e[1], e[2]) for e in self._pending]
+            for e in self._pending:
                 e[2] = 0.0
             self._pending.clear()
         for fn, tags, total in due:

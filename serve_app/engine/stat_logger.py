@@ -80,13 +80,16 @@ def _labelled(wrapper: RayGaugeWrapper | RayCounterWrapper) -> "_BufferedGauge |
 
 
 def _buffered(value: Any) -> Any:
-    """`value` with every Ray gauge and counter in it (dicts and lists followed) replaced by a buffered one."""
+    """`value` with every Ray gauge and counter in it (dicts and lists followed) replaced by a buffered one; `value`
+    itself when it holds none."""
     if isinstance(value, (RayGaugeWrapper, RayCounterWrapper)):
         return _labelled(value) if value._is_labeled else _BufferedFamily(value)
     if isinstance(value, dict):
-        return {k: _buffered(v) for k, v in value.items()}
+        new = {k: _buffered(v) for k, v in value.items()}
+        return value if all(new[k] is v for k, v in value.items()) else new
     if isinstance(value, list):
-        return [_buffered(v) for v in value]
+        items = [_buffered(v) for v in value]
+        return value if all(a is b for a, b in zip(items, value)) else items
     return value
 
 
@@ -97,22 +100,12 @@ def buffer_metrics(obj: Any, depth: int = 1) -> int:
     changed = 0
     for name, value in list(vars(obj).items()):
         new = _buffered(value)
-        if new is not value and _holds_buffered(new):
+        if new is not value:
             setattr(obj, name, new)
             changed += 1
         elif depth > 0 and type(value).__module__.startswith("vllm.") and hasattr(value, "__dict__"):
             changed += buffer_metrics(value, depth - 1)
     return changed
-
-
-def _holds_buffered(value: Any) -> bool:
-    if isinstance(value, (_BufferedGauge, _BufferedCounter, _BufferedFamily)):
-        return True
-    if isinstance(value, dict):
-        return any(_holds_buffered(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_holds_buffered(v) for v in value)
-    return False
 
 
 class EngineStatLogger(RayPrometheusStatLogger):

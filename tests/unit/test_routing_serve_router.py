@@ -63,6 +63,11 @@ def _router(monkeypatch, calls):
     return r, handles
 
 
+def _pending(target):
+    req = EngineRequest(request_id="1", prompt_token_ids=[1], max_tokens=1, target_replica=target)
+    return PendingRequest(args=[req], kwargs={}, metadata=None)
+
+
 def test_live_replicas_and_dead_actors_are_reported_to_the_router(monkeypatch):
     calls = []
 
@@ -87,11 +92,7 @@ def test_the_target_is_honoured_and_a_gone_target_falls_back_to_all(monkeypatch)
         a, b = Replica("a"), Replica("b")
         r.update_replicas([a, b])
 
-        def pending(target):
-            req = EngineRequest(request_id="1", prompt_token_ids=[1], max_tokens=1, target_replica=target)
-            return PendingRequest(args=[req], kwargs={}, metadata=None)
-
-        return (await r.choose_replicas([a, b], pending("b")), await r.choose_replicas([a, b], pending("gone")),
+        return (await r.choose_replicas([a, b], _pending("b")), await r.choose_replicas([a, b], _pending("gone")),
                 a, b)
 
     to_b, fallback, a, b = asyncio.run(run())
@@ -118,17 +119,13 @@ def test_an_unreachable_replica_is_passed_over_while_another_remains(monkeypatch
         a, b = Replica("a"), Replica("b")
         r.update_replicas([a, b])
 
-        def pending(target):
-            req = EngineRequest(request_id="1", prompt_token_ids=[1], max_tokens=1, target_replica=target)
-            return PendingRequest(args=[req], kwargs={}, metadata=None)
-
         r.on_replica_actor_unavailable(b.replica_id)
-        out = {"any": await r.choose_replicas([a, b], pending(None)),
-               "target b": await r.choose_replicas([a, b], pending("b")),
-               "only b": await r.choose_replicas([b], pending(None))}
+        out = {"any": await r.choose_replicas([a, b], _pending(None)),
+               "target b": await r.choose_replicas([a, b], _pending("b")),
+               "only b": await r.choose_replicas([b], _pending(None))}
         clock = [serve_router.time.monotonic() + serve_router.SUSPECT_S + 1]
         monkeypatch.setattr(serve_router.time, "monotonic", lambda: clock[0])
-        out["later"] = await r.choose_replicas([a, b], pending(None))
+        out["later"] = await r.choose_replicas([a, b], _pending(None))
         r.on_replica_actor_unavailable(b.replica_id)
         r.update_replicas([a])  # Serve dropped it: forgotten, and a replacement with another id is not affected
         out["dropped"] = dict(r._suspects)
