@@ -84,10 +84,12 @@ class PreparedRequest:
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
 
-    def release(self, output_tokens: int) -> None:
-        """Free the admission slot and tenant lease, if admission took any (idempotent)."""
+    def release(self, output_tokens: int):
+        """Free the admission slot and tenant lease, if admission took any (idempotent). Returns the tenant
+        release still in flight, if any (`LimitClient.release`)."""
         if self._release is not None:
-            self._release(output_tokens)
+            return self._release(output_tokens)
+        return None
 
 
 class EngineClient(Protocol):
@@ -283,11 +285,12 @@ class GenerationService:
         metrics.observe_tenant(prepared.tenant, "admitted")
         limiter, lease, done = self.limiter, verdict.lease, [False]
 
-        def release_both(output_tokens: int = 0) -> None:
+        def release_both(output_tokens: int = 0):
             release()
             if not done[0]:
                 done[0] = True
-                limiter.release(lease, output_tokens)
+                return limiter.release(lease, output_tokens)
+            return None
 
         return release_both
 
@@ -478,8 +481,11 @@ class GenerationService:
                 fin = _map_finish(last, saw_tool, prepared.length_stop)
                 outcome["finish"] = fin.reason
                 # Before the final frame goes out: a client that sends its next request the moment it reads the
-                # end must find the tenant's slot free (released again, idempotently, in `finally`).
-                prepared.release(completion)
+                # end must find the tenant's slot free (released again, idempotently, in `finally`). The shared
+                # limit state is another process: wait for the release to land there, not just to be sent.
+                pending = prepared.release(completion)
+                if pending is not None and self.limiter is not None:
+                    await self.limiter.settled(pending)
                 yield fin
                 if warm and last.finish_reason in ("stop", "length"):
                     self._warm_next_turn(key, engine_req, generated)

@@ -14,7 +14,7 @@ import contextvars
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Awaitable
 
 from serve_app.errors import ServiceError
 from serve_app.limits import LimitState, Verdict, limits_dict
@@ -35,7 +35,9 @@ class RateLimited(ServiceError):
 
 
 class LimitClient:
-    """`acquire` (awaited at admission) and `release` (fire and forget) against the shared limit state."""
+    """`acquire` (awaited at admission) and `release` against the shared limit state. `release` returns the call
+    still in flight (None when there is none): the service awaits it before a stream's final frame, so a client
+    that sends its next request the moment it reads the end finds its slot free; elsewhere it is left to land."""
 
     def __init__(self, backend: Any, timeout_s: float = 2.0):
         self.backend = backend  # a DeploymentHandle of TenantLimits, or a LimitState
@@ -60,16 +62,26 @@ class LimitClient:
             raise RateLimited(tenant, verdict.reason or "limit", verdict.retry_after or 1.0)
         return verdict
 
-    def release(self, lease: str | None, output_tokens: int) -> None:
+    def release(self, lease: str | None, output_tokens: int) -> Awaitable | None:
         if lease is None:
-            return
+            return None
         try:
             if isinstance(self.backend, LimitState):
                 self.backend.release(lease, output_tokens, time.time())
-            else:
-                self.backend.release.remote(lease, output_tokens)  # not awaited: the answer is already sent
+                return None
+            return self.backend.release.remote(lease, output_tokens)
         except Exception as e:  # noqa: BLE001 - a lost release expires with its lease
             log.warning("releasing a tenant lease failed: %s", e)
+            return None
+
+    async def settled(self, pending: Awaitable | None) -> None:
+        """Wait, at most `timeout_s`, for a release `release` returned to reach the limit state."""
+        if pending is None:
+            return
+        try:
+            await asyncio.wait_for(pending, self.timeout_s)
+        except Exception as e:  # noqa: BLE001 - a lost release expires with its lease; the answer goes on
+            log.warning("releasing a tenant lease failed: %s", type(e).__name__)
 
 
 def _duration(seconds: float) -> str:

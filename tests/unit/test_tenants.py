@@ -264,6 +264,54 @@ async def test_concurrent_requests_over_the_limit_get_429():
     assert shared.in_flight("carol", 0.0) == 0
 
 
+class _RemoteLimits:
+    """The TenantLimits deployment's shape through a Serve handle: each call is in flight until awaited or landed,
+    and a release lands a while after it is sent (another process, another hop)."""
+
+    def __init__(self, state: LimitState, release_delay_s: float):
+        self.state, self.delay = state, release_delay_s
+        self.acquire = self._Method(self._acquire)
+        self.release = self._Method(self._release)
+
+    class _Method:
+        def __init__(self, fn):
+            self.fn = fn
+
+        def remote(self, *args):
+            return asyncio.ensure_future(self.fn(*args))
+
+    async def _acquire(self, tenant, limits, prompt_tokens):
+        import time
+
+        return self.state.acquire(tenant, limits, prompt_tokens, time.time()).to_dict()
+
+    async def _release(self, lease, output_tokens):
+        import time
+
+        await asyncio.sleep(self.delay)
+        self.state.release(lease, output_tokens, time.time())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_the_next_request_right_after_the_end_finds_the_slot_free(stream):
+    """carol may run one request at a time; the shared limit state is another process, and her next request goes
+    out the moment she reads the end of the last one: the release must have landed before that end was sent."""
+    from serve_app.service import GenerationService
+
+    cfg, shared = settings(), LimitState()
+    svc = GenerationService(cfg, engines(), limiter=LimitClient(_RemoteLimits(shared, release_delay_s=0.05)))
+    svc._renderers["m"] = StubRenderer(100)
+    app = create_app(IngressContext(settings=cfg, service=svc, secret=b"s"))
+    client = oai(app, "key-c")
+    for _ in range(3):
+        out = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
+                                                   stream=stream)
+        if stream:
+            async for _chunk in out:
+                pass
+    assert shared.in_flight("carol", 0.0) == 0
+
+
 async def test_requests_carry_the_tenants_salt_to_the_engine_and_the_router():
     from serve_app.routing.hashing import block_hashes
 
