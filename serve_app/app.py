@@ -2,7 +2,8 @@
 
     Ingress (FastAPI, CPU) ──▶ Router (KV index + load, one per app) ──▶ Engine-<model> (vLLM, one per weights)
 
-or, with `engine_placement: ingress`, the Ingress alone with the engines in each of its replicas.
+or, with `engine_placement: ingress`, the Ingress alone with the engines in each of its replicas — and with
+`router.front_door` a Router that Serve's HAProxy asks which ingress replica holds each request's prefix.
 
 Models whose weights and engine settings are equal share one Engine deployment (`service.engine_key`), so one
 engine can be served under several ids with different parsers or chat templates.
@@ -10,6 +11,8 @@ engine can be served under several ids with different parsers or chat templates.
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from ray import serve
@@ -22,10 +25,13 @@ from serve_app.ingress.deployment import Ingress
 from serve_app.ingress.limits_deployment import bind_limits
 from serve_app.ingress.responses.store import bind_store
 from serve_app.routing.deployment import Router
+from serve_app.routing.front_door_deployment import FrontDoorRouter
 from serve_app.routing.registry import make_policy
-from serve_app.serve_tuning import DIRECT_INGRESS, with_replica_env
+from serve_app.serve_tuning import DIRECT_INGRESS, FRONT_DOOR, with_replica_env
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
+
+log = logging.getLogger(__name__)
 
 
 def _engine_options(model: ModelConfig, key: str) -> dict[str, Any]:
@@ -93,5 +99,26 @@ def _ingress_with_engines(settings: AppSettings, secret, ingress_env: dict[str, 
     for m in settings.models:
         env.update(m.engine_env)
     opts = _small_options(settings.ingress.serve_options(), default_cpus=0.5, env=env)
-    return Ingress.options(**opts).bind(settings.model_dump(), secret, {}, None, bind_store(settings),
-                                         bind_limits(settings))
+    if settings.router.front_door:
+        # Serve's request router of the Ingress deployment: only the front door's Router calls it, to name the
+        # replica its table chose (and to report the live replicas to that table, per engine key).
+        opts["request_router_config"] = RequestRouterConfig(
+            request_router_class="serve_app.routing.serve_router:TargetReplicaRouter",
+            request_router_kwargs={"engine_keys": sorted({engine_key(m) for m in settings.models})},
+        )
+    ingress = Ingress.options(**opts).bind(settings.model_dump(), secret, {}, None, bind_store(settings),
+                                           bind_limits(settings))
+    if not settings.router.front_door:
+        return ingress
+    make_policy(settings.router.policy)
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not all(os.environ.get(k) == v
+                                                                      for k, v in FRONT_DOOR.items()):
+        # Built where the controller's flags are (serve run / deploy of a config): HAProxy would send empty bodies.
+        log.warning("router.front_door without %s in controller_options.runtime_env.env_vars: every request "
+                    "will be routed on load alone", ", ".join(f"{k}={v}" for k, v in FRONT_DOOR.items()))
+    router_opts = _small_options(settings.router.deployment.serve_options())
+    router_opts.pop("num_replicas", None)  # Serve runs one per proxy node (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE)
+    router = FrontDoorRouter.options(**router_opts).bind(settings.model_dump(), secret, ingress)
+    # Serve's hook (internal in Ray 2.60; Ray Serve LLM's direct streaming uses it): HAProxy asks `router` which
+    # replica of `ingress` to forward each request to (routing/front_door_deployment.py).
+    return ingress._with_ingress_request_router(router)

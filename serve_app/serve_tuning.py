@@ -32,9 +32,25 @@ SERVE_REPLICA_ENV = {
 DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
+# The front door's routing (`router.front_door`): HAProxy passes each request's body to the Router's
+# /internal/route (routing/front_door_deployment.py), which needs it to find the prompt's prefix. Read by Serve's
+# HAProxy manager, so it is the controller's too (`controller_options.runtime_env.env_vars`).
+FRONT_DOOR = {"RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1"}
+
+
+def controller_env(serve_config: dict[str, Any]) -> dict[str, str]:
+    return (((serve_config.get("controller_options") or {}).get("runtime_env") or {}).get("env_vars") or {})
+
+
+def front_door_in(serve_config: dict[str, Any]) -> bool:
+    """Whether a Serve config's controller passes request bodies to an ingress request router."""
+    env = controller_env(serve_config)
+    return all(env.get(k) == v for k, v in FRONT_DOOR.items())
+
+
 def direct_ingress_in(serve_config: dict[str, Any]) -> bool:
     """Whether a Serve config's controller runs direct ingress (both flags set)."""
-    env = (((serve_config.get("controller_options") or {}).get("runtime_env") or {}).get("env_vars") or {})
+    env = controller_env(serve_config)
     return all(env.get(k) == v for k, v in DIRECT_INGRESS.items())
 
 

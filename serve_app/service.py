@@ -413,10 +413,11 @@ class GenerationService:
         chunks: AsyncIterator[EngineChunk] | None = None
         completion = 0
         outcome: dict[str, Any] = {}  # what the request log records of this stream
+        route_id = prepared.options.route_id or prepared.request_id  # what the Router's load is kept under
         try:
             block = await self.engines.block_size(key)
             route = RouteRequest(
-                request_id=prepared.request_id,
+                request_id=route_id,
                 block_hashes=block_hashes(prepared.prompt_token_ids, block, salt=prepared.cache_salt),
                 num_prompt_tokens=n_prompt,
                 expected_output_tokens=prepared.options.hints.osl or min(prepared.max_tokens, 512),
@@ -456,7 +457,7 @@ class GenerationService:
                 if chunk.num_cached_tokens is not None:
                     cached = outcome["cached"] = chunk.num_cached_tokens
                     if decision is not None:  # the Router learns this replica's prefill rate from it
-                        self.engines.prefilled(key, prepared.request_id, cached)
+                        self.engines.prefilled(key, route_id, cached)
                 completion += len(chunk.token_ids)
                 if warm:
                     generated.extend(chunk.token_ids)
@@ -512,7 +513,7 @@ class GenerationService:
                     except Exception:
                         pass
             if decision is not None:  # with the real output count: the Router learns the decode rate from it
-                self.engines.release(key, prepared.request_id, completion)
+                self.engines.release(key, route_id, completion)
 
     def _log(self, prepared: PreparedRequest, *, decision: Decision | None = None, output_tokens: int = 0,
              finish: str | None = None, finish_reason: str | None = None, cached: int | None = None,

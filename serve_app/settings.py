@@ -129,6 +129,11 @@ class RouterConfig(_Strict):
     # Router replica decides every request, with the load of all ingresses.
     placement: Literal["ingress", "deployment"] = "ingress"
     sync_interval_s: float = Field(default=1.0, gt=0)  # how often an ingress-local table follows the Router
+    # With `engine_placement: ingress`: the front door (Serve's HAProxy) asks the Router which ingress replica
+    # holds each request's prefix before forwarding it there (routing/front_door.py), instead of spreading
+    # requests with no affinity. For several ingress replicas; needs direct ingress and the controller flags of
+    # serve_tuning.FRONT_DOOR.
+    front_door: bool = False
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
 
@@ -265,9 +270,10 @@ class AppSettings(_Strict):
     # Where the engines run. `deployment`: an Engine deployment per engine, its replicas reached over a Serve call
     # and the delta channel, each request sent to the replica that holds its prefix (the KV-aware router).
     # `ingress`: every ingress replica runs the engines in its own process, as vLLM's API server does — no Serve
-    # call and no relay process on a token's path (docs/serving-path.md) — and the front door spreads requests
-    # over the ingress replicas with no prefix affinity: one replica per host, or several where affinity does not
-    # matter. Their resources are the ingress deployment's (`ingress.deployment.ray_actor_options`).
+    # call and no relay process on a token's path (docs/serving-path.md). With several ingress replicas the front
+    # door spreads requests with no prefix affinity unless `router.front_door` is on, which has it ask the Router
+    # which replica holds each request's prefix. Their resources are the ingress deployment's
+    # (`ingress.deployment.ray_actor_options`).
     engine_placement: Literal["deployment", "ingress"] = "deployment"
 
     @field_validator("models")
@@ -290,6 +296,12 @@ class AppSettings(_Strict):
                 if m.deployment != DeploymentOptions():
                     raise ValueError(f"models[{i}].deployment has no effect with engine_placement: ingress (the "
                                      "ingress replicas run the engines): set ingress.deployment instead")
+        if self.router.front_door:
+            if self.engine_placement != "ingress":
+                raise ValueError("router.front_door needs engine_placement: ingress (with the Engine deployment the "
+                                 "Router already picks the engine replica)")
+            if not self.ingress.direct_ingress:
+                raise ValueError("router.front_door needs ingress.direct_ingress: true (it is HAProxy's hook)")
         return self
 
     def find_model(self, model_id: str) -> ModelConfig | None:

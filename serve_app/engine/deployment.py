@@ -10,14 +10,13 @@ from ray import serve
 
 from serve_app.engine.delta_channel import DeltaSender
 from serve_app.engine.provision import ensure_model
+from serve_app.engine.registration import register_forever, registration
 from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.engine.vllm_engine import VLLMEngine
 from serve_app.serve_tuning import freeze_startup_heap
 from serve_app.settings import ModelConfig
 
 log = logging.getLogger(__name__)
-
-REREGISTER_S = 30.0  # how soon a restarted Router relearns this replica's KV event endpoints
 
 
 # Above vLLM's own max_num_seqs (128-256 on CPU, more on GPUs): the engine's scheduler queues and prioritises,
@@ -45,34 +44,10 @@ class Engine:
         freeze_startup_heap()
 
     async def _register(self) -> None:
-        """Tell the Router where this replica publishes KV events: retried until it answers (the Router may start
-        later), then repeated every REREGISTER_S so that a Router replica that restarted (and lost its table)
-        learns this replica again; a repeat of a registration the Router holds changes nothing there."""
         import ray
 
-        host = ray.util.get_node_ip_address()
-        e = self.engine
-        registration = (
-            self.engine_key,
-            self.replica_id,
-            f"tcp://{host}:{e.kv_events_port}" if e.kv_events_port else None,
-            f"tcp://{host}:{e.kv_replay_port}" if e.kv_replay_port else None,
-            e.block_size,
-        )
-        attempt = 0
-        registered = False
-        while True:
-            try:
-                await self._router.register_replica.remote(*registration, refresh=registered)
-                registered, attempt = True, 0
-                await asyncio.sleep(REREGISTER_S)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - keep serving; routing falls back to load only
-                attempt += 1
-                if attempt == 1 or attempt % 30 == 0:
-                    log.info("router registration attempt %d failed: %s", attempt, exc)
-                await asyncio.sleep(min(2.0, 0.2 * attempt))
+        reg = registration(self.engine_key, self.replica_id, self.engine, ray.util.get_node_ip_address())
+        await register_forever(self._router, reg)
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         self.engine.validate(req)

@@ -11,6 +11,7 @@ engine, which frees its KV blocks (VLLMEngine.generate).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import AsyncIterator
 
@@ -20,6 +21,18 @@ from serve_app.settings import ModelConfig
 
 log = logging.getLogger(__name__)
 
+REPORT_TIMEOUT_S = 10.0
+# With several front-door Router replicas (one per proxy node) each call reaches one of them: repeating the
+# registration often lets every replica learn it within a few periods (a repeat it holds changes nothing).
+REGISTER_EVERY_S = 5.0
+
+
+async def _settle(response) -> None:
+    try:
+        await asyncio.wait_for(response, REPORT_TIMEOUT_S)
+    except Exception as e:  # noqa: BLE001 - the Router's reservation then expires on its own
+        log.debug("routing report not delivered: %s", e)
+
 POLICY = "in-process"  # the request log's `route` for a request this process's own engine served
 
 
@@ -28,12 +41,31 @@ class LocalEngineClient:
         """`engines`: engine key -> a started VLLMEngine (or anything with its interface)."""
         self._engines = engines
         self.replica_id = replica_id
+        # With the front door's routing (`router.front_door`): the Router that chose this replica, told of each
+        # request's prefill and end as the Engine deployment's ingress tells it (routing/front_door_deployment.py).
+        self._router = None
+        self._reports: set = set()
+        self._tasks: set = set()
+
+    def report_to(self, router, host: str) -> None:
+        """For the front door's Router (routing/front_door_deployment.py): register every engine here with it
+        (their KV event endpoints on `host`), repeated every REGISTER_EVERY_S while this process lives, and report
+        each request it placed here when it prefilled and when it ended. Needs the running event loop."""
+        from serve_app.engine.registration import register_forever, registration
+
+        self._router = router
+        loop = asyncio.get_running_loop()
+        for key, engine in self._engines.items():
+            reg = registration(key, self.replica_id, engine, host)
+            self._tasks.add(loop.create_task(register_forever(router, reg, REGISTER_EVERY_S)))
 
     @classmethod
     def start(cls, models: list[ModelConfig], *, forced_scripts: bool, model_cache_dir: str | None,
-              replica_id: str = "local", stat_loggers: list | None = None) -> "LocalEngineClient":
+              replica_id: str = "local", stat_loggers: list | None = None,
+              kv_events: bool = False) -> "LocalEngineClient":
         """One VLLMEngine per engine key of `models` (models that share weights and engine settings share one),
-        started one after another in this process."""
+        started one after another in this process. `kv_events`: publish each engine's KV events (for a Router
+        that routes to this process, `report_to`)."""
         from serve_app.engine.provision import ensure_model
         from serve_app.engine.vllm_engine import VLLMEngine, freeze_vllm_envs
         from serve_app.service import engine_key
@@ -45,7 +77,7 @@ class LocalEngineClient:
                 if key in engines:
                     continue
                 engine = VLLMEngine(m, ensure_model(m.model_source, model_cache_dir), forced_scripts=forced_scripts,
-                                    kv_events=False, stat_loggers=stat_loggers)
+                                    kv_events=kv_events, stat_loggers=stat_loggers)
                 engine.start(cache_envs=False)
                 engines[key] = engine
         except BaseException:
@@ -76,10 +108,26 @@ class LocalEngineClient:
         return Decision(replica_id=self.replica_id, policy=POLICY)
 
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
-        pass  # no router learns rates here
+        if self._placed(request_id):
+            self._report(self._router.prefilled.remote(engine_key, request_id, cached_tokens))
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
-        pass
+        if self._placed(request_id):
+            self._report(self._router.released.remote(engine_key, request_id, output_tokens))
+
+    def _placed(self, request_id: str) -> bool:
+        """Whether a front door Router placed this request (its route id, `<router replica>/<request id>`):
+        only then is anything reserved for it."""
+        return self._router is not None and "/" in request_id
+
+    def _report(self, response) -> None:
+        """Not waited for by the request, but held until it lands."""
+        try:
+            task = asyncio.get_running_loop().create_task(_settle(response))
+        except RuntimeError:  # no loop (a unit test's direct call): nothing to hold it for
+            return
+        self._reports.add(task)
+        task.add_done_callback(self._reports.discard)
 
     async def open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         """Validation (vLLM's own, e.g. an output schema its grammar cannot compile) raises here, before the
@@ -97,6 +145,8 @@ class LocalEngineClient:
             await engine.check_health()
 
     def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
         for engine in self._engines.values():
             try:
                 engine.shutdown()

@@ -36,6 +36,12 @@ class IngressContext:
     replica_tag: str = ""  # this ingress replica's name, sent as `x-serve-replica` ("" outside Serve)
 
 
+def replica_headers(ctx: IngressContext) -> dict[str, str]:
+    """`x-serve-replica`: which ingress replica answered (lets tests and operators see cross-replica use, and
+    which replica the front door chose)."""
+    return {"x-serve-replica": ctx.replica_tag} if ctx.replica_tag else {}
+
+
 async def get_ctx(request: Request) -> IngressContext:
     # async: FastAPI runs a plain `def` dependency in its thread pool, a thread hop per request (and anyio's
     # root-task lookup walks every task on the loop: O(open streams) each time).

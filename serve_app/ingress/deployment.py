@@ -38,9 +38,19 @@ class Ingress:
             from serve_app.engine.local_client import LocalEngineClient
             from serve_app.engine.stat_logger import EngineStatLogger
 
+            replica = serve.get_replica_context()
             client = self.local_engines = LocalEngineClient.start(
                 cfg.models, forced_scripts=cfg.testing.forced_scripts, model_cache_dir=cfg.model_cache_dir,
-                replica_id=serve.get_replica_context().replica_id.unique_id, stat_loggers=[EngineStatLogger])
+                replica_id=replica.replica_id.unique_id, stat_loggers=[EngineStatLogger],
+                kv_events=cfg.router.front_door)
+            if cfg.router.front_door:
+                # The front door's Router (routing/front_door_deployment.py) routes to this replica by what its
+                # engines hold: they register their KV event feeds there, and each request it placed here
+                # reports its prefill and end.
+                import ray
+
+                client.report_to(serve.get_deployment_handle("Router", app_name=replica.app_name),
+                                 ray.util.get_node_ip_address())
         else:
             client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s,
                                        local=self.local_router)

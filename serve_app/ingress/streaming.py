@@ -28,7 +28,8 @@ from serve_app.errors import ServiceError
 from serve_app.ingress import sse
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.body import read_json
-from serve_app.ingress.context import IngressContext
+from serve_app.ingress.context import IngressContext, replica_headers
+from serve_app.routing.types import ROUTE_ID_HEADER
 
 UNFINISHED = "the generation ended without finishing"
 T = TypeVar("T")
@@ -120,7 +121,9 @@ async def generate(api: ApiAdapter, request: Request, ctx: IngressContext) -> Re
     routed = time.monotonic()
     arrived = request_log.ARRIVED.get()
     call = await api.parse(await read_body(request, ctx), request, ctx)
-    headers = api.headers(request, ctx)
+    if ctx.settings.router.front_door:  # the front door's Router placed it: its load is kept under this id
+        call.options.route_id = request.headers.get(ROUTE_ID_HEADER)
+    headers = {**replica_headers(ctx), **api.headers(request, ctx)}
     try:
         prepared = await ctx.service.prepare(call.conversation, call.options, call.model,
                                              received=arrived or routed, routed=routed if arrived else None)

@@ -16,12 +16,10 @@ from serve_app.serve_tuning import freeze_startup_heap
 from serve_app.settings import RouterConfig
 
 
-@serve.deployment(name="Router", num_replicas=1, max_ongoing_requests=10_000)
-class Router:
-    def __init__(self, config: dict):
-        cfg = RouterConfig.model_validate(config)
-        self.table = RoutingTable(cfg, kv_events=cfg.kv_events and cfg.placement == "deployment")
-        freeze_startup_heap()  # with placement `deployment` every request's decision waits on this loop
+class RouterMethods:
+    """The Router's Serve methods over `self.table`; shared with the front door's Router (routing/front_door.py)."""
+
+    table: RoutingTable
 
     async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint,
                                block_size: int, refresh: bool = False):
@@ -50,3 +48,11 @@ class Router:
 
     async def metrics(self) -> dict:
         return self.table.metrics()
+
+
+@serve.deployment(name="Router", num_replicas=1, max_ongoing_requests=10_000)
+class Router(RouterMethods):
+    def __init__(self, config: dict):
+        cfg = RouterConfig.model_validate(config)
+        self.table = RoutingTable(cfg, kv_events=cfg.kv_events and cfg.placement == "deployment")
+        freeze_startup_heap()  # with placement `deployment` every request's decision waits on this loop

@@ -53,9 +53,12 @@ def _router_handle(app_name: str):
 
 
 class TargetReplicaRouter(RequestRouter):
-    def initialize_state(self, router_app: str | None = None, engine_key: str | None = None, **_):
+    def initialize_state(self, router_app: str | None = None, engine_key: str | None = None,
+                         engine_keys: list[str] | None = None, **_):
         self._router_app = router_app or self.app_name  # the Router deployment is in the engines' app
-        self._engine_key = engine_key
+        # An Engine deployment serves one engine key; an Ingress replica with the engines in it (the front door's
+        # routing, routing/front_door_deployment.py) serves every engine key of the app.
+        self._engine_keys = list(engine_keys or ([engine_key] if engine_key else []))
         self._router_handle = None
         self._suspects: dict[str, float] = {}  # replica id -> until when it is passed over
 
@@ -101,11 +104,12 @@ class TargetReplicaRouter(RequestRouter):
         return _router_handle(self._router_app)
 
     def _sync(self, ids: list[str]) -> None:
-        if not self._router_app or not self._engine_key or not self._reports():
+        if not self._router_app or not self._engine_keys or not self._reports():
             return
         try:
             if self._router_handle is None:
                 self._router_handle = self._handle()
-            self._router_handle.sync_replicas.remote(self._engine_key, ids)  # fire and forget
+            for key in self._engine_keys:
+                self._router_handle.sync_replicas.remote(key, ids)  # fire and forget
         except Exception as e:  # noqa: BLE001 - routing must go on; the next change of the set syncs again
             log.warning("could not report replicas to the Router: %s", e)

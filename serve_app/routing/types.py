@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The front door's Router (routing/front_door_deployment.py) names its reservation for a request here; HAProxy sets
+# it, from the Router's answer, on the request it forwards (clients' own `x-serve-router-*` headers are stripped).
+ROUTE_ID_HEADER = "x-serve-router-route-id"
+
 
 @dataclass(slots=True)
 class RouteRequest:

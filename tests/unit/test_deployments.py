@@ -37,6 +37,18 @@ def test_direct_ingress_is_chosen_once_for_controller_and_ingress(path: Path):
             assert (replica_env["env_vars"].get(key) == value) == settings.ingress.direct_ingress, key
 
 
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
+def test_a_front_door_router_gets_the_request_bodies(path: Path):
+    """`router.front_door` keys its choice on the body's prompt: without the controller flag HAProxy passes an
+    empty body and every request would be routed on load alone, silently."""
+    from serve_app.serve_tuning import front_door_in
+
+    cfg = yaml.safe_load(path.read_text())
+    for app in cfg["applications"]:
+        if AppSettings.model_validate(app["args"]).router.front_door:
+            assert front_door_in(cfg), app["name"]
+
+
 @pytest.fixture(scope="module")
 def b200() -> dict:
     return yaml.safe_load(B200.read_text())

@@ -80,7 +80,7 @@ def test_live_replicas_and_dead_actors_are_reported_to_the_router(monkeypatch):
         return r, handles
 
     r, handles = asyncio.run(run())
-    state = dict(router_app=r._router_app, engine_key=r._engine_key, handle=r._router_handle,
+    state = dict(router_app=r._router_app, engine_keys=r._engine_keys, handle=r._router_handle,
                  in_replica=serve_router._in_replica(), same_module=r._sync.__globals__ is vars(serve_router))
     assert handles == [("Router", "app1")], state  # the Router of the engines' own app
     assert calls == [("Engine-x", ["a", "b"]), ("Engine-x", ["a"]), ("Engine-x", ["a", "c"])]
@@ -136,3 +136,19 @@ def test_an_unreachable_replica_is_passed_over_while_another_remains(monkeypatch
     assert out["only b"] == [[b]]  # nothing else: Serve's own retries decide
     assert out["later"] == [[a, b]]  # the suspicion expires: a replica that was only briefly unreachable returns
     assert out["dropped"] == {}
+
+
+def test_an_ingress_with_every_engine_reports_its_replicas_under_each_engine_key(monkeypatch):
+    """The front door's Router (routing/front_door_deployment.py) routes to Ingress replicas that each run every
+    engine of the app: each engine's routing set is the live ingress replicas."""
+    calls = []
+
+    async def run():
+        r = InReplica(DEP, DeploymentHandleSource.REPLICA)
+        r.handles, r.calls = [], calls
+        r.initialize_state(engine_keys=["Engine-a", "Engine-b"])
+        r.update_replicas([Replica("x"), Replica("y")])
+
+    asyncio.run(run())
+    assert calls == [("Engine-a", ["x", "y"]), ("Engine-b", ["x", "y"])]
+

@@ -40,11 +40,6 @@ def sealer(secret: bytes) -> ReasoningSealer:
     return ReasoningSealer(secret)  # one per server secret: its key is derived once
 
 
-def replica_headers(ctx: IngressContext) -> dict[str, str]:
-    """`x-serve-replica`: which ingress replica answered (lets tests and operators see cross-replica use)."""
-    return {"x-serve-replica": ctx.replica_tag} if ctx.replica_tag else {}
-
-
 @dataclass
 class ResponsesCall:
     request: ResponsesRequest
@@ -126,10 +121,6 @@ class ResponsesApi(AdapterDefaults):
             await store.put(response["id"], record)
         except Exception:  # the answer still goes out; only later lookups of this id will miss
             log.exception("could not store response %s", response["id"])
-
-    def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:
-        return replica_headers(ctx)
-
 
 RESPONSES = ResponsesApi()
 

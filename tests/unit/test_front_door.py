@@ -1,0 +1,318 @@
+"""The front door's routing key (routing/front_door.py) is the ingress's own: for a body of any API, the block
+hashes the front door computes from the raw bytes equal the ones the ingress computes for the same request when
+it serves it (the real routes over ASGI, the default model's real tokenizer and template), and the ingress
+reports the request's load under the front door's id. What the front door cannot read is routed without a key,
+never refused."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from starlette.requests import Request
+
+from serve_app.engine.types import EngineChunk
+from serve_app.ingress.context import IngressContext
+from serve_app.ingress.server import create_app
+from serve_app.routing.front_door import FrontDoor, detect_api
+from serve_app.routing.types import ROUTE_ID_HEADER, Decision
+from serve_app.service import GenerationService, engine_key
+from serve_app.settings import AppSettings
+
+SECRET = b"unit-test-secret"
+BLOCK = 16
+SYSTEM = "You are a careful coding agent working in a large repository. " * 30
+
+
+class RecordingEngines:
+    """The ingress's engine client: records what the service routes and reports, answers one token."""
+
+    def __init__(self):
+        self.routes, self.prefilled_ids, self.released_ids = [], [], []
+
+    async def block_size(self, key):
+        return BLOCK
+
+    async def reasoning_gate(self, key):
+        return False
+
+    async def choose(self, key, req):
+        self.routes.append((key, req))
+        return Decision("local", "in-process")
+
+    def prefilled(self, key, request_id, cached_tokens=None):
+        self.prefilled_ids.append(request_id)
+
+    def release(self, key, request_id, output_tokens=None):
+        self.released_ids.append(request_id)
+
+    async def open(self, key, req):
+        async def chunks():
+            yield EngineChunk("ok", [1], finish_reason="stop", num_cached_tokens=0)
+
+        return chunks()
+
+
+@pytest.fixture(scope="module")
+def model_dir() -> str:
+    from serve_app.engine.provision import ensure_model
+
+    return ensure_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="module")
+def settings() -> AppSettings:
+    return AppSettings.model_validate({
+        "engine_placement": "ingress",
+        "router": {"front_door": True},
+        "ingress": {"direct_ingress": True},
+        "models": [{"id": "smollm2-135m-instruct", "aliases": ["claude-sonnet-4-6", "gpt-5.5"],
+                    "max_model_len": 8192, "max_output_tokens": 1024, "tool_parser": "hermes",
+                    "chat_template": "serve_app/templates/smollm2_tools.jinja"}],
+    })
+
+
+@pytest.fixture(scope="module")
+def door(settings, model_dir) -> FrontDoor:
+    d = FrontDoor(settings, SECRET, lambda key: BLOCK)
+    d.service._model_paths["smollm2-135m-instruct"] = model_dir
+    return d
+
+
+def served_route(settings, model_dir, path: str, body: dict, headers: dict):
+    """What the ingress itself routes for this request: (engine key, RouteRequest) and the load reports."""
+    engines = RecordingEngines()
+    service = GenerationService(settings, engines, model_paths={"smollm2-135m-instruct": model_dir})
+    app = create_app(IngressContext(settings=settings, service=service, secret=SECRET))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.post(path, json=body, headers=headers)
+
+    r = asyncio.run(go())
+    assert r.status_code == 200, r.text
+    assert len(engines.routes) == 1
+    return engines
+
+
+def hook_request(headers: dict) -> Request:
+    """The hook's own HTTP request as the Router receives it (HAProxy forwards the session and request ids)."""
+    raw = [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    return Request({"type": "http", "method": "POST", "path": "/internal/route", "headers": raw})
+
+
+BASH_CHAT = {"type": "function", "function": {"name": "Bash", "description": "Run a command", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+BASH_ANTHROPIC = {"name": "Bash", "description": "Run a command", "input_schema": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+BASH_RESPONSES = {"type": "function", "name": "Bash", "description": "Run a command", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+
+CASES = {
+    "chat tool loop": ("/v1/chat/completions", "chat", {
+        "model": "gpt-5.5", "max_tokens": 50, "tools": [BASH_CHAT], "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": "List the files, then say \"done\" — ünïcode 🚀"},
+            {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                "name": "Bash", "arguments": json.dumps({"command": "ls -la \"a b\"\n"})}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "a.py\nb.py"},
+        ]}),
+    "messages tool loop": ("/v1/messages", "messages", {
+        "model": "claude-sonnet-4-6", "max_tokens": 50, "tools": [BASH_ANTHROPIC],
+        "system": [{"type": "text", "text": SYSTEM}], "messages": [
+            {"role": "user", "content": "List the files."},
+            {"role": "assistant", "content": [{"type": "text", "text": "Listing."}, {
+                "type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py"}]},
+        ]}),
+    # Neither a system field nor an Anthropic-only block: read as Chat, and the prompt is the same.
+    "messages plain text": ("/v1/messages", "chat", {
+        "model": "claude-sonnet-4-6", "max_tokens": 20, "metadata": {"user_id": "user_abc_session_1234"},
+        "messages": [{"role": "user", "content": SYSTEM + " What next?"}]}),
+    "responses items": ("/v1/responses", "responses", {
+        "model": "gpt-5.5", "instructions": SYSTEM, "tools": [BASH_RESPONSES], "store": False,
+        "prompt_cache_key": "conv-42", "input": [
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "List the files."}]},
+            {"type": "function_call", "call_id": "call_1", "name": "Bash", "arguments": "{\"command\": \"ls\"}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "a.py\nb.py"},
+        ]}),
+    "responses string": ("/v1/responses", "responses", {
+        "model": "gpt-5.5", "input": SYSTEM + " Summarise.", "store": False, "max_output_tokens": 64}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_front_door_keys_a_body_as_the_ingress_routes_it(name, settings, model_dir, door):
+    path, api, body = CASES[name]
+    route_id = f"router-1/front-{name.replace(' ', '-')}"
+    headers = {"x-request-id": "from-haproxy", "x-session-id": "sess-1", ROUTE_ID_HEADER: route_id}
+    engines = served_route(settings, model_dir, path, body, headers)
+    key, served = engines.routes[0]
+
+    routed = asyncio.run(door.route_request(json.dumps(body).encode(), hook_request(headers), route_id,
+                                            headers["x-session-id"]))
+    assert routed.api == api and routed.why_unkeyed is None
+    assert routed.engine_key == key
+    got = routed.request
+    assert len(got.block_hashes) >= 3, "the case must span several blocks"
+    assert got.block_hashes == served.block_hashes
+    assert got.num_prompt_tokens == served.num_prompt_tokens
+    assert got.expected_output_tokens == served.expected_output_tokens
+    # The ingress keeps the Router's load for this request under the front door's route id, not its own.
+    assert served.request_id == route_id
+    assert engines.prefilled_ids == [route_id] and engines.released_ids == [route_id]
+
+
+def test_without_the_front_door_the_ingress_keeps_its_own_request_ids(model_dir):
+    settings = AppSettings.model_validate({"models": [{"id": "m", "source": "smollm2-135m-instruct",
+                                                        "chat_template": "serve_app/templates/smollm2_tools.jinja"}]})
+    body = {"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    engines = RecordingEngines()
+    service = GenerationService(settings, engines, model_paths={"smollm2-135m-instruct": model_dir})
+    app = create_app(IngressContext(settings=settings, service=service, secret=SECRET))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.post("/v1/chat/completions", json=body,
+                                headers={"x-request-id": "client-chosen", ROUTE_ID_HEADER: "r/client-chosen"})
+
+    assert asyncio.run(go()).status_code == 200
+    # Without the front door no header names the request's routing or engine work.
+    assert engines.routes[0][1].request_id not in ("client-chosen", "r/client-chosen")
+
+
+def test_a_longer_history_extends_the_same_prefix(door):
+    """Turn k+1 of a session hashes to turn k's blocks plus more: what lets the Router send it where turn k ran."""
+    path, _, body = CASES["chat tool loop"]
+    longer = {**body, "messages": [*body["messages"], {"role": "assistant", "content": "Two files."},
+                                   {"role": "user", "content": "Now open a.py and read it " * 20}]}
+
+    def hashes(b):
+        r = asyncio.run(door.route_request(json.dumps(b).encode(), hook_request({}), "id"))
+        return r.request.block_hashes
+
+    short, long_ = hashes(body), hashes(longer)
+    assert len(long_) > len(short)
+    # All but the last full block of the shorter prompt (its end-of-turn tokens may render differently).
+    assert long_[: len(short) - 1] == short[: len(short) - 1]
+
+
+@pytest.mark.parametrize("raw, why", [
+    (b"", "JSON"),
+    (b"{\"model\": \"gpt-5.5\", \"messages\": [", "not JSON"),  # cut off by the front door's buffer
+    (b"\x1f\x8b\x08\x00compressed", "not JSON"),
+    (b"[1, 2]", "not a JSON object"),
+    (json.dumps({"model": "gpt-5.5", "messages": "not a list"}).encode(), ""),  # the ingress answers the 400
+])
+def test_a_body_the_front_door_cannot_read_is_routed_without_a_key(door, raw, why):
+    routed = asyncio.run(door.route_request(raw, hook_request({}), "r1", "sess"))
+    assert routed.request.block_hashes == [] and routed.why_unkeyed and why in routed.why_unkeyed
+    assert routed.request.request_id == "r1" and routed.request.session_key == "sess"
+
+
+def test_unknown_models_and_stored_histories_are_routed_by_load_and_session(door, settings):
+    unknown = asyncio.run(door.route_request(json.dumps({"model": "nope", "messages": [
+        {"role": "user", "content": "hi"}]}).encode(), hook_request({}), "r2"))
+    assert unknown.engine_key is None and unknown.request.block_hashes == []
+
+    stored = asyncio.run(door.route_request(json.dumps({"model": "gpt-5.5", "input": "next",
+                                                        "previous_response_id": "resp_1"}).encode(),
+                                            hook_request({}), "r3", "conv-7"))
+    assert stored.engine_key == engine_key(settings.models[0]) and stored.request.block_hashes == []
+    assert stored.request.session_key == "conv-7"
+
+
+def test_before_any_replica_registered_there_is_no_block_size_to_hash_with(settings, model_dir):
+    d = FrontDoor(settings, SECRET, lambda key: None)
+    d.service._model_paths["smollm2-135m-instruct"] = model_dir
+    routed = asyncio.run(d.route_request(json.dumps(CASES["chat tool loop"][2]).encode(), hook_request({}), "r"))
+    assert routed.engine_key is not None and routed.request.block_hashes == []
+    assert routed.request.num_prompt_tokens > 0
+
+
+@pytest.mark.parametrize("body, api", [
+    ({"input": "x"}, "responses"),
+    ({"instructions": "x", "model": "m"}, "responses"),
+    ({"system": "x", "messages": []}, "messages"),
+    ({"messages": [], "tools": [{"name": "t", "input_schema": {}}]}, "messages"),
+    ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]}, "messages"),
+    ({"messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": "x"}]}]}, "messages"),
+    ({"messages": [{"role": "system", "content": "x"}]}, "chat"),
+    ({"messages": [{"role": "assistant", "tool_calls": []}]}, "chat"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "chat"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]}, "chat"),
+])
+def test_the_api_is_told_by_the_body_shape(body, api):
+    assert detect_api(body) == api
+
+
+# ---- the ingress's reports and the Router replica's share of them (no Ray) ----
+
+class FakeCall:
+    def __init__(self):
+        self.calls = []
+
+    def remote(self, *args, **kwargs):
+        self.calls.append((*args, *kwargs.values()))
+
+        async def answer():
+            return None
+
+        return answer()
+
+
+def test_the_ingress_registers_its_engines_and_reports_what_a_router_placed():
+    from serve_app.engine.local_client import LocalEngineClient
+
+    class Engine:
+        kv_events_port, kv_replay_port, block_size = 5551, 5552, 128
+
+    class RouterHandle:
+        def __init__(self):
+            self.register_replica, self.prefilled, self.released = FakeCall(), FakeCall(), FakeCall()
+
+    router = RouterHandle()
+    client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")
+
+    async def run():
+        client.report_to(router, "10.0.0.7")
+        await asyncio.sleep(0.01)
+        client.prefilled("Engine-a", "rtr-2/req-9", 64)
+        client.release("Engine-a", "rtr-2/req-9", 7)
+        client.prefilled("Engine-a", "4f2c9d", 0)  # the ingress's own id: no Router placed it, nothing reserved
+        client.release("Engine-a", "4f2c9d", 1)
+        await asyncio.sleep(0.01)
+        client.shutdown()
+
+    asyncio.run(run())
+    assert router.register_replica.calls[0] == ("Engine-a", "ing-1", "tcp://10.0.0.7:5551", "tcp://10.0.0.7:5552",
+                                                 128, False)
+    assert router.prefilled.calls == [("Engine-a", "rtr-2/req-9", 64)]
+    assert router.released.calls == [("Engine-a", "rtr-2/req-9", 7)]
+
+
+def test_a_router_replica_applies_only_the_reports_of_requests_it_placed():
+    """With several front-door Router replicas (one per proxy node) a report may reach another one: it must not
+    release a reservation of the same request id there."""
+    from serve_app.routing.front_door_deployment import FrontDoorRouter
+    from serve_app.routing.table import RoutingTable
+    from serve_app.routing.types import RouteRequest
+    from serve_app.settings import RouterConfig
+
+    def replica(rid):
+        r = FrontDoorRouter.func_or_class.__new__(FrontDoorRouter.func_or_class)
+        r.table, r.replica_id = RoutingTable(RouterConfig(), kv_events=False), rid
+        r.table.sync_replicas("Engine-a", ["ing-1"])
+        return r
+
+    a, b = replica("rtr-a"), replica("rtr-b")
+    for r in (a, b):
+        r.table.choose("Engine-a", RouteRequest(request_id=f"{r.replica_id}/req-1"))
+    asyncio.run(b.released("Engine-a", "rtr-a/req-1", 5))  # a's report reaching b
+    asyncio.run(b.released("Engine-a", "rtr-a/req-1", 5))
+    assert b.table.cores["Engine-a"].loads["ing-1"].active_requests == 1
+    asyncio.run(a.prefilled("Engine-a", "rtr-a/req-1", 0))
+    asyncio.run(a.released("Engine-a", "rtr-a/req-1", 5))
+    assert a.table.cores["Engine-a"].loads["ing-1"].active_requests == 0
