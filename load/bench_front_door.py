@@ -183,7 +183,8 @@ def _delta(after: dict | None, before: dict | None) -> dict | None:
     """The front door's counts for the measured requests only (the readiness probes excluded)."""
     if not after or not before or "error" in after or "error" in before:
         return after
-    out = {k: round(after[k] - before.get(k, 0), 1) for k in after}
+    counters = ("decisions", "fallbacks", "keyed", "unkeyed", "route_ms_total")
+    out = {k: round(after[k] - before.get(k, 0), 1) if k in counters else after[k] for k in after}
     routed = out.get("keyed", 0) + out.get("unkeyed", 0)
     out["route_ms_per_request"] = round(out["route_ms_total"] / routed, 2) if routed else None
     return out
