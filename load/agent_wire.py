@@ -7,7 +7,7 @@ import hashlib
 import json
 import random
 import time
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
 import httpx
 
@@ -30,23 +30,50 @@ def billing_line(session: str) -> str:
     return f"x-anthropic-billing-header: cc_version=2.1.197.{hashlib.sha256(session.encode()).hexdigest()[:3]}; cc_entrypoint=cli;"
 
 
+class _SseEvents:
+    """Lines in, (event name, data) per complete SSE event out; comments and keep-alives are skipped."""
+
+    def __init__(self):
+        self.name: str | None = None
+        self.data: list[str] = []
+
+    def line(self, line: str) -> tuple[str | None, str] | None:
+        if line == "":
+            event = (self.name, "\n".join(self.data)) if self.data else None
+            self.name, self.data = None, []
+            return event
+        if line.startswith("event:"):
+            self.name = line[6:].strip()
+        elif line.startswith("data:"):
+            self.data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
+        return None
+
+    def end(self) -> tuple[str | None, str] | None:
+        return (self.name, "\n".join(self.data)) if self.data else None
+
+
 def iter_sse(resp: httpx.Response) -> Iterator[tuple[str | None, str]]:
     """(event name, data) per SSE event; comments and keep-alives are skipped."""
-    name: str | None = None
-    data: list[str] = []
+    events = _SseEvents()
     for line in resp.iter_lines():
-        if line == "":
-            if data:
-                yield name, "\n".join(data)
-            name, data = None, []
-        elif line.startswith(":"):
-            continue
-        elif line.startswith("event:"):
-            name = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip(" ") if line[5:6] == " " else line[5:])
-    if data:
-        yield name, "\n".join(data)
+        event = events.line(line)
+        if event is not None:
+            yield event
+    event = events.end()
+    if event is not None:
+        yield event
+
+
+async def aiter_sse(resp: httpx.Response) -> AsyncIterator[tuple[str | None, str]]:
+    """`iter_sse` over an httpx.AsyncClient stream."""
+    events = _SseEvents()
+    async for line in resp.aiter_lines():
+        event = events.line(line)
+        if event is not None:
+            yield event
+    event = events.end()
+    if event is not None:
+        yield event
 
 
 class LoadError(Exception):

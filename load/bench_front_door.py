@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from load.agent_wire import stable_text
+from load.agent_wire import aiter_sse, stable_text
 from load.bench_capacity import free_port, git_commit, host, pct, stop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -110,10 +110,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
     async with client.stream("POST", url + path, json=body) as resp:
         resp.raise_for_status()
         replica = resp.headers.get("x-serve-replica", "?")
-        async for line in resp.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
+        async for _, data in aiter_sse(resp):
             if data == "[DONE]":
                 break
             ev = json.loads(data)

@@ -27,7 +27,7 @@ from serve_app.ingress.responses.store import bind_store
 from serve_app.routing.deployment import Router
 from serve_app.routing.front_door_deployment import FrontDoorRouter
 from serve_app.routing.registry import make_policy
-from serve_app.serve_tuning import DIRECT_INGRESS, FRONT_DOOR, with_replica_env
+from serve_app.serve_tuning import DIRECT_INGRESS, FRONT_DOOR, flags_set, with_replica_env
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
 
@@ -111,8 +111,7 @@ def _ingress_with_engines(settings: AppSettings, secret, ingress_env: dict[str, 
     if not settings.router.front_door:
         return ingress
     make_policy(settings.router.policy)
-    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not all(os.environ.get(k) == v
-                                                                      for k, v in FRONT_DOOR.items()):
+    if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1" and not flags_set(os.environ, FRONT_DOOR):
         # Built where the controller's flags are (serve run / deploy of a config): HAProxy would send empty bodies.
         log.warning("router.front_door without %s in controller_options.runtime_env.env_vars: every request "
                     "will be routed on load alone", ", ".join(f"{k}={v}" for k, v in FRONT_DOOR.items()))

@@ -139,8 +139,8 @@ class GenerationOptions:
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     session_key: str | None = None  # sticky-routing tie-breaker (Claude Code session id, prompt_cache_key, ...)
-    # The front door's id for this request (its x-request-id), when the front door's Router chose this replica
-    # (`router.front_door`): the Router's load for it is reported under this id.
+    # The front door's route id for this request (`<Router replica>/<x-request-id>`, routing/types.ROUTE_ID_HEADER)
+    # when its Router chose this replica (`router.front_door`): the Router's load for it is reported under this id.
     route_id: str | None = None
     hints: AgentHints = field(default_factory=AgentHints)
     forced_script: str | None = None  # test configs only: the exact text the engine must emit

@@ -38,20 +38,23 @@ DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_P
 FRONT_DOOR = {"RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1"}
 
 
+def flags_set(env: Any, flags: dict[str, str]) -> bool:
+    """Whether `env` (a mapping: a config's env_vars, os.environ) has every one of `flags`."""
+    return all(env.get(k) == v for k, v in flags.items())
+
+
 def controller_env(serve_config: dict[str, Any]) -> dict[str, str]:
     return (((serve_config.get("controller_options") or {}).get("runtime_env") or {}).get("env_vars") or {})
 
 
 def front_door_in(serve_config: dict[str, Any]) -> bool:
     """Whether a Serve config's controller passes request bodies to an ingress request router."""
-    env = controller_env(serve_config)
-    return all(env.get(k) == v for k, v in FRONT_DOOR.items())
+    return flags_set(controller_env(serve_config), FRONT_DOOR)
 
 
 def direct_ingress_in(serve_config: dict[str, Any]) -> bool:
     """Whether a Serve config's controller runs direct ingress (both flags set)."""
-    env = controller_env(serve_config)
-    return all(env.get(k) == v for k, v in DIRECT_INGRESS.items())
+    return flags_set(controller_env(serve_config), DIRECT_INGRESS)
 
 
 def with_replica_env(actor_options: dict[str, Any], env: dict[str, str] | None = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import AsyncIterator
 
+from serve_app.engine.registration import register_forever, registration
 from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.routing.types import Decision, RouteRequest
 from serve_app.settings import ModelConfig
@@ -51,8 +52,6 @@ class LocalEngineClient:
         """For the front door's Router (routing/front_door_deployment.py): register every engine here with it
         (their KV event endpoints on `host`), repeated every REGISTER_EVERY_S while this process lives, and report
         each request it placed here when it prefilled and when it ended. Needs the running event loop."""
-        from serve_app.engine.registration import register_forever, registration
-
         self._router = router
         loop = asyncio.get_running_loop()
         for key, engine in self._engines.items():

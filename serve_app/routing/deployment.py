@@ -17,7 +17,8 @@ from serve_app.settings import RouterConfig
 
 
 class RouterMethods:
-    """The Router's Serve methods over `self.table`; shared with the front door's Router (routing/front_door.py)."""
+    """The Router's Serve methods over `self.table`; shared with the front door's Router
+    (routing/front_door_deployment.py)."""
 
     table: RoutingTable
 

@@ -23,11 +23,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from serve_app import tenants
 from serve_app.keyring import KeyRing
 from serve_app.routing.hashing import block_hashes
 from serve_app.routing.types import RouteRequest
 from serve_app.settings import AppSettings
-from serve_app import tenants
 
 log = logging.getLogger(__name__)
 

@@ -55,11 +55,8 @@ class Target:
 @serve.deployment(name="Router", max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
 class FrontDoorRouter(RouterMethods):
     def __init__(self, settings: dict, secret: KeyRing, ingress):
-        from serve_app.service import engine_key
-
         cfg = AppSettings.model_validate(settings)
         self.table = RoutingTable(cfg.router, kv_events=cfg.router.kv_events)
-        self.engine_keys = sorted({engine_key(m) for m in cfg.models})
         self.door = FrontDoor(cfg, secret, self._block_size)
         self.door.warm()
         ctx = serve.get_replica_context()

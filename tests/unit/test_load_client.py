@@ -37,6 +37,17 @@ def test_iter_sse_parses_frames_and_skips_comments():
     assert got == [("ping", '{"type": "ping"}'), (None, '{"a":\n1}'), (None, "[DONE]")]
 
 
+def test_aiter_sse_gives_the_same_events_from_an_async_stream():
+    import asyncio
+
+    raw = b": keep-alive\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\ndata: {\"a\":\ndata: 1}\n\ndata: [DONE]"
+
+    async def run():
+        return [e async for e in wire.aiter_sse(httpx.Response(200, content=raw))]
+
+    assert asyncio.run(run()) == [("ping", '{"type": "ping"}'), (None, '{"a":\n1}'), (None, "[DONE]")]
+
+
 def test_anthropic_fold_matches_the_service_fold():
     events = _anthropic_stream()
     frames = anthropic_encode.to_frames(events)

@@ -9,9 +9,8 @@ from starlette.responses import JSONResponse
 from serve_app.errors import ServiceError
 from serve_app.ingress import streaming
 from serve_app.ingress.auth import check_api_key
-from serve_app.ingress.context import IngressContext, get_ctx
+from serve_app.ingress.context import IngressContext, get_ctx, replica_headers
 from serve_app.ingress.envelope import api_router, responses_envelope
-from serve_app.ingress.context import replica_headers
 from serve_app.ingress.responses.api import RESPONSES
 
 router = api_router(responses_envelope)
