@@ -47,6 +47,9 @@ class LocalEngineClient:
         self._router = None
         self._reports: set = set()
         self._tasks: set = set()
+        # engine key -> the front door's route ids running here -> prefilled yet: sent with each registration, so
+        # a Router replica whose reports went to another replica (several proxy nodes) still learns the end.
+        self._running: dict[str, dict[str, bool]] = {key: {} for key in engines}
 
     def report_to(self, router, host: str) -> None:
         """For the front door's Router (routing/front_door_deployment.py): register every engine here with it
@@ -56,7 +59,9 @@ class LocalEngineClient:
         loop = asyncio.get_running_loop()
         for key, engine in self._engines.items():
             reg = registration(key, self.replica_id, engine, host)
-            self._tasks.add(loop.create_task(register_forever(router, reg, REGISTER_EVERY_S)))
+            running = self._running[key]
+            self._tasks.add(loop.create_task(
+                register_forever(router, reg, REGISTER_EVERY_S, extra=lambda running=running: {"running": dict(running)})))
 
     @classmethod
     def start(cls, models: list[ModelConfig], *, forced_scripts: bool, model_cache_dir: str | None,
@@ -104,14 +109,20 @@ class LocalEngineClient:
     async def choose(self, engine_key: str, req: RouteRequest) -> Decision | None:
         # One engine per key in this process: it serves. A Decision (not None) so the request log says why.
         self._engine(engine_key)
+        if self._placed(req.request_id):
+            self._running[engine_key][req.request_id] = False
         return Decision(replica_id=self.replica_id, policy=POLICY)
 
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
         if self._placed(request_id):
+            running = self._running.get(engine_key, {})
+            if request_id in running:
+                running[request_id] = True
             self._report(self._router.prefilled.remote(engine_key, request_id, cached_tokens))
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         if self._placed(request_id):
+            self._running.get(engine_key, {}).pop(request_id, None)
             self._report(self._router.released.remote(engine_key, request_id, output_tokens))
 
     def _placed(self, request_id: str) -> bool:

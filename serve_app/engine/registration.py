@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -22,15 +23,17 @@ def registration(engine_key: str, replica_id: str, engine, host: str) -> tuple:
     )
 
 
-async def register_forever(router, registration: tuple, interval_s: float = REREGISTER_S) -> None:
+async def register_forever(router, registration: tuple, interval_s: float = REREGISTER_S,
+                           extra: Callable[[], dict] | None = None) -> None:
     """Retried until the Router answers (it may start later), then repeated every `interval_s` so that a Router
     replica that restarted (and lost its table) learns this engine again; a repeat of a registration the Router
-    holds changes nothing there. Runs until cancelled."""
+    holds changes nothing there. `extra`: more keyword arguments, taken fresh for each call. Runs until
+    cancelled."""
     attempt = 0
     registered = False
     while True:
         try:
-            await router.register_replica.remote(*registration, refresh=registered)
+            await router.register_replica.remote(*registration, refresh=registered, **(extra() if extra else {}))
             registered, attempt = True, 0
             await asyncio.sleep(interval_s)
         except asyncio.CancelledError:

@@ -93,6 +93,7 @@ class RouterCore:
         self.prompt_tokens = 0
         self.cached_tokens_estimated = 0
         self.expired_reservations = 0
+        self.reconciled_reservations = 0  # released because their replica no longer ran them (`reconcile`)
 
     # ---- clock and session memory (read by policies) ----
     def now(self) -> float:
@@ -243,11 +244,12 @@ class RouterCore:
         self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
                                                       prompt_tokens(req, self.block_size))
 
-    def mark_prefilled(self, request_id: str, cached_tokens: int | None = None) -> None:
+    def mark_prefilled(self, request_id: str, cached_tokens: int | None = None, *, measured: bool = True) -> None:
         """The request's first token came back: its prefill no longer loads the replica.
 
         `cached_tokens` is what the engine reports it reused (vLLM's num_cached_tokens); with it the replica's
         prefill rate is measured on the tokens really computed, without it on the router's own estimate.
+        `measured=False`: learnt late (`reconcile`), so the time since the decision is not the prefill's.
         """
         r = self._inflight.get(request_id)
         if r is None or r.prefilled:
@@ -255,15 +257,39 @@ class RouterCore:
         load = self.loads.get(r.replica_id)
         if load is not None:
             load.active_prefill_tokens -= r.prefill
-            done = r.prefill if cached_tokens is None else max(0, r.prompt - cached_tokens)
-            now = self.now()
-            rates = self.rates[r.replica_id]
-            first = not rates.prefill.samples
-            rates.prefilled(now, done, r.prefill, now - r.at, r.predicted)
-            if first and rates.prefill.samples:
-                share_measurements(list(self.rates.values()))
+            if measured:
+                done = r.prefill if cached_tokens is None else max(0, r.prompt - cached_tokens)
+                now = self.now()
+                rates = self.rates[r.replica_id]
+                first = not rates.prefill.samples
+                rates.prefilled(now, done, r.prefill, now - r.at, r.predicted)
+                if first and rates.prefill.samples:
+                    share_measurements(list(self.rates.values()))
         r.prefill = 0
         r.prefilled = True
+
+    def reconcile(self, replica_id: str, running: dict[str, bool], *, older_than: float,
+                  owned: Callable[[str], bool] = lambda request_id: True) -> int:
+        """What `replica_id` says it is running now (request id -> prefilled), for the reports that never came:
+        each reservation on it made before `older_than` (the router's clock) that it does not list has ended,
+        and each it lists as prefilled no longer loads its prefill. Neither is a measurement. Only reservations
+        `owned` says are this router's are touched. Returns how many were released."""
+        gone, prefilled = [], []
+        for request_id, r in self._inflight.items():  # oldest first
+            if r.at >= older_than:
+                break
+            if r.replica_id != replica_id or not owned(request_id):
+                continue
+            if request_id not in running:
+                gone.append(request_id)
+            elif running[request_id] and not r.prefilled:
+                prefilled.append(request_id)
+        for request_id in prefilled:
+            self.mark_prefilled(request_id, measured=False)
+        for request_id in gone:
+            self.release(request_id, measured=False)
+        self.reconciled_reservations += len(gone)
+        return len(gone)
 
     def release(self, request_id: str, output_tokens: int | None = None, *, measured: bool = True) -> None:
         """The request is over (finished, failed or cancelled); `output_tokens` is how many it generated."""
@@ -318,4 +344,5 @@ class RouterCore:
             "decisions": self.decisions,
             "estimated_hit_rate": self.cached_tokens_estimated / self.prompt_tokens if self.prompt_tokens else 0.0,
             "expired_reservations": self.expired_reservations,
+            "reconciled_reservations": self.reconciled_reservations,
         }

@@ -15,9 +15,11 @@ the ingress reports the request's prefill and end under it.
 Serve runs one replica of this deployment per proxy node. With one (`proxy_location: HeadOnly`, every CPU config
 here) the table is exact. With several, each handle call reaches one of them: the ingresses repeat their
 registrations every few seconds so every replica learns them; a report reaches the replica that placed the request
-only by chance (the others ignore it) and that replica's reservation otherwise lasts until it expires, so loads
-read high there; membership changes reach one replica, and a request placed on a replica that has gone falls back
-to Serve's choice (counted in `fallbacks`).
+only by chance (the others ignore it), so each registration also lists the route ids the ingress runs now and a
+replica releases its own reservations there that are no longer listed (older than RECONCILE_AFTER_S): its loads
+lag by up to that plus a few registration periods instead of reading high until the reservations expire;
+membership changes reach one replica, and a request placed on a replica that has gone falls back to Serve's
+choice (counted in `fallbacks`).
 Which body becomes which prompt: routing/front_door.py.
 """
 
@@ -41,6 +43,9 @@ from serve_app.settings import AppSettings
 log = logging.getLogger(__name__)
 
 ROUTE_PATH = "/internal/route"
+# A reservation younger than this is never taken for ended by an ingress's registration (the request may not have
+# reached the ingress's engine yet); an older one its ingress no longer runs is released.
+RECONCILE_AFTER_S = 30.0
 
 
 class Target:
@@ -76,6 +81,20 @@ class FrontDoorRouter(RouterMethods):
     # ---- the ingress's reports ----
     def _mine(self, route_id: str) -> bool:
         return route_id.partition("/")[0] == self.replica_id
+
+    async def register_replica(self, engine_key: str, replica_id: str, events_endpoint, replay_endpoint,
+                               block_size: int, refresh: bool = False, running: dict[str, bool] | None = None):
+        """An ingress replica's periodic registration, with the route ids its engine runs now (`running`: id ->
+        prefilled). Reservations of this replica's that it no longer runs have ended even if their reports went
+        to another Router replica; only those older than RECONCILE_AFTER_S, so that a request still on its way
+        from HAProxy to the ingress (body, parse, render) is not taken for ended."""
+        await super().register_replica(engine_key, replica_id, events_endpoint, replay_endpoint, block_size,
+                                       refresh=refresh)
+        if running is not None:
+            core = self.table.cores.get(engine_key)
+            if core is not None:
+                self.table.reconcile(engine_key, replica_id, running, owned=self._mine,
+                                     older_than=core.now() - RECONCILE_AFTER_S)
 
     async def prefilled(self, engine_key: str, route_id: str, cached_tokens: int | None = None) -> None:
         if self._mine(route_id):
@@ -139,7 +158,9 @@ class FrontDoorRouter(RouterMethods):
 
     async def front_door_metrics(self) -> dict:
         """Requests routed by this table's decision / by Serve's fallback; with / without their prefix's hashes;
-        time spent answering the hook; engines registered here (one per engine per ingress replica)."""
+        time spent answering the hook; engines registered here (one per engine per ingress replica); reservations
+        released because their ingress no longer ran them (their end reported elsewhere, or never)."""
         return {"decisions": self.decisions, "fallbacks": self.fallbacks, "keyed": self.door.keyed,
                 "unkeyed": self.door.unkeyed, "route_ms_total": round(self.route_ms, 1),
-                "registered_replicas": sum(r.stats()["registered"] for r in self.table.registrations.values())}
+                "registered_replicas": sum(r.stats()["registered"] for r in self.table.registrations.values()),
+                "reconciled": sum(c.reconciled_reservations for c in self.table.cores.values())}

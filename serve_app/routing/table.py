@@ -126,6 +126,14 @@ class RoutingTable:
         if core is not None:
             core.release(request_id, output_tokens)
 
+    def reconcile(self, engine_key: str, replica_id: str, running: dict[str, bool], *, older_than: float,
+                  owned=lambda request_id: True) -> int:
+        """What an engine replica says it runs now, for reports that went astray (RouterCore.reconcile)."""
+        core = self.cores.get(engine_key)
+        if core is None:
+            return 0
+        return core.reconcile(replica_id, running, older_than=older_than, owned=owned)
+
     def set_policy(self, engine_key: str, policy: str) -> None:
         self.core(engine_key).set_policy(policy)
 

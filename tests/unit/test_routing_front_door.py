@@ -288,7 +288,7 @@ def test_the_ingress_registers_its_engines_and_reports_what_a_router_placed():
 
     asyncio.run(run())
     assert router.register_replica.calls[0] == ("Engine-a", "ing-1", "tcp://10.0.0.7:5551", "tcp://10.0.0.7:5552",
-                                                 128, False)
+                                                 128, False, {})
     assert router.prefilled.calls == [("Engine-a", "rtr-2/req-9", 64)]
     assert router.released.calls == [("Engine-a", "rtr-2/req-9", 7)]
 
@@ -316,3 +316,101 @@ def test_a_router_replica_applies_only_the_reports_of_requests_it_placed():
     asyncio.run(a.prefilled("Engine-a", "rtr-a/req-1", 0))
     asyncio.run(a.released("Engine-a", "rtr-a/req-1", 5))
     assert a.table.cores["Engine-a"].loads["ing-1"].active_requests == 0
+
+
+def test_each_registration_lists_the_placed_requests_the_ingress_runs_now(monkeypatch):
+    """What a Router replica reconciles its reservations with when the reports went to another one."""
+    from serve_app.engine import local_client
+    from serve_app.engine.local_client import LocalEngineClient
+    from serve_app.routing.types import RouteRequest
+
+    monkeypatch.setattr(local_client, "REGISTER_EVERY_S", 0.02)
+
+    class Engine:
+        kv_events_port, kv_replay_port, block_size = 5551, None, 128
+
+    class RouterHandle:
+        def __init__(self):
+            self.register_replica, self.prefilled, self.released = FakeCall(), FakeCall(), FakeCall()
+
+    router = RouterHandle()
+    client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")
+
+    async def latest_running():
+        n = len(router.register_replica.calls)
+        while len(router.register_replica.calls) == n:
+            await asyncio.sleep(0.005)
+        return router.register_replica.calls[-1][-1]
+
+    async def run():
+        client.report_to(router, "10.0.0.7")
+        assert await latest_running() == {}
+        for rid in ("rtr-a/r1", "rtr-b/r2", "own-id"):  # the last one no Router placed: never listed
+            await client.choose("Engine-a", RouteRequest(request_id=rid))
+        assert await latest_running() == {"rtr-a/r1": False, "rtr-b/r2": False}
+        client.prefilled("Engine-a", "rtr-b/r2", 0)
+        assert await latest_running() == {"rtr-a/r1": False, "rtr-b/r2": True}
+        client.release("Engine-a", "rtr-a/r1", 3)
+        client.release("Engine-a", "own-id", 3)
+        assert await latest_running() == {"rtr-b/r2": True}
+        client.shutdown()
+
+    asyncio.run(run())
+
+
+def test_a_router_replica_releases_its_reservations_the_ingress_no_longer_runs(monkeypatch):
+    """Several front-door Router replicas: a's end report went to b, so a learns the end from the ingress's next
+    registration instead of holding the reservation until it expires (900 s)."""
+    from serve_app.routing import front_door_deployment
+    from serve_app.routing.front_door_deployment import FrontDoorRouter
+    from serve_app.routing.table import RoutingTable
+    from serve_app.routing.types import RouteRequest
+    from serve_app.settings import RouterConfig
+
+    def replica(rid):
+        r = FrontDoorRouter.func_or_class.__new__(FrontDoorRouter.func_or_class)
+        r.table, r.replica_id = RoutingTable(RouterConfig(), kv_events=False), rid
+        r.table.register_replica("Engine-a", "ing-1", None, None, 16)
+        r.table.register_replica("Engine-a", "ing-2", None, None, 16)
+        r.table.sync_replicas("Engine-a", ["ing-1", "ing-2"])
+        return r
+
+    def req(rid, n=64):
+        return RouteRequest(request_id=rid, block_hashes=list(range(n // 16)), num_prompt_tokens=n,
+                            expected_output_tokens=8)
+
+    a = replica("rtr-a")
+    core = a.table.cores["Engine-a"]
+    assert a.table.choose("Engine-a", req("rtr-a/r0")) is not None  # a decision reserves (what is reconciled)
+    a.table.release("Engine-a", "rtr-a/r0")
+    placed = {"rtr-a/r1": "ing-1", "rtr-a/r2": "ing-1", "rtr-a/r3": "ing-1", "rtr-a/r4": "ing-2",
+              # another Router replica's id, as if a retried id had landed here: not a's to release
+              "rtr-b/r9": "ing-1"}
+    for rid, ing in placed.items():
+        core._reserve(req(rid), ing, 64, core.now())
+    on_1 = ["rtr-a/r1", "rtr-a/r2", "rtr-a/r3"]
+    active = lambda ing: core.loads[ing].active_requests  # noqa: E731
+    before = {ing: active(ing) for ing in ("ing-1", "ing-2")}
+    registration = ("Engine-a", "ing-1", None, None, 16)
+
+    # Younger than RECONCILE_AFTER_S: the request may still be on its way to the ingress, nothing is released.
+    asyncio.run(a.register_replica(*registration, refresh=True, running={}))
+    assert {ing: active(ing) for ing in ("ing-1", "ing-2")} == before
+
+    monkeypatch.setattr(front_door_deployment, "RECONCILE_AFTER_S", -1.0)
+    still, *ended = on_1
+    asyncio.run(a.register_replica(*registration, refresh=True, running={still: True, "rtr-b/r9": False}))
+    assert active("ing-1") == before["ing-1"] - len(ended)
+    assert active("ing-2") == before["ing-2"]  # another ingress's reservations are its own registration's business
+    assert core._inflight[still].prefilled and core._inflight[still].prefill == 0
+    assert "rtr-b/r9" in core._inflight
+    assert core.rates["ing-1"].prefill.samples == 0  # learnt late: not a measurement of the replica
+    assert core.reconciled_reservations == len(ended)
+
+    # Its own end report arriving afterwards changes nothing more; nor does a registration without `running`.
+    for rid in ended:
+        asyncio.run(a.released("Engine-a", rid, 5))
+    asyncio.run(a.register_replica(*registration, refresh=True))
+    assert active("ing-1") == before["ing-1"] - len(ended)
+    asyncio.run(a.register_replica(*registration, refresh=True, running={}))
+    assert active("ing-1") == 1 and "rtr-b/r9" in core._inflight  # only b's is left on ing-1
