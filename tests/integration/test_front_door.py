@@ -51,7 +51,12 @@ def table(key: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def app(serve_url):
+def store_path(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("frontdoor") / "responses.sqlite3"
+
+
+@pytest.fixture(scope="module")
+def app(serve_url, store_path):
     from ray import serve
 
     from serve_app.service import engine_key
@@ -59,6 +64,9 @@ def app(serve_url):
 
     args = yaml.safe_load((ROOT / "deployments" / "cpu-front-door.yaml").read_text())["applications"][0]["args"]
     args["testing"] = {"forced_scripts": True}
+    # The shipped default store (SQLite; the session's own server runs PostgreSQL), in a file of this test's.
+    assert AppSettings.model_validate(args).ingress.response_store_backend == "sqlite"
+    args.setdefault("ingress", {})["response_store_path"] = str(store_path)
     key = engine_key(AppSettings.model_validate(args).models[0])
     with pytest.MonkeyPatch.context() as mp:
         # Serve checks, where the app is built, that the controller runs HAProxy; the session's controller does
@@ -200,3 +208,30 @@ def test_bad_bodies_get_their_apis_own_errors_through_the_front_door(app):
     r = httpx.post(f"{url}/v1/chat/completions", timeout=60,
                    json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+
+
+def test_a_stored_response_continues_on_the_default_sqlite_store_through_the_front_door(app, store_path):
+    """Responses' `previous_response_id` across two ingress replicas: the store is the app's one ResponseStore
+    replica on SQLite (the shipped default backend), and the Router, which cannot see a stored history, routes the
+    continuation on load without refusing it."""
+    import sqlite3
+
+    url, _ = app
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+    before = front_door_metrics()
+    first = client.responses.create(model=MODEL, input="Remember the word teal.", max_output_tokens=8, store=True,
+                                    extra_body={"nvext": {"forced_script": "Noted: teal."}})
+    assert first.output_text == "Noted: teal."
+    second = client.responses.create(model=MODEL, input="Which word?", previous_response_id=first.id,
+                                     max_output_tokens=8, extra_body={"nvext": {"forced_script": "teal"}})
+    assert second.output_text == "teal"
+    # The continuation's prompt is the stored turn plus the new input: longer than the first turn's whole exchange.
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens, (first.usage,
+                                                                                              second.usage)
+    after = front_door_metrics()
+    assert after["keyed"] - before["keyed"] == 1 and after["unkeyed"] - before["unkeyed"] == 1, (before, after)
+    with sqlite3.connect(store_path) as db:
+        ids = [row[0] for row in db.execute("SELECT id FROM responses")]
+    assert any(first.id in i for i in ids) and any(second.id in i for i in ids), ids
+    r = client.responses.retrieve(second.id)
+    assert r.output_text == "teal"
