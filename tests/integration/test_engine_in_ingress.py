@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from tests.support.apps import run_app
-from tests.support.streams import assert_engine_error, is_delta, still_running, stream_body
+from tests.support.streams import assert_engine_error, disconnect_storm, is_delta, still_running, stream_body
 
 pytestmark = pytest.mark.integration
 
@@ -131,27 +131,7 @@ def test_a_schema_the_grammar_cannot_compile_is_a_400(app_url):
 
 
 def test_dropped_streams_are_aborted_in_the_engine(app_url, ingress):
-    apis = ["anthropic", "chat", "responses"]
-    dropped = 0
-
-    async def one(i: int, client: httpx.AsyncClient) -> int:
-        nonlocal dropped
-        path, body = stream_body(apis[i % 3], PLAIN, "word " * 1500, 1800)
-        async with client.stream("POST", f"{app_url}{path}", json=body) as resp:
-            if resp.status_code != 200:
-                return resp.status_code
-            async for line in resp.aiter_lines():
-                if is_delta(line):
-                    dropped += 1
-                    return 200  # leaving the block closes the connection mid-stream
-        return -1
-
-    async def storm():
-        limits = httpx.Limits(max_connections=50, max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-            return await asyncio.gather(*(one(i, client) for i in range(24)))
-
-    statuses = asyncio.run(storm())
+    statuses, dropped = disconnect_storm(app_url, PLAIN, 24, max_connections=50)
     assert statuses == [200] * 24 and dropped == 24, statuses
     deadline = time.monotonic() + 60
     while ingress.num_unfinished.remote().result(timeout_s=30) and time.monotonic() < deadline:

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.apps import run_app
-from tests.support.streams import assert_engine_error, is_delta, sse_data, sse_events, still_running, stream_body
+from tests.support.streams import (assert_engine_error, disconnect_storm, is_delta, sse_data, sse_events, still_running,
+                                  stream_body)
 
 pytestmark = pytest.mark.integration
 
@@ -213,27 +214,7 @@ def _running(handles) -> int:
 
 
 def test_disconnect_storm_leaves_no_running_engine_request(serve_url, engine_handles, http):
-    apis = ["anthropic", "chat", "responses"]
-    dropped = 0
-
-    async def one(i: int, client: httpx.AsyncClient):
-        nonlocal dropped
-        path, body = stream_body(apis[i % 3], MODEL, "word " * 1500, 1800)
-        async with client.stream("POST", f"{serve_url}{path}", json=body) as resp:
-            if resp.status_code != 200:
-                return resp.status_code
-            async for line in resp.aiter_lines():
-                if is_delta(line):
-                    dropped += 1
-                    return 200  # leaving the block closes the connection mid-stream
-        return -1  # the stream ended without a delta
-
-    async def storm():
-        limits = httpx.Limits(max_connections=200, max_keepalive_connections=0)
-        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-            return await asyncio.gather(*(one(i, client) for i in range(100)))
-
-    statuses = asyncio.run(storm())
+    statuses, dropped = disconnect_storm(serve_url, MODEL, 100, max_connections=200)
     assert all(s in (200, 429, 503, 529) for s in statuses), statuses
     assert dropped >= 90, statuses  # the storm really cut streams mid-way
     deadline = time.monotonic() + 60

@@ -3,10 +3,12 @@ what a stream failed by a lost engine must look like."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 
+import httpx
 import psutil
 
 APIS = ("anthropic", "chat", "responses")
@@ -30,6 +32,32 @@ def is_delta(line: str) -> bool:
     replica accepts, before any token)."""
     return line.startswith("data:") and ('"text_delta"' in line or "output_text.delta" in line
                                          or re.search(r'"content":"[^"]', line) is not None)
+
+
+def disconnect_storm(url: str, model: str, requests: int, max_connections: int) -> tuple[list[int], int]:
+    """`requests` long streams at once, the three APIs in turn, each closed by the client at its first model output.
+    Returns each request's status (-1: its stream ended without output) and how many were cut mid-stream."""
+    dropped = 0
+
+    async def one(i: int, client: httpx.AsyncClient) -> int:
+        nonlocal dropped
+        path, body = stream_body(APIS[i % 3], model, "word " * 1500, 1800)
+        async with client.stream("POST", f"{url}{path}", json=body) as resp:
+            if resp.status_code != 200:
+                return resp.status_code
+            async for line in resp.aiter_lines():
+                if is_delta(line):
+                    dropped += 1
+                    return 200  # leaving the block closes the connection mid-stream
+        return -1
+
+    async def storm() -> list[int]:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+            return list(await asyncio.gather(*(one(i, client) for i in range(requests))))
+
+    statuses = asyncio.run(storm())
+    return statuses, dropped
 
 
 def sse_data(lines: list[str]) -> list:

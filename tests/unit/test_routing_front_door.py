@@ -263,15 +263,18 @@ class FakeCall:
         return answer()
 
 
+class RouterHandle:
+    """The Router's handle as the ingress uses it: every call recorded."""
+
+    def __init__(self):
+        self.register_replica, self.prefilled, self.released = FakeCall(), FakeCall(), FakeCall()
+
+
 def test_the_ingress_registers_its_engines_and_reports_what_a_router_placed():
     from serve_app.engine.local_client import LocalEngineClient
 
     class Engine:
         kv_events_port, kv_replay_port, block_size = 5551, 5552, 128
-
-    class RouterHandle:
-        def __init__(self):
-            self.register_replica, self.prefilled, self.released = FakeCall(), FakeCall(), FakeCall()
 
     router = RouterHandle()
     client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")
@@ -328,10 +331,6 @@ def test_each_registration_lists_the_placed_requests_the_ingress_runs_now(monkey
 
     class Engine:
         kv_events_port, kv_replay_port, block_size = 5551, None, 128
-
-    class RouterHandle:
-        def __init__(self):
-            self.register_replica, self.prefilled, self.released = FakeCall(), FakeCall(), FakeCall()
 
     router = RouterHandle()
     client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")
