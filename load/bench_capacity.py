@@ -236,6 +236,7 @@ async def one_stream(session: aiohttp.ClientSession, url: str, prompt: str, toke
     gaps: list[float] = []
     ends: list[float] = []  # perf_counter() at the end of each gap (load/probe_stalls.py places them in the round)
     usage = None
+    response_id = None
     async with session.post(url + "/v1/chat/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"{url}: HTTP {resp.status}: {(await resp.text())[:200]}")
@@ -243,6 +244,8 @@ async def one_stream(session: aiohttp.ClientSession, url: str, prompt: str, toke
             if not line.startswith(b"data: {"):
                 continue
             now = time.perf_counter()
+            if response_id is None:  # the first chunk's id: this app's request log names the request by it
+                response_id = chunk_id(line)
             if b'"usage":{' in line:
                 usage = json.loads(line[6:])["usage"]
             # Content chunks only (not the role chunk, the finish chunk or the usage chunk); no JSON parse per chunk.
@@ -258,7 +261,16 @@ async def one_stream(session: aiohttp.ClientSession, url: str, prompt: str, toke
     ttft = (first or end) - t0
     tpot = (end - (first or end)) / (n - 1) if n > 1 else 0.0
     return {"ttft": ttft, "gaps": gaps, "tokens": n, "tpot": tpot, "sent": sent, "started": t0, "first": first,
-            "gap_ends": ends}
+            "gap_ends": ends, "id": response_id}
+
+
+def chunk_id(line: bytes) -> str | None:
+    """A Chat chunk's `id` without its `chatcmpl-` prefix (the request id of this app's request log)."""
+    at = line.find(b'"id":"')
+    if at < 0:
+        return None
+    value = line[at + 6:line.find(b'"', at + 6)].decode()
+    return value.removeprefix("chatcmpl-")
 
 
 async def run_level(url: str, concurrency: int, requests: int, tokens: int, seed: int) -> dict:
@@ -392,6 +404,29 @@ def request_phases(log_path: str) -> list[dict]:
         engine = {f"engine_{k}": v for k, v in (rec.get("engine_ms") or {}).items()}
         out.append({"ts": rec["ts"], "phases_ms": {**rec["phases_ms"], **engine}})
     return out
+
+
+def ttft_split(results: list[dict], log_path: str) -> dict:
+    """Where each of our requests' client-side TTFT went, by wall clock on this one host: `before_app` (the client
+    sending until the app's ASGI entry: the client's own loop, HAProxy, the replica's HTTP server and Serve's
+    wrapper), `in_app` (ASGI entry until the first token's frame is handed to the HTTP server: the request log's
+    phases) and `after_app` (that frame until the client read it: the HTTP server's transport, HAProxy, the
+    client's loop). The app's arrival is the log line's `ts - duration_s` (both rounded to the millisecond)."""
+    logged = {rec["request_id"]: rec for rec in request_log(log_path) if "phases_ms" in rec}
+    split: dict[str, list[float]] = {"before_app": [], "in_app": [], "after_app": []}
+    for r in results:
+        rec = logged.get(r.get("id") or "")
+        if rec is None or rec.get("ttft_s") is None or r.get("first") is None:
+            continue
+        arrived = rec["ts"] - rec["duration_s"]
+        before = (arrived - r["sent"]) * 1000
+        inside = rec["ttft_s"] * 1000 + rec["phases_ms"].get("first_frame", 0.0)
+        split["before_app"].append(before)
+        split["in_app"].append(inside)
+        split["after_app"].append(r["ttft"] * 1000 - before - inside)
+    n = len(split["in_app"])
+    return {"requests": n, **{k: {"p50_ms": round(pct(v, 0.5), 1), "p99_ms": round(pct(v, 0.99), 1)}
+                              for k, v in split.items() if v}}
 
 
 def phase_summary(records: list[dict], windows: list[tuple[float, float]]) -> dict:
@@ -533,6 +568,7 @@ def main() -> None:
             if "ours" in names:
                 # Where our time to first token went, from the request log (docs/serving-path.md)
                 row["ours"]["ttft_phases"] = phase_summary(records, acc[("ours", c)]["windows"])
+                row["ours"]["ttft_split"] = ttft_split(acc[("ours", c)]["results"], log.name)
             if len(names) == 2:
                 o, v = row["ours"], row["vllm"]
                 row["ratio"] = {

@@ -67,6 +67,25 @@ def with_replica_env(actor_options: dict[str, Any], env: dict[str, str] | None =
     return actor
 
 
+def app_watches_disconnects() -> bool:
+    """Have Ray Serve's direct-ingress wrapper leave client disconnects to the app in this replica's process, as if
+    every request carried Serve's `x-request-disconnect-disabled: ?1`: the wrapper then awaits the app directly
+    instead of starting a receive task and a request task and waiting on both, so a new request reaches the app
+    turns of a busy event loop sooner. The app must watch disconnects itself (ingress/streaming.py: Starlette's
+    StreamingResponse does for streams, `until_disconnected` for the rest). Serve reads the header through a module
+    function of its replica; returns False (and changes nothing) where this Ray has none by that name."""
+    from ray.serve._private import replica
+
+    if not callable(getattr(replica, "parse_disconnect_disabled_header", None)):
+        return False
+    replica.parse_disconnect_disabled_header = _disconnects_are_the_apps
+    return True
+
+
+def _disconnects_are_the_apps(headers: Any) -> bool:
+    return True
+
+
 def freeze_startup_heap() -> int:
     """Move everything a replica built at start-up (Ray, Serve, vLLM, torch, tokenizers: ~700K objects) out of the
     garbage collector's reach, as vLLM's API server and engine core do after their own start-up. Otherwise every

@@ -203,6 +203,11 @@ class IngressConfig(_Strict):
     # Ingress replicas serve HTTP themselves behind Serve's HAProxy, with no Python proxy hop per token
     # (docs/serving-path.md). The Serve config's controller_options must say the same (serve_tuning.DIRECT_INGRESS).
     direct_ingress: bool = False
+    # With direct ingress, who notices a client that leaves: `app` — Starlette's streaming response and the
+    # routes' own watcher for answers that are not streamed (ingress/streaming.py) — or `serve`, Ray Serve's
+    # direct-ingress wrapper, which puts a receive task and a second task in front of every request and costs
+    # each new request event-loop turns under load (docs/serving-path.md "A new request's way into the app").
+    disconnects: Literal["app", "serve"] = "app"
     response_store_max_bytes: int = 512 * 1024 * 1024
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 

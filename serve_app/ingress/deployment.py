@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from ray import serve
 
 from serve_app.ingress.clients import ServeEngineClient
@@ -11,9 +13,11 @@ from serve_app.ingress.context import IngressContext
 from serve_app.ingress.limits import LimitClient
 from serve_app.ingress.responses.store import StoreClient
 from serve_app.ingress.server import create_app
-from serve_app.serve_tuning import freeze_startup_heap
+from serve_app.serve_tuning import app_watches_disconnects, freeze_startup_heap
 from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
+
+log = logging.getLogger(__name__)
 
 
 @serve.deployment(name="Ingress")
@@ -22,6 +26,8 @@ class Ingress:
     def __init__(self, settings: dict, secret: KeyRing, engines: dict, router=None, response_store=None,
                  tenant_limits=None):
         cfg = AppSettings.model_validate(settings)
+        if cfg.ingress.direct_ingress and cfg.ingress.disconnects == "app" and not app_watches_disconnects():
+            log.warning("ingress.disconnects: app has no effect with this Ray Serve: Serve watches disconnects")
         # With `router.placement: ingress` this replica routes from its own table (routing/local.py), following
         # the Router deployment. It starts here: the replica's code, handle calls and HTTP requests all run on
         # Serve's one event loop (serve_tuning.py), where the decisions are made.

@@ -14,10 +14,11 @@ Errors raised here reach the route's envelope (ingress/envelope.py). Adding an A
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Protocol, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, Protocol, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -32,6 +33,7 @@ from serve_app.ingress.context import IngressContext, replica_headers
 from serve_app.routing.types import ROUTE_ID_HEADER
 
 UNFINISHED = "the generation ended without finishing"
+CLIENT_GONE = 499  # the status nginx and Ray Serve record for a request whose client left before its answer
 T = TypeVar("T")
 
 
@@ -135,7 +137,9 @@ async def generate(api: ApiAdapter, request: Request, ctx: IngressContext) -> Re
     encoder = api.encoder(call, prepared.request_id, prepared.num_prompt_tokens, ctx)
 
     if not call.stream:
-        events = await ctx.service.complete(prepared)
+        events = await unless_disconnected(request, ctx.service.complete(prepared))
+        if events is None:
+            return Response(status_code=CLIENT_GONE)  # nobody reads it; the request metrics count it
         if api.peek_refusals:  # the same answer as a stream refused before its first event: status, retry-after
             refused = sse.refusal(events[0] if events else sse.EMPTY)
             if refused is not None:
@@ -152,6 +156,28 @@ async def generate(api: ApiAdapter, request: Request, ctx: IngressContext) -> Re
             await stream.aclose()
             raise refused
     return _sse(_frames(api, call, encoder, stream, ctx, prepared.marks), headers)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None if the client left first: then `work` is cancelled, which closes its event stream
+    and so aborts the engine request. The answers that are not streamed need this: a stream is watched by
+    Starlette's StreamingResponse, and Serve's own watcher is off (`ingress.disconnects: app`, serve_tuning.py)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_disconnected(request))
+    try:
+        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when this request is cancelled itself
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)  # its stream closed, the engine request aborted
+    return None if task.cancelled() else task.result()
+
+
+async def until_disconnected(request: Request) -> None:
+    """Returns when the client has gone. Called once the body is read, when receive() only reports the end."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _sse(frames: AsyncIterator[bytes], headers: dict[str, str]) -> StreamingResponse:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import httpx
+import psutil
 
 
 def healthy(url: str) -> bool:
@@ -34,3 +35,19 @@ def run_app(args: dict, name: str, base_url: str) -> str:
     url = f"{base_url}/{name}"
     wait_healthy(url, f"the {name} app")
     return url
+
+
+def replica_url(name: str) -> str:
+    """App `name`'s Ingress replica's own HTTP address (direct ingress), past Serve's HAProxy: to tell what the
+    replica does from what the front door does."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if f"ServeReplica:{name}:Ingress" not in " ".join(proc.info["cmdline"] or []):
+            continue
+        for conn in proc.net_connections(kind="tcp"):
+            if conn.status != psutil.CONN_LISTEN:
+                continue
+            host = conn.laddr.ip if conn.laddr.ip not in ("0.0.0.0", "::") else "127.0.0.1"
+            url = f"http://{host}:{conn.laddr.port}/{name}"
+            if healthy(url):
+                return url
+    raise RuntimeError(f"no Ingress replica of app {name} answers on its own port")

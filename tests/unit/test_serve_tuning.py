@@ -37,3 +37,17 @@ def test_router_replica_freezes_its_start_up_heap(unfrozen):
     router = Router.func_or_class({"kv_events": False})
     assert gc.get_freeze_count() > 0
     assert not _tracked(router.table)
+
+
+def test_the_app_can_take_disconnects_over_from_serves_direct_ingress_wrapper(monkeypatch):
+    """`ingress.disconnects: app` relies on the name Serve's replica reads the disconnect header through; a Ray
+    upgrade that drops it fails here instead of leaving Serve's per-request watcher silently back on."""
+    from ray.serve._private import replica
+
+    from serve_app.serve_tuning import app_watches_disconnects
+
+    monkeypatch.setattr(replica, "parse_disconnect_disabled_header", replica.parse_disconnect_disabled_header)
+    assert replica.parse_disconnect_disabled_header({}) is False  # Serve's own reading: it watches
+    assert app_watches_disconnects()
+    assert replica.parse_disconnect_disabled_header({}) is True
+    assert replica.parse_disconnect_disabled_header({b"x-request-disconnect-disabled": b"?0"}) is True

@@ -139,3 +139,51 @@ async def test_failures_after_output_end_the_stream_in_protocol():
             assert fold(frames)[0]["content"] == "par"
         r = await c.post("/v1/chat/completions", json=body("fails_late"))
         assert r.status_code == 500 and r.json()["error"]["message"] == "engine died"
+
+
+def test_a_client_that_leaves_before_a_non_streamed_answer_cancels_its_generation():
+    """With Serve's disconnect watcher off (`ingress.disconnects: app`) the route watches for the client itself: the
+    generation is cancelled (so its engine request is aborted), not run to its end for nobody."""
+    import asyncio
+
+    cancelled = []
+
+    class Slow(StubService):
+        async def complete(self, prepared):
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.append(prepared.request_id)
+                raise
+
+    app = create_app(IngressContext(settings=SETTINGS, service=Slow(), secret=b"s"))
+    raw = json.dumps(body("think_call")).encode()
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5000), "server": ("t", 80),
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]}
+
+    async def run():
+        pending = [{"type": "http.request", "body": raw, "more_body": False}]
+        left = asyncio.Event()
+        sent = []
+
+        async def receive():
+            if pending:
+                return pending.pop(0)
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        call = asyncio.ensure_future(app(scope, receive, send))
+        await asyncio.sleep(0.3)
+        assert not call.done() and not cancelled  # generating, the client still there
+        left.set()
+        await asyncio.wait_for(call, 10)
+        return sent
+
+    sent = asyncio.run(run())
+    assert len(cancelled) == 1
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 499, sent
