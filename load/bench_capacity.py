@@ -92,10 +92,12 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
         "engine_env": engine_env,
         "engine_kwargs": {"enforce_eager": True, "load_format": "dummy"},
     }
-    ingress: dict = {"strip_preamble": True, **(ingress_set or {})}
+    served = yaml.safe_load((ROOT / "config.yaml").read_text())  # Serve's own settings as the README runs them
+    shipped = served["applications"][0]["args"].get("ingress", {})
+    ingress: dict = {"strip_preamble": True, "direct_ingress": shipped.get("direct_ingress", False),
+                     **(ingress_set or {})}
     if ingress_replicas != 1:
         ingress["deployment"] = {"num_replicas": ingress_replicas}
-    served = yaml.safe_load((ROOT / "config.yaml").read_text())  # Serve's own settings as the README runs them
     router = {"policy": "kv"}
     if placement:  # else the shipped default (settings.RouterConfig.placement)
         router["placement"] = placement

@@ -26,7 +26,8 @@ class Ingress:
     def __init__(self, settings: dict, secret: KeyRing, engines: dict, router=None, response_store=None,
                  tenant_limits=None):
         cfg = AppSettings.model_validate(settings)
-        if cfg.ingress.direct_ingress and cfg.ingress.disconnects == "app" and not app_watches_disconnects():
+        # Inert without direct ingress (only Serve's direct-ingress wrapper reads the header it overrides).
+        if cfg.ingress.disconnects == "app" and not app_watches_disconnects():
             log.warning("ingress.disconnects: app has no effect with this Ray Serve: Serve watches disconnects")
         # With `router.placement: ingress` this replica routes from its own table (routing/local.py), following
         # the Router deployment. It starts here: the replica's code, handle calls and HTTP requests all run on
