@@ -79,7 +79,7 @@ def free_port() -> int:
 
 def ours_config(port: int, model_path: str, ingress_replicas: int, placement: str | None = None,
                 engine_threads: str = "all", engine_placement: str = "deployment",
-                ingress_set: dict | None = None) -> dict:
+                ingress_set: dict | None = None, controller_set: dict | None = None) -> dict:
     engine_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     if engine_threads == "auto":  # vLLM's own binding instead of the app's small-host default
         engine_env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
@@ -101,8 +101,12 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
     router = {"policy": "kv"}
     if placement:  # else the shipped default (settings.RouterConfig.placement)
         router["placement"] = placement
+    options = {k: served[k] for k in ("controller_options", "proxy_location") if k in served}
+    if controller_set:  # a Serve setting of the controller overridden for one measurement
+        env = options["controller_options"]["runtime_env"]["env_vars"]
+        options["controller_options"]["runtime_env"]["env_vars"] = {**env, **controller_set}
     return {
-        **{k: served[k] for k in ("controller_options", "proxy_location") if k in served},
+        **options,
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
                           "args": {"models": [model], "router": router, "ingress": ingress,
@@ -112,10 +116,11 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
 
 def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
                placement: str | None = None, engine_threads: str = "all",
-               engine_placement: str = "deployment", ingress_set: dict | None = None) -> subprocess.Popen:
+               engine_placement: str = "deployment", ingress_set: dict | None = None,
+               controller_set: dict | None = None) -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
     path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads,
-                                               engine_placement, ingress_set)))
+                                               engine_placement, ingress_set, controller_set)))
     return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log, cwd=ROOT,
                             env={**os.environ, **env}, start_new_session=True)
 

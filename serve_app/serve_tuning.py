@@ -38,6 +38,13 @@ DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_P
 FRONT_DOOR = {"RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1"}
 
 
+# The controller's control loop every 0.5 s instead of Serve's 0.1 s on the CPU configs (a laptop, a small host):
+# its polling was the largest single CPU cost of the idle service, and on a host the engine's compute shares, every
+# core-millisecond of it is the engine's (load/bench_idle.py). What it delays is Serve's reaction to a state change
+# (a replica started or lost) by at most 0.4 s. The GPU configs keep Serve's default.
+QUIET_CONTROLLER = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5"}
+
+
 def flags_set(env: Any, flags: dict[str, str]) -> bool:
     """Whether `env` (a mapping: a config's env_vars, os.environ) has every one of `flags`."""
     return all(env.get(k) == v for k, v in flags.items())

@@ -49,6 +49,15 @@ def test_a_front_door_router_gets_the_request_bodies(path: Path):
             assert front_door_in(cfg), app["name"]
 
 
+@pytest.mark.parametrize("path", [p for p in SERVE_CONFIGS if p != B200], ids=lambda p: p.name)
+def test_cpu_configs_run_a_quiet_controller(path: Path):
+    """The laptop and small-host configs slow Serve's control loop (serve_tuning.QUIET_CONTROLLER); the suite runs
+    with it too (tests/configs/test.yaml), so a Serve that misbehaves with it fails CI."""
+    from serve_app.serve_tuning import QUIET_CONTROLLER, controller_env, flags_set
+
+    assert flags_set(controller_env(yaml.safe_load(path.read_text())), QUIET_CONTROLLER)
+
+
 @pytest.fixture(scope="module")
 def b200() -> dict:
     return yaml.safe_load(B200.read_text())

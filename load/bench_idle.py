@@ -1,0 +1,129 @@
+"""What the service costs while nobody is calling it, against vLLM's own server, in one run.
+
+On a laptop (the one-command setup) the service is idle most of the time, and on a small host whatever its
+processes do between requests takes CPU from the engine's compute when requests come. Both servers serve the
+tiny model of load/bench_capacity.py, start at once, answer one request each (so every lazy path has run),
+settle, and then their whole process trees are read from /proc over the same windows: CPU seconds per second
+(cores) by role, and the busiest processes by name. Nothing in either server is instrumented.
+
+    python -m load.bench_idle --json load/results/idle.json
+    python -m load.bench_idle --controller-set RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.1   # Serve's own default
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+from load.bench_capacity import (CpuMeter, free_port, git_commit, host, role_of, start_ours, start_vllm, stop,
+                                 wait_healthy)
+
+
+def process_titles(root_pid: int) -> dict[int, str]:
+    out = {}
+    for p in [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]:
+        try:
+            out[p.pid] = (" ".join(p.cmdline()) or p.name())[:60]
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def cpu_by_pid(root_pid: int) -> dict[int, float]:
+    out = {}
+    for p in [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=30.0, help="length of one measured window")
+    ap.add_argument("--windows", type=int, default=4)
+    ap.add_argument("--settle", type=float, default=20.0, help="seconds after the first answers before measuring")
+    ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment")
+    ap.add_argument("--controller-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a variable of config.yaml's controller_options.runtime_env.env_vars")
+    ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for `serve run` (reaches every Ray process it starts)")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+
+    from load.tiny_model import ensure_tiny_model
+
+    model_path = ensure_tiny_model()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    log = open(tempfile.mkstemp(prefix="bench_idle_", suffix=".log")[1], "w")
+    ports = {"ours": free_port(), "vllm": free_port()}
+    controller = dict(kv.split("=", 1) for kv in a.controller_set)
+    t0 = time.monotonic()
+    procs = {"ours": start_ours(ports["ours"], model_path, 1, log, dict(kv.split("=", 1) for kv in a.serve_env),
+                                engine_placement=a.engine_placement, controller_set=controller),
+             "vllm": start_vllm(ports["vllm"], model_path, log)}
+    try:
+        ready = {}
+        for n in ("ours", "vllm"):
+            wait_healthy(f"http://127.0.0.1:{ports[n]}", procs[n])
+            ready[n] = time.monotonic() - t0
+        time.sleep(a.settle)
+        meters = {n: CpuMeter(procs[n].pid, n) for n in procs}
+        roles = {n: {} for n in procs}
+        per_pid = {n: {} for n in procs}
+        wall = 0.0
+        for w in range(a.windows):
+            before = {n: meters[n].snapshot() for n in procs}
+            pids0 = {n: cpu_by_pid(procs[n].pid) for n in procs}
+            w0 = time.monotonic()
+            time.sleep(a.seconds)
+            wall += time.monotonic() - w0
+            for n in procs:
+                for k, v in CpuMeter.delta(before[n], meters[n].snapshot()).items():
+                    roles[n][k] = roles[n].get(k, 0.0) + v
+                titles = process_titles(procs[n].pid)
+                for pid, cpu in cpu_by_pid(procs[n].pid).items():
+                    name = titles.get(pid, str(pid))
+                    per_pid[n][name] = per_pid[n].get(name, 0.0) + cpu - pids0[n].get(pid, cpu)
+            print(f"window {w}: ours {sum(roles['ours'].values()) / wall:.3f} cores, "
+                  f"vllm {sum(roles['vllm'].values()) / wall:.3f} cores", flush=True)
+        out = {
+            "command": " ".join([Path(sys.executable).name, "-m", "load.bench_idle", *sys.argv[1:]]),
+            "commit": git_commit(),
+            "host": host(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "engine_placement": a.engine_placement,
+            "controller_set": controller,
+            "serve_env": a.serve_env,
+            "measured_s": round(wall, 1),
+            "ready_s": {n: round(v, 1) for n, v in ready.items()},
+            "servers": {},
+        }
+        for n in procs:
+            out["servers"][n] = {
+                "cores": round(sum(roles[n].values()) / wall, 4),
+                "cores_by_role": {k: round(v / wall, 4) for k, v in sorted(roles[n].items(), key=lambda kv: -kv[1])},
+                "busiest_processes": {k: round(v / wall, 4) for k, v in
+                                      sorted(per_pid[n].items(), key=lambda kv: -kv[1])[:12]},
+            }
+        out["ratio_cores"] = out["servers"]["ours"]["cores"] / max(out["servers"]["vllm"]["cores"], 1e-9)
+        print(json.dumps(out, indent=2))
+        if a.json:
+            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    finally:
+        stop(list(procs.values()))
+
+
+if __name__ == "__main__":
+    main()
