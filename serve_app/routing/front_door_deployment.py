@@ -32,11 +32,12 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 
+from serve_app import metrics
 from serve_app.keyring import KeyRing
 from serve_app.routing.deployment import RouterMethods
 from serve_app.routing.front_door import FrontDoor
 from serve_app.routing.table import RoutingTable
-from serve_app.routing.types import ROUTE_ID_HEADER
+from serve_app.routing.types import ROUTE_ID_HEADER, Decision
 from serve_app.serve_tuning import freeze_startup_heap
 from serve_app.settings import AppSettings
 
@@ -46,6 +47,16 @@ ROUTE_PATH = "/internal/route"
 # A reservation younger than this is never taken for ended by an ingress's registration (the request may not have
 # reached the ingress's engine yet); an older one its ingress no longer runs is released.
 RECONCILE_AFTER_S = 30.0
+
+
+def decision_outcome(decision: Decision | None, went_to_target: bool) -> tuple[str, str]:
+    """`router_decisions_total`'s (policy, outcome) for one front-door answer, as the ingress records the Engine
+    placement's decisions (ingress/clients.py), so the dashboard's routing panel reads the same in both."""
+    if decision is None:  # a body without a key (unreadable, unknown model, stored history) or no request id
+        return "fallback", "no_decision"
+    if not went_to_target:
+        return "fallback", "replica_gone"
+    return decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss"
 
 
 class Target:
@@ -137,8 +148,10 @@ class FrontDoorRouter(RouterMethods):
             if decision is not None:
                 self._unreserve(routed.engine_key, route_id)
             log.warning("front door: no ingress replica for request %s: %s", request_id, e)
+            metrics.observe_router_decision("fallback", "no_replica")
             return JSONResponse({"detail": str(e)[:300]}, status_code=503)
         answer = {"replica_id": chosen.to_full_id_str(), "host": host, "port": port}
+        metrics.observe_router_decision(*decision_outcome(decision, chosen.unique_id == target))
         if decision is None or chosen.unique_id != target:
             self.fallbacks += 1
             if decision is not None:  # it went elsewhere: nobody will report it

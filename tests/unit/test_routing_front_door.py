@@ -413,3 +413,79 @@ def test_a_router_replica_releases_its_reservations_the_ingress_no_longer_runs(m
     assert active("ing-1") == before["ing-1"] - len(ended)
     asyncio.run(a.register_replica(*registration, refresh=True, running={}))
     assert active("ing-1") == 1 and "rtr-b/r9" in core._inflight  # only b's is left on ing-1
+
+
+def test_each_front_door_answer_is_counted_for_the_routing_panel():
+    """`router_decisions_total` (the dashboard's routing panel) counts the front door's answers as the ingress counts
+    the Engine placement's: a decision by its policy and whether the chosen replica holds the prefix; a body with no
+    key, or a chosen replica that has gone, as Serve's fallback."""
+    import contextlib
+
+    from serve_app import metrics
+    from serve_app.routing.front_door import Routed
+    from serve_app.routing.front_door_deployment import FrontDoorRouter
+    from serve_app.routing.table import RoutingTable
+    from serve_app.routing.types import RouteRequest
+    from serve_app.settings import RouterConfig
+
+    class ReplicaId:
+        def __init__(self, unique_id):
+            self.unique_id = unique_id
+
+        def to_full_id_str(self):
+            return f"SERVE_REPLICA::default#Ingress#{self.unique_id}"
+
+    class Ingress:
+        """Serve's handle to the Ingress deployment: the target if it is alive, else its own choice (ing-2)."""
+
+        def __init__(self, live):
+            self.live = live
+
+        @contextlib.asynccontextmanager
+        async def choose_replica(self, target, _reserve):
+            rid = target.target_replica if target.target_replica in self.live else "ing-2"
+            replica = type("Replica", (), {"replica_id": ReplicaId(rid), "backend_http_endpoint": ("10.0.0.7", 8)})
+            yield type("Selection", (), {"_replica": replica})()
+
+    class Door:
+        keyed = unkeyed = 0
+
+        def __init__(self, keyed_body):
+            self.keyed_body = keyed_body
+
+        async def route_request(self, body, request, route_id, session_id):
+            if body != self.keyed_body:
+                return Routed(None, RouteRequest(request_id=route_id))
+            return Routed("Engine-a", RouteRequest(request_id=route_id, block_hashes=[1, 2], num_prompt_tokens=32,
+                                                   expected_output_tokens=8))
+
+    def request(body: bytes, request_id: str) -> Request:
+        async def receive():
+            return {"type": "http.request", "body": body, "more_body": False}
+        return Request({"type": "http", "method": "POST", "path": "/internal/route", "query_string": b"",
+                        "headers": [(b"x-request-id", request_id.encode())]}, receive)
+
+    router = FrontDoorRouter.func_or_class.__new__(FrontDoorRouter.func_or_class)
+    router.table, router.replica_id, router.route_ms = RoutingTable(RouterConfig(policy="kv"), kv_events=False), "rtr", 0.0
+    router.decisions = router.fallbacks = 0
+    router.door, router._ingress = Door(b"keyed"), Ingress({"ing-1"})
+    router.table.register_replica("Engine-a", "ing-1", None, None, 16)
+    router.table.sync_replicas("Engine-a", ["ing-1"])
+
+    def count(policy, outcome):
+        return metrics.REGISTRY.get_sample_value(metrics.PREFIX + "router_decisions_total",
+                                                 {"policy": policy, "outcome": outcome}) or 0.0
+
+    labels = [("kv", "cache_miss"), ("kv", "cache_hit"), ("fallback", "no_decision"), ("fallback", "replica_gone")]
+    before = {k: count(*k) for k in labels}
+    answers = [json.loads(asyncio.run(router.route(request(body, rid))).body)
+               for body, rid in ((b"keyed", "r1"), (b"not json", "r2"))]
+    router.table.mark_prefilled("Engine-a", "rtr/r1", 0)  # r1's prefix is now on ing-1
+    answers.append(json.loads(asyncio.run(router.route(request(b"keyed", "r3"))).body))
+    router._ingress.live = set()  # ing-1 goes before r4 is forwarded: Serve picks another
+    answers.append(json.loads(asyncio.run(router.route(request(b"keyed", "r4"))).body))
+
+    assert [a["replica_id"].rsplit("#", 1)[1] for a in answers] == ["ing-1", "ing-2", "ing-1", "ing-2"]
+    assert [ROUTE_ID_HEADER in a.get("request_headers", {}) for a in answers] == [True, False, True, False]
+    assert {k: count(*k) - before[k] for k in labels} == {k: 1 for k in labels}
+    assert (router.decisions, router.fallbacks) == (2, 2)
