@@ -235,3 +235,25 @@ def test_a_stored_response_continues_on_the_default_sqlite_store_through_the_fro
     assert any(first.id in i for i in ids) and any(second.id in i for i in ids), ids
     r = client.responses.retrieve(second.id)
     assert r.output_text == "teal"
+
+
+def test_the_front_doors_answers_reach_the_routing_panel(app):
+    """`ray_serve_app_router_decisions_total` (the dashboard's routing panel) counts the front door's answers: every
+    decision the Router made in this module by its policy, with cache hits among them (the later turns above), and
+    its fallbacks (each scrape of /metrics through the front door is one: a GET has no body to key)."""
+    from serve_app import metrics
+    from tests.support.prometheus import samples
+
+    url, _ = app
+    name = metrics.RAY_EXPORT_PREFIX + metrics.PREFIX + "router_decisions_total"
+    deadline = time.monotonic() + 90  # Ray's agent exports a replica's metrics every few seconds
+    while True:
+        counts = front_door_metrics()
+        scraped = [(ls, v) for n, ls, v in samples(httpx.get(f"{url}/metrics", timeout=30).text) if n == name]
+        decided = sum(v for ls, v in scraped if ls.get("policy") != "fallback")
+        hits = sum(v for ls, v in scraped if ls.get("outcome") == "cache_hit")
+        fallbacks = sum(v for ls, v in scraped if ls.get("policy") == "fallback")
+        if decided == counts["decisions"] and hits > 0 and 0 < fallbacks <= counts["fallbacks"] + 1:
+            break
+        assert time.monotonic() < deadline, (counts, scraped)
+        time.sleep(2)
