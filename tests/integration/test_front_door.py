@@ -238,22 +238,48 @@ def test_a_stored_response_continues_on_the_default_sqlite_store_through_the_fro
 
 
 def test_the_front_doors_answers_reach_the_routing_panel(app):
-    """`ray_serve_app_router_decisions_total` (the dashboard's routing panel) counts the front door's answers: every
-    decision the Router made in this module by its policy, with cache hits among them (the later turns above), and
-    its fallbacks (each scrape of /metrics through the front door is one: a GET has no body to key)."""
+    """`ray_serve_app_router_decisions_total` (the dashboard's routing panel) counts the front door's answers: each
+    decision by its policy, a repeated prompt as a cache hit (its fallbacks: the unit tests). Counters are summed
+    over the node's processes, and the suite's other apps count their own decisions in the same series, so this
+    compares increases, once the export has settled (nothing else is served meanwhile)."""
     from serve_app import metrics
     from tests.support.prometheus import samples
 
     url, _ = app
     name = metrics.RAY_EXPORT_PREFIX + metrics.PREFIX + "router_decisions_total"
-    deadline = time.monotonic() + 90  # Ray's agent exports a replica's metrics every few seconds
-    while True:
-        counts = front_door_metrics()
+
+    def scrape() -> dict[str, float]:
         scraped = [(ls, v) for n, ls, v in samples(httpx.get(f"{url}/metrics", timeout=30).text) if n == name]
-        decided = sum(v for ls, v in scraped if ls.get("policy") != "fallback")
-        hits = sum(v for ls, v in scraped if ls.get("outcome") == "cache_hit")
-        fallbacks = sum(v for ls, v in scraped if ls.get("policy") == "fallback")
-        if decided == counts["decisions"] and hits > 0 and 0 < fallbacks <= counts["fallbacks"] + 1:
+        return {"decided": sum(v for ls, v in scraped if ls.get("policy") != "fallback"),
+                "hits": sum(v for ls, v in scraped if ls.get("outcome") == "cache_hit")}
+
+    def settled() -> dict[str, float]:
+        """The exported decisions once unchanged for 15 s (Ray's agent exports every few seconds)."""
+        deadline, last, since = time.monotonic() + 120, None, time.monotonic()
+        while True:
+            now = scrape()
+            if last is None or now["decided"] != last["decided"] or now["hits"] != last["hits"]:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= 15:
+                return now
+            assert time.monotonic() < deadline, now
+            time.sleep(2)
+
+    before, counted = settled(), front_door_metrics()["decisions"]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+    prompt = system_prompt(21)  # long enough for whole KV blocks: the repeats hit the first one's prefix
+    for _ in range(3):
+        r = client.chat.completions.create(model=MODEL, max_tokens=4, messages=[
+            {"role": "system", "content": prompt}, {"role": "user", "content": "status?"}],
+            extra_body={"nvext": {"forced_script": "ok"}})
+        assert r.choices[0].message.content == "ok"
+    decided = front_door_metrics()["decisions"] - counted
+    assert decided == 3
+    deadline = time.monotonic() + 90
+    while True:
+        now = scrape()
+        grew = {k: now[k] - before[k] for k in now}
+        if grew["decided"] == decided and grew["hits"] >= 1:
             break
-        assert time.monotonic() < deadline, (counts, scraped)
+        assert time.monotonic() < deadline, (before, now, decided)
         time.sleep(2)
