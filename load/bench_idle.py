@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import tempfile
@@ -32,17 +31,6 @@ def process_titles(root_pid: int) -> dict[int, str]:
     for p in [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]:
         try:
             out[p.pid] = (" ".join(p.cmdline()) or p.name())[:60]
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return out
-
-
-def cpu_by_pid(root_pid: int) -> dict[int, float]:
-    out = {}
-    for p in [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return out
@@ -84,17 +72,17 @@ def main() -> None:
         wall = 0.0
         for w in range(a.windows):
             before = {n: meters[n].snapshot() for n in procs}
-            pids0 = {n: cpu_by_pid(procs[n].pid) for n in procs}
             w0 = time.monotonic()
             time.sleep(a.seconds)
             wall += time.monotonic() - w0
             for n in procs:
-                for k, v in CpuMeter.delta(before[n], meters[n].snapshot()).items():
+                after = meters[n].snapshot()  # one read of the tree per window: by role and by process
+                for k, v in CpuMeter.delta(before[n], after).items():
                     roles[n][k] = roles[n].get(k, 0.0) + v
                 titles = process_titles(procs[n].pid)
-                for pid, cpu in cpu_by_pid(procs[n].pid).items():
+                for pid, (_, cpu) in after.items():
                     name = titles.get(pid, str(pid))
-                    per_pid[n][name] = per_pid[n].get(name, 0.0) + cpu - pids0[n].get(pid, cpu)
+                    per_pid[n][name] = per_pid[n].get(name, 0.0) + cpu - before[n].get(pid, (None, cpu))[1]
             print(f"window {w}: ours {sum(roles['ours'].values()) / wall:.3f} cores, "
                   f"vllm {sum(roles['vllm'].values()) / wall:.3f} cores", flush=True)
         out = {
