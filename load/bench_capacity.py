@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import signal
 import socket
@@ -47,6 +46,7 @@ import aiohttp
 import psutil
 import yaml
 
+from load import provenance
 from serve_app.settings import AppSettings, RouterConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -447,30 +447,6 @@ def phase_summary(records: list[dict], windows: list[tuple[float, float]]) -> di
             **{k: {"p50_ms": round(pct(v, 0.5), 2), "p99_ms": round(pct(v, 0.99), 2)} for k, v in by_phase.items()}}
 
 
-def git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-        # Result files the run itself (or the run before it) rewrote do not make the measured code dirty.
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!load/results"],
-                               cwd=ROOT, capture_output=True, text=True).stdout.strip()
-        return out + ("+dirty" if dirty else "")
-    except Exception:  # noqa: BLE001
-        return "unknown"
-
-
-def host() -> dict:
-    cpu = ""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"hostname": platform.node(), "cpus": len(os.sched_getaffinity(0)), "cpu_model": cpu,
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version()}
-
-
 def requests_for(c: int, tokens: int, scale: float) -> int:
     return max(c, int(round(scale * max(8, 2 * c) if c < 128 else scale * c)))
 
@@ -550,10 +526,7 @@ def main() -> None:
                     print(f"round {r} c={c} {n}: {sum(x['tokens'] for x in res['results']) / res['wall']:.0f} tokens/s",
                           flush=True)
         out = {
-            "command": " ".join([Path(PY).name, "-m", "load.bench_capacity", *sys.argv[1:]]),
-            "commit": git_commit(),
-            "host": host(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            **provenance.header("load.bench_capacity", sys.argv[1:]),
             "model": "tiny-random-smollm2 (2 layers, hidden 128, SmolLM2 tokenizer, load_format dummy, fp32, eager)",
             "tokens_per_request": a.tokens,
             "rounds": a.rounds,
@@ -589,8 +562,7 @@ def main() -> None:
             out["levels"][str(c)] = row
         print(json.dumps(out, indent=2))
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+            provenance.write(a.json, out)
         if len(names) == 2:
             print(table(out))
     finally:

@@ -77,7 +77,7 @@ def main() -> None:
 
     from npm_tools import TOOLS, npm_bin
 
-    from load.bench_capacity import git_commit, host
+    from load import provenance
 
     if a.harness == "claude":
         cli = npm_bin(TOOLS / "claude-code", "@anthropic-ai/claude-code", "claude")
@@ -119,16 +119,14 @@ def main() -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
         subprocess.run([str(ROOT / ".venv" / "bin" / "ray"), "stop", "--force"], capture_output=True, timeout=120)
-    out = {"command": " ".join(["python", "-m", "load.bench_first_turn", *sys.argv[1:]]), "commit": git_commit(),
-           "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "config": a.config, "model": a.model,
+    out = {**provenance.header("load.bench_first_turn", sys.argv[1:]), "config": a.config, "model": a.model,
            "harness": a.harness, "version": version, "prompt": a.prompt,
            "results": {"ready_s": round(ready_s, 1), "turn_s": round(turn_s, 1), "exit_code": r.returncode,
                        "answer": r.stdout.strip()[-500:], "stderr_tail": r.stderr.strip()[-500:],
                        "requests": requests}}
-    text = json.dumps(out, indent=2)
-    print(text)
+    print(json.dumps(out, indent=2))
     if a.json:
-        Path(a.json).write_text(text + "\n")
+        provenance.write(a.json, out)
 
 
 if __name__ == "__main__":

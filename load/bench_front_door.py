@@ -30,7 +30,8 @@ import httpx
 import yaml
 
 from load.agent_wire import aiter_sse, stable_text
-from load.bench_capacity import free_port, git_commit, host, pct, stop
+from load import provenance
+from load.bench_capacity import free_port, pct, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deployments" / "cpu-front-door.yaml"
@@ -247,9 +248,7 @@ def main() -> None:
                 print(json.dumps(rounds[-1]), flush=True)
 
     result = {
-        "command": "python -m load.bench_front_door " + " ".join(sys.argv[1:]),
-        "commit": git_commit(),
-        "host": host(),
+        **provenance.header("load.bench_front_door", sys.argv[1:]),
         "config": str(BASE.relative_to(ROOT)),
         "workload": {k: getattr(a, k) for k in ("rounds", "families", "family_words", "sessions", "turns", "turn_words",
                                                 "concurrency", "max_tokens")},
@@ -261,7 +260,7 @@ def main() -> None:
                         "ttft_p95": round(fd["ttft_p95_ms"] / ha["ttft_p95_ms"], 3) if ha["ttft_p95_ms"] else None}
     print(json.dumps({"arms": result["arms"], "ratios": result["ratios"]}, indent=1))
     if a.json:
-        Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+        provenance.write(a.json, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ import signal
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import psutil
 
-from load.bench_capacity import (CpuMeter, free_port, git_commit, host, role_of, start_ours, start_vllm, stop,
+from load import provenance
+from load.bench_capacity import (CpuMeter, free_port, start_ours, start_vllm, stop,
                                  wait_healthy)
 
 
@@ -86,10 +86,7 @@ def main() -> None:
             print(f"window {w}: ours {sum(roles['ours'].values()) / wall:.3f} cores, "
                   f"vllm {sum(roles['vllm'].values()) / wall:.3f} cores", flush=True)
         out = {
-            "command": " ".join([Path(sys.executable).name, "-m", "load.bench_idle", *sys.argv[1:]]),
-            "commit": git_commit(),
-            "host": host(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            **provenance.header("load.bench_idle", sys.argv[1:]),
             "engine_placement": a.engine_placement,
             "controller_set": controller,
             "serve_env": a.serve_env,
@@ -107,8 +104,7 @@ def main() -> None:
         out["ratio_cores"] = out["servers"]["ours"]["cores"] / max(out["servers"]["vllm"]["cores"], 1e-9)
         print(json.dumps(out, indent=2))
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+            provenance.write(a.json, out)
     finally:
         stop(list(procs.values()))
 

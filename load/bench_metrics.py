@@ -103,7 +103,7 @@ def main() -> None:
 
     import ray
 
-    from load.bench_capacity import git_commit, host
+    from load import provenance
     from serve_app import metrics
 
     rows = {"local": {"backend_is_ray": metrics.in_ray_worker(), **measure(metrics, a.tokens, a.repeat)}}
@@ -117,15 +117,14 @@ def main() -> None:
     assert rows["ray"]["backend_is_ray"] and not rows["local"]["backend_is_ray"]
     for row in rows.values():
         row["share_of_budget"] = {k: row["stream_us_per_token"] / v for k, v in BUDGET_US_PER_TOKEN.items()}
-    meta = {"command": "python load/bench_metrics.py " + " ".join(sys.argv[1:]), "commit": git_commit(),
-            "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "ray": ray.__version__,
+    meta = {**provenance.header("load/bench_metrics.py", sys.argv[1:]), "ray": ray.__version__,
             "tokens": a.tokens, "repeat": a.repeat, "cpu_time": "thread CPU time (and process CPU time), best of repeat",
             "budget_us_per_token": BUDGET_US_PER_TOKEN,
             "budget_source": "docs/serving-path.md: this app alone, c=32, delta channel + direct ingress"}
     result = {"meta": meta, "rows": rows}
     print(json.dumps(result, indent=2))
     if a.save:
-        Path(a.save).write_text(json.dumps(result, indent=2) + "\n")
+        provenance.write(a.save, result)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ from pathlib import Path
 import httpx
 import yaml
 
-from load.bench_capacity import SETTLE_S, add_engine_placement_arg, git_commit, host
+from load import provenance
+from load.bench_capacity import SETTLE_S, add_engine_placement_arg
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -166,9 +167,7 @@ def main() -> None:
                     s["tokens"] += res["tokens"]
                     s["wall"] += res["wall"]
 
-        out = {"command": " ".join([Path(PY).name, "-m", "load.bench_overhead", *sys.argv[1:]]),
-               "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-               "engine_placement": a.engine_placement, "tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
+        out = {**provenance.header("load.bench_overhead", sys.argv[1:]), "engine_placement": a.engine_placement, "tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
         for c in (1, 8):
             row = {}
             for name in ("ours", "vllm"):
@@ -184,8 +183,7 @@ def main() -> None:
             out["results"][f"concurrency_{c}"] = row
         print(json.dumps(out, indent=2))
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(out, indent=2))
+            provenance.write(a.json, out)
         print("\n| concurrency | TTFT p50 ours / vLLM | TTFT p95 ours / vLLM | tokens/s ours / vLLM |")
         print("|---|---|---|---|")
         for c in (1, 8):

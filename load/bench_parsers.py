@@ -213,14 +213,12 @@ def main() -> None:
     import vllm
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from load.bench_capacity import git_commit, host
+    from load import provenance
 
-    meta = {"command": "python load/bench_parsers.py " + " ".join(sys.argv[1:]), "commit": git_commit(),
-            "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "tokenizer": tok_src, "vllm": vllm.__version__, "python": sys.version.split()[0],
+    meta = {**provenance.header("load/bench_parsers.py", sys.argv[1:]), "tokenizer": tok_src, "vllm": vllm.__version__, "python": sys.version.split()[0],
             "repeat": a.repeat, "delta": "one token"}
     if a.save:
-        Path(a.save).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        provenance.write(a.save, {"meta": meta, "rows": rows})
     if a.json:
         print(json.dumps({"meta": meta, "rows": rows}, indent=2))
         return

@@ -94,17 +94,14 @@ def main() -> None:
     ap.add_argument("--target", type=int, help="prompt length to predict (default: Claude Code's first request)")
     ap.add_argument("--json", help="write the result here")
     a = ap.parse_args()
-    from load.bench_capacity import git_commit, host
+    from load import provenance
 
     batched, points = asyncio.run(measure(a.model, [int(x) for x in a.sizes.split(",")], a.chunk, a.dtype,
                                           a.sliding_window))
     lin, quad = fit(points) if len(points) > 1 else (float("nan"), float("nan"))  # one size: measured only
     target = a.target or target_tokens()
     out = {
-        "command": " ".join([Path(sys.executable).name, "-m", "load.bench_prefill", *sys.argv[1:]]),
-        "commit": git_commit(),
-        "host": host(),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        **provenance.header("load.bench_prefill", sys.argv[1:]),
         "model": a.model,
         "max_num_batched_tokens": batched,
         "dtype": a.dtype or "the config's default for this host",
@@ -119,7 +116,7 @@ def main() -> None:
     }
     print(json.dumps(out, indent=2))
     if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+        provenance.write(a.json, out)
 
 
 if __name__ == "__main__":

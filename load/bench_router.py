@@ -24,7 +24,6 @@ import random
 import statistics
 import sys
 import time
-from pathlib import Path
 
 from serve_app.routing.core import RouteRequest, RouterCore
 from serve_app.routing.hashing import block_hashes
@@ -171,10 +170,9 @@ def main(argv=None) -> int:
         results.append(bench(a.replicas, a.blocks_per_replica, bs, a.prompt_tokens, a.iters, a.policy, a.seconds))
         print(json.dumps(results[-1]))
     if a.json:
-        from load.sim_router import _provenance
+        from load import provenance
 
-        doc = {**_provenance([]), "command": "python -m load.bench_router " + " ".join(argv), "results": results}
-        Path(a.json).write_text(json.dumps(doc, indent=1) + "\n")
+        provenance.write(a.json, {**provenance.header("load.bench_router", argv), "results": results}, indent=1)
     return 0
 
 

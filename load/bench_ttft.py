@@ -34,6 +34,8 @@ from typing import Any
 
 import httpx
 
+from load import provenance
+
 PUBLISHED = {"attribution": (912.0, 168.0), "reasoning": (322.0, 167.0)}  # B200, 52K-token prompts, ms
 
 _WORDS = ("the build step reads each module and its tests before the agent edits any file in the repository "
@@ -215,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     n = c.count(system)
     log(f"system prompt: {n} tokens ({a.model} at {a.url})")
 
-    results: dict[str, Any] = {"model": a.model, "system_prompt_tokens": n, "sessions": a.sessions, "cases": {}}
+    results: dict[str, Any] = {**provenance.header("load.bench_ttft", argv if argv is not None else sys.argv[1:]),
+                               "url": a.url, "model": a.model, "system_prompt_tokens": n, "sessions": a.sessions, "cases": {}}
     log("prefix cases (new sessions):")
     samples = prefix_cases(c, nostrip, system, a.sessions, log)
     log("replay cases (multi-turn, reasoning kept vs altered):")
@@ -242,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"replayed reasoning altered vs kept:    {r['altered_vs_kept']:.2f}x "
           f"(published B200: {r['published_b200_reasoning']:.1f}x)")
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2)
+        provenance.write(a.json, results)
     return 0
 
 

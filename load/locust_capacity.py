@@ -22,7 +22,8 @@ from pathlib import Path
 
 import yaml
 
-from load.bench_capacity import ROOT, CpuMeter, add_engine_placement_arg, free_port, git_commit, host, stop, wait_healthy
+from load import provenance
+from load.bench_capacity import ROOT, CpuMeter, add_engine_placement_arg, free_port, stop, wait_healthy
 
 PY = sys.executable
 
@@ -90,10 +91,7 @@ def main() -> None:
         per_1k = {k: round(1000 * v / max(tokens, 1), 4) for k, v in sorted(cpu.items())}
         serving = sum(v for k, v in per_1k.items() if k in ("proxy", "ingress", "router", "engine_replica"))
         out = {
-            "command": " ".join([Path(PY).name, "-m", "load.locust_capacity", *sys.argv[1:]]),
-            "commit": git_commit(),
-            "host": host(),
-            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            **provenance.header("load.locust_capacity", sys.argv[1:]),
             "model": "tiny-random-smollm2 (dummy weights) with forced agent scripts (qwen3 thinking, hermes tools)",
             "engine_placement": a.engine_placement,
             "users": a.users,
@@ -109,8 +107,7 @@ def main() -> None:
         if locust.returncode not in (0, 1):
             print(locust.stderr[-3000:], file=sys.stderr)
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+            provenance.write(a.json, out)
     finally:
         stop([server])
 

@@ -41,6 +41,7 @@ from locust import User, between, events, task
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from agent_wire import LoadError, Timing, billing_line, fold_anthropic, iter_sse, stable_text  # noqa: E402
+from provenance import header, write  # noqa: E402
 
 API_KEY = "sk-load-test"
 OUTPUT_TOKENS: Counter = Counter()  # by API, from each response's usage (this process's users only)
@@ -423,5 +424,4 @@ def _write_summary(environment, **_):
 
     path = getattr(environment.parsed_options, "summary_json", "") if environment.parsed_options else ""
     if path and environment.stats is not None and not isinstance(environment.runner, WorkerRunner):
-        with open(path, "w") as f:
-            json.dump(summary(environment.stats), f, indent=2)
+        write(path, {**header("locust", sys.argv[1:]), **summary(environment.stats)})

@@ -13,14 +13,13 @@ blocks — does not depend on the tokenizer.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from load.sim_router import _provenance  # noqa: E402 - the same provenance every load/ result records
+from load import provenance  # noqa: E402
 
 
 def _tokenizer_source() -> str:
@@ -77,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="print the README table")
     args = ap.parse_args(argv)
     rows = run()
-    result = {**_provenance(argv), "command": "python -m load.prefix_families " + " ".join(argv),
+    result = {**provenance.header("load.prefix_families", argv),
               "tokenizer": "SmolLM2-135M-Instruct + the family's markers as added tokens",
               "rows": rows, "all_ok": all(r["ok"] for r in rows)}
-    Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    provenance.write(args.json, result, indent=1)
     print(markdown(rows) if args.markdown else f"{len(rows)} turns, all ok: {result['all_ok']} → {args.json}")
     return 0 if result["all_ok"] else 1
 

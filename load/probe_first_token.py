@@ -20,11 +20,11 @@ import random
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
 
-from load.bench_capacity import (MODEL_ID, PY, CpuMeter, free_port, git_commit, host, pct, request_log, start_ours,
+from load import provenance
+from load.bench_capacity import (MODEL_ID, CpuMeter, free_port, pct, request_log, start_ours,
                                  start_vllm, stop, wait_healthy)
 
 GAPS_S = (0.0, 0.5, 2.0, 5.0, 10.0)
@@ -111,8 +111,7 @@ def main() -> None:
                 s["phases_ms"], s["engine_ms"] = rec.get("phases_ms"), rec.get("engine_ms")
         ttft = {n: [s["ttft_ms"] for s in samples if s["server"] == n] for n in ports}
         out = {
-            "command": " ".join([Path(PY).name, "-m", "load.probe_first_token", *sys.argv[1:]]),
-            "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            **provenance.header("load.probe_first_token", sys.argv[1:]),
             "tokens_per_request": a.tokens, "idle_gaps_s": list(GAPS_S), "repeat": a.repeat,
             "ttft": {n: summary(v) for n, v in ttft.items()},
             "cpu_after_request": after,
@@ -121,8 +120,7 @@ def main() -> None:
         }
         print(json.dumps({k: out[k] for k in ("ttft", "ours_slowest")}, indent=2))
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+            provenance.write(a.json, out)
     finally:
         stop(list(procs.values()))
 

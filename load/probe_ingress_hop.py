@@ -23,7 +23,8 @@ from pathlib import Path
 
 import aiohttp
 
-from load.bench_capacity import (free_port, git_commit, host, one_stream, pct, replica_http_port,
+from load import provenance
+from load.bench_capacity import (free_port, one_stream, pct, replica_http_port,
                                  request_phases, start_ours, stop, wait_healthy)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +65,7 @@ def main() -> None:
         phases = [r for r in request_phases(log.name) if r["ts"] >= t0]
         inside = sorted(sum(v for k, v in p["phases_ms"].items() if not k.startswith("engine_")) for p in phases)
         result = {
-            "command": " ".join([Path(sys.executable).name, "-m", "load.probe_ingress_hop", *sys.argv[1:]]),
-            "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            **provenance.header("load.probe_ingress_hop", sys.argv[1:]),
             "tokens_per_request": a.tokens, "requests_per_path": a.requests,
             "ttft_ms": {k: {"p50": round(pct([r["ttft"] for r in v], 0.5) * 1000, 2),
                             "p90": round(pct([r["ttft"] for r in v], 0.9) * 1000, 2)} for k, v in runs.items()},
@@ -77,7 +77,7 @@ def main() -> None:
         result["front_door_share_ms_p50"] = round(t["front_door"]["p50"] - t["direct"]["p50"], 2)
         print(json.dumps(result, indent=1))
         if a.json:
-            Path(a.json).write_text(json.dumps(result, indent=1) + "\n")
+            provenance.write(a.json, result, indent=1)
     finally:
         stop([proc])
 

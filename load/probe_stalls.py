@@ -27,12 +27,12 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from pathlib import Path
 
 import aiohttp
 import psutil
 
-from load.bench_capacity import (PY, SETTLE_S, add_engine_placement_arg, free_port, git_commit, host, one_stream, pct,
+from load import provenance
+from load.bench_capacity import (SETTLE_S, add_engine_placement_arg, free_port, one_stream, pct,
                                  replica_http_port, request_log, role_of, start_ours, start_vllm, stop, wait_healthy)
 from load.tiny_model import ensure_tiny_model
 
@@ -265,14 +265,11 @@ def main() -> None:
         for n in ("ours_front_door", "ours_replica"):
             for row, streams in zip(rounds[n], raw[n]):
                 row["ttft_split"] = ttft_split(streams, lines)
-        out = {"command": " ".join([Path(PY).name, "-m", "load.probe_stalls", *sys.argv[1:]]),
-               "commit": git_commit(), "host": host(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-               "concurrency": a.concurrency, "tokens_per_request": a.tokens, "engine_placement": a.engine_placement,
+        out = {**provenance.header("load.probe_stalls", sys.argv[1:]), "concurrency": a.concurrency, "tokens_per_request": a.tokens, "engine_placement": a.engine_placement,
                "engine_env": engine_env,
                "long_gap_s": LONG_GAP_S, "rounds": rounds}
         if a.json:
-            Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+            provenance.write(a.json, out)
     finally:
         stop(procs)
 

@@ -16,12 +16,14 @@ it and at the one chosen. It also measures two things a missing cost term would 
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
 import time
 
-from load.sim_router import RESULTS, SHIPPED, UNSEEN, _provenance, simulate, trace_rows
+from load import provenance
+from load.sim_router import RESULTS, SHIPPED, UNSEEN, simulate, trace_rows
 from serve_app.routing.core import RouterCore
 from serve_app.routing.policies import prefill_left
 from serve_app.routing.ttft import predict_ttft
@@ -102,6 +104,8 @@ def _median(xs):
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # No options: this only lets `--help` answer instead of running and rewriting the result file.
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     started = time.perf_counter()
     split = []
     for policy in ("ttft", "kv", "prefix_affinity"):
@@ -135,11 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         g = core.regret
         regret.append({"trace": name, "speedup": SOURCES[name][1], "cache_blocks": blocks, **g,
                        "share": round(g["needed_again"] / g["evicted_blocks"], 4) if g["evicted_blocks"] else 0.0})
-    doc = {**_provenance(argv), "command": "python -m load.router_miss_analysis " + " ".join(argv),
+    doc = {**provenance.header("load.router_miss_analysis", argv),
            "wall_s": round(time.perf_counter() - started, 1), "hit_rate_split": split,
            "ttft_calibration_conversation_8192": calib, "eviction_regret_ttft": regret}
     out = RESULTS / "router_miss_analysis.json"
-    out.write_text(json.dumps(doc, indent=1) + "\n")
+    provenance.write(out, doc, indent=1)
     print(json.dumps({k: doc[k] for k in ("hit_rate_split", "ttft_calibration_conversation_8192",
                                           "eviction_regret_ttft")}, indent=1))
     return 0

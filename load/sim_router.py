@@ -23,16 +23,13 @@ import argparse
 import heapq
 import json
 import os
-import platform
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
-from datetime import datetime, timezone
 from pathlib import Path
 
+from load import provenance
 from load.gen_agentic_trace import SPECS, generate
 from load.sim_engine import TRACE_BLOCK, EngineParams, EngineReplica, SimRequest
 from serve_app.routing.core import RouteRequest, RouterCore
@@ -226,25 +223,6 @@ def _table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _provenance(argv: list[str]) -> dict:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        except OSError:
-            return ""
-
-    return {
-        "command": "python -m load.sim_router " + " ".join(argv),
-        "git_commit": git("rev-parse", "HEAD"),
-        "git_dirty_routing": bool(git("status", "--porcelain", "--untracked-files=no", "--", "serve_app/routing", "load")),
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
 def _trace_meta(name: str, source: str, rows: list[dict], limit: int | None) -> dict:
     meta = {"name": name, "source": source, "requests": len(rows), "limit": limit,
             "span_s": round(rows[-1]["timestamp"] / 1000.0, 1),
@@ -310,11 +288,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(r), file=sys.stderr)
     failures = check_bar(results)
     if out:
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        doc = {**_provenance(argv), "engine": asdict(engine), "replicas": a.replicas, "traces": traces,
+        doc = {**provenance.header("load.sim_router", argv), "engine": asdict(engine), "replicas": a.replicas, "traces": traces,
                "bar_policy": "ttft", "bar_baselines": BASELINES, "bar_failures": failures,
                "wall_s": round(time.perf_counter() - started, 1), "results": results}
-        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+        provenance.write(out, doc, indent=1)
     print(json.dumps(results[0] if len(results) == 1 else results, indent=2) if a.json else _table(results))
     if failures and "ttft" in policies:
         print("\nbar not met:\n  " + "\n  ".join(failures), file=sys.stderr)

@@ -216,7 +216,7 @@ class ServeEngineClient:
 
 def _observed(decision: Decision | None) -> Decision | None:
     if decision is not None:
-        metrics.observe_router_decision(decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss")
+        metrics.observe_router_decision(decision.policy, decision.outcome)
     return decision
 
 

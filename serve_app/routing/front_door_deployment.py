@@ -56,7 +56,7 @@ def decision_outcome(decision: Decision | None, went_to_target: bool) -> tuple[s
         return "fallback", "no_decision"
     if not went_to_target:
         return "fallback", "replica_gone"
-    return decision.policy, "cache_hit" if decision.cached_blocks else "cache_miss"
+    return decision.policy, decision.outcome
 
 
 class Target:

@@ -24,3 +24,9 @@ class Decision:
     replica_id: str
     policy: str
     cached_blocks: int = 0  # blocks of the prompt the chosen replica is believed to hold
+
+    @property
+    def outcome(self) -> str:
+        """`router_decisions_total`'s outcome label for a decision made, the same wherever it is recorded (the
+        ingress for the Engine placement, the front door's Router for the engines in the ingress)."""
+        return "cache_hit" if self.cached_blocks else "cache_miss"

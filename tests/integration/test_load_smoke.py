@@ -37,6 +37,8 @@ def test_locust_headless_agent_sessions(serve_url, tmp_path):
     summary = json.loads(summary_path.read_text())
     assert summary["failures"] == 0 and summary["errors_by_type"] == {}, summary
     assert summary["requests"] > 0
+    # The summary is a result file of its own (README figures cite it): it says what ran, at which commit, where.
+    assert summary["command"].startswith("locust -f ") and summary["commit"] and summary["host"]["cpus"] >= 1
     for api in ("anthropic", "responses"):
         stats = summary["apis"][api]
         assert stats["sessions"] >= 1, summary

@@ -47,7 +47,7 @@ def test_compare_writes_a_result_file_with_provenance(tmp_path, capsys):
     assert main(["--compare", "--trace", str(path), "--replicas", "2", "--cache-blocks", "64",
                  "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert {"command", "git_commit", "host", "date", "engine", "traces", "bar_failures"} <= doc.keys()
+    assert {"command", "commit", "host", "date", "engine", "traces", "bar_failures"} <= doc.keys()
     assert {r["policy"] for r in doc["results"]} >= {"round_robin", "least_loaded", "prefix_affinity", "ttft"}
 
 
