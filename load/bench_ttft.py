@@ -217,8 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     n = c.count(system)
     log(f"system prompt: {n} tokens ({a.model} at {a.url})")
 
-    results: dict[str, Any] = {**provenance.header("load.bench_ttft", argv if argv is not None else sys.argv[1:]),
-                               "url": a.url, "model": a.model, "system_prompt_tokens": n, "sessions": a.sessions, "cases": {}}
+    results: dict[str, Any] = {**provenance.header("load.bench_ttft", sys.argv[1:] if argv is None else argv),
+                               "url": a.url, "model": a.model, "system_prompt_tokens": n, "sessions": a.sessions,
+                               "cases": {}}
     log("prefix cases (new sessions):")
     samples = prefix_cases(c, nostrip, system, a.sessions, log)
     log("replay cases (multi-turn, reasoning kept vs altered):")
