@@ -164,6 +164,13 @@ def build_engine_args(
     overrides = dict(model.hf_overrides)
     if model.sliding_window:
         overrides = {**sliding_window_overrides(model_path, model.sliding_window, model.max_model_len), **overrides}
+        # vLLM keeps a sliding-window group's prefix blocks only at a request's last window and at shared-prefix
+        # junctions (`prefix_cache_retention_interval: 0`), and it finds a junction only where a full-attention
+        # group hits further. With every layer windowed there is no such group: a second agent session sharing the
+        # first's system prompt and tools, or a history edited before its last window, recomputed the whole prompt
+        # (load/results/ttft_16k*.json). Every block is kept instead, as with full attention; kept blocks stay
+        # evictable like any other.
+        kwargs["prefix_cache_retention_interval"] = None
     if overrides:
         kwargs["hf_overrides"] = overrides
     if kv_events_port is not None:

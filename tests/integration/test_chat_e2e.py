@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
+import uuid
 
 import httpx
 import openai
@@ -42,6 +44,28 @@ def test_the_long_context_engine_is_the_native_model_within_its_window(client):
     long = ask(client, "What is the capital of France?", max_tokens=30, model=LONG)
     assert "Paris" in long.choices[0].message.content
     assert long.choices[0].message.content == native.choices[0].message.content
+
+
+def test_the_windowed_engine_reuses_a_system_prompt_a_longer_request_ran_past(client, serve_url):
+    """Two agent sessions share a ~5.5K-token system prompt; the first session's request runs ~1.5K tokens past it.
+    The second, which differs right after the system prompt, must reuse it. On a sliding-window engine vLLM by
+    default keeps only the first request's last window, which does not reach back to the system prompt's end, so
+    the second request recomputed everything (0 cached); engine/vllm_engine.py keeps every block."""
+    rng = random.Random(7)
+    words = ["the", "file", "test", "code", "line", "value", "error", "state", "model", "token", "read", "write"]
+    system = f"Run {uuid.uuid4().hex}. " + " ".join(rng.choice(words) for _ in range(5500))
+
+    def session(n: int) -> list[dict]:
+        task = " ".join(rng.choice(words) for _ in range(1500))
+        return [{"role": "system", "content": system}, {"role": "user", "content": f"Session {n}: {task}"}]
+
+    shared = httpx.post(f"{serve_url}/v1/tokenize", json={"model": LONG, "messages": [{"role": "system",
+                        "content": system}]}, timeout=60).json()["count"]
+    assert shared > 4096 + 256  # the system prompt alone is more than a window
+    first = client.chat.completions.create(model=LONG, messages=session(1), max_tokens=1, temperature=0)
+    assert first.usage.prompt_tokens > shared + 1024  # the first request ran well past the shared part
+    second = client.chat.completions.create(model=LONG, messages=session(2), max_tokens=1, temperature=0)
+    assert second.usage.prompt_tokens_details.cached_tokens >= shared - 2 * 128, (shared, second.usage)
 
 
 def test_stream_folds_to_the_same_text_and_usage(client):

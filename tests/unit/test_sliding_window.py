@@ -45,6 +45,19 @@ def test_engine_args_carry_the_window_and_explicit_overrides_win():
     assert not getattr(build_engine_args(_model(max_model_len=8192), path), "hf_overrides", None)
 
 
+def test_a_windowed_engine_keeps_every_prefix_block_not_only_its_last_window():
+    """vLLM's default retains a sliding-window prompt's blocks only at its last window, which loses the shared system
+    prompt of a session whose first request ran past it (tests/integration/test_chat_e2e.py shows the reuse)."""
+    path = provision.ensure_model(SOURCE)
+    assert build_engine_args(_model(sliding_window=4096), path).prefix_cache_retention_interval is None
+    mine = build_engine_args(_model(sliding_window=4096, engine_kwargs={"prefix_cache_retention_interval": 1024}), path)
+    assert mine.prefix_cache_retention_interval == 1024
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    full = build_engine_args(_model(max_model_len=8192), path)
+    assert full.prefix_cache_retention_interval == AsyncEngineArgs.prefix_cache_retention_interval  # vLLM's own
+
+
 def test_a_window_not_below_the_context_is_refused():
     with pytest.raises(ValidationError, match="sliding_window"):
         _model(sliding_window=32768)
