@@ -50,6 +50,9 @@ class LocalEngineClient:
         # engine key -> the front door's route ids running here -> prefilled yet: sent with each registration, so
         # a Router replica whose reports went to another replica (several proxy nodes) still learns the end.
         self._running: dict[str, dict[str, bool]] = {key: {} for key in engines}
+        # Route ids a request here took to an engine (its stream then reports its end) and whose HTTP request has
+        # not ended yet (`settle`).
+        self._claimed: set[str] = set()
 
     def report_to(self, router, host: str) -> None:
         """For the front door's Router (routing/front_door_deployment.py): register every engine here with it
@@ -111,6 +114,7 @@ class LocalEngineClient:
         self._engine(engine_key)
         if self._placed(req.request_id):
             self._running[engine_key][req.request_id] = False
+            self._claimed.add(req.request_id)
         return Decision(replica_id=self.replica_id, policy=POLICY)
 
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
@@ -124,6 +128,22 @@ class LocalEngineClient:
         if self._placed(request_id):
             self._running.get(engine_key, {}).pop(request_id, None)
             self._report(self._router.released.remote(engine_key, request_id, output_tokens))
+
+    def settle(self, route_id: str | None, request_id: str | None) -> None:
+        """An HTTP request that HAProxy forwarded here has ended (ingress/front_door_reports.py). A route id no
+        engine stream took (count_tokens, an error before generation, a client gone first) is told to its Router
+        as abandoned; a request with no route id but HAProxy's x-request-id may be a pin-miss Serve's fallback
+        proxy delivered here, so its Router is told it arrived unrouted. Either way the reservation is released
+        now instead of at reconcile, RECONCILE_AFTER_S later."""
+        if self._router is None:
+            return
+        if route_id:
+            if route_id in self._claimed:
+                self._claimed.discard(route_id)  # its stream reports its end
+            elif "/" in route_id:
+                self._report(self._router.abandoned.remote(route_id))
+        elif request_id:
+            self._report(self._router.unrouted.remote(request_id))
 
     def _placed(self, request_id: str) -> bool:
         """Whether a front door Router placed this request (its route id, `<router replica>/<request id>`):

@@ -10,6 +10,7 @@ from serve_app.ingress.anthropic import routes as anthropic_routes
 from serve_app.ingress.chat import routes as chat_routes
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.envelope import Envelope, anthropic_envelope, as_service_error, unrouted_envelope
+from serve_app.ingress.front_door_reports import FrontDoorReportsMiddleware
 from serve_app.ingress.limits import RateLimitHeadersMiddleware
 from serve_app.ingress.metrics_routes import RequestMetricsMiddleware
 from serve_app.ingress.responses import routes as responses_routes
@@ -33,6 +34,9 @@ def create_app(ctx: IngressContext) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(RequestMetricsMiddleware)
     app.add_middleware(RateLimitHeadersMiddleware)
+    engines = getattr(ctx.service, "engines", None)
+    if ctx.settings.router.front_door and hasattr(engines, "settle"):
+        app.add_middleware(FrontDoorReportsMiddleware, engines=engines)
     for router in ROUTERS:
         app.include_router(router)
 

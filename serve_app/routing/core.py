@@ -291,11 +291,12 @@ class RouterCore:
         self.reconciled_reservations += len(gone)
         return len(gone)
 
-    def release(self, request_id: str, output_tokens: int | None = None, *, measured: bool = True) -> None:
-        """The request is over (finished, failed or cancelled); `output_tokens` is how many it generated."""
+    def release(self, request_id: str, output_tokens: int | None = None, *, measured: bool = True) -> bool:
+        """The request is over (finished, failed or cancelled); `output_tokens` is how many it generated.
+        Returns whether a reservation was held for it."""
         r = self._inflight.pop(request_id, None)
         if r is None:
-            return
+            return False
         load = self.loads.get(r.replica_id)
         if load is not None:
             load.active_requests -= 1
@@ -308,6 +309,7 @@ class RouterCore:
             rates.finished(self.now(), tokens, r.prefilled, r.prefill)
             if first and rates.decode.samples:
                 share_measurements(list(self.rates.values()))
+        return True
 
     def _expire_reservations(self, now: float) -> None:
         # A caller that died never releases; its reservation must not weigh on the replica forever.

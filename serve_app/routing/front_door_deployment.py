@@ -20,6 +20,13 @@ replica releases its own reservations there that are no longer listed (older tha
 lag by up to that plus a few registration periods instead of reading high until the reservations expire;
 membership changes reach one replica, and a request placed on a replica that has gone falls back to Serve's
 choice (counted in `fallbacks`).
+
+A reservation is made for the answer, before HAProxy forwards anything, so every way the answer can go unused
+releases it at once instead of leaving the replica loaded with a phantom prefill until reconcile: an answer later
+than HAProxy waits (it then answers 503 itself) or cancelled; a request the ingress received but never ran
+through an engine (count_tokens, an auth or limit error, a client gone before generation: `abandoned`); and a
+pin-miss, where HAProxy's replica map lacks the chosen replica (right after a deploy or scale-up) and Serve's
+fallback proxy delivers the request elsewhere without its route id (`unrouted`, by the x-request-id HAProxy set).
 Which body becomes which prompt: routing/front_door.py.
 """
 
@@ -47,6 +54,15 @@ ROUTE_PATH = "/internal/route"
 # A reservation younger than this is never taken for ended by an ingress's registration (the request may not have
 # reached the ingress's engine yet); an older one its ingress no longer runs is released.
 RECONCILE_AFTER_S = 30.0
+
+
+def hook_timeout_s() -> float:
+    """How long HAProxy's Lua waits for the hook's answer before it gives up on it (Serve's setting)."""
+    try:
+        from ray.serve._private.constants import RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S as timeout
+    except ImportError:  # a Serve without it: its documented default
+        timeout = 5
+    return float(timeout)
 
 
 def decision_outcome(decision: Decision | None, went_to_target: bool) -> tuple[str, str]:
@@ -80,6 +96,10 @@ class FrontDoorRouter(RouterMethods):
         self._ingress = ingress
         self._ingress._init()  # its request router reports the live ingress replicas from now on
         self.decisions = self.fallbacks = 0
+        # Reservations released because the answer went unused: too late or cancelled, received but never run
+        # through an engine, delivered elsewhere by Serve's fallback proxy (module docstring).
+        self.late = self.abandoned_requests = self.pin_misses = 0
+        self.timeout_s = hook_timeout_s()
         self.route_ms = 0.0
         freeze_startup_heap()
 
@@ -115,6 +135,23 @@ class FrontDoorRouter(RouterMethods):
         if self._mine(route_id):
             self.table.release(engine_key, route_id, output_tokens)
 
+    async def abandoned(self, route_id: str) -> None:
+        """The ingress received this request but never ran it through an engine (nothing else will report it)."""
+        if self._mine(route_id) and self._drop(route_id):
+            self.abandoned_requests += 1
+
+    async def unrouted(self, request_id: str) -> None:
+        """A request arrived at an ingress without its route id: if this replica placed it, the pin was missed
+        and it is served elsewhere, by Serve's choice."""
+        if self._drop(f"{self.replica_id}/{request_id}"):
+            self.pin_misses += 1
+            self.fallbacks += 1
+            self.decisions -= 1
+
+    def _drop(self, route_id: str) -> bool:
+        """Release `route_id`'s reservation in whichever engine's core holds it; not a measurement."""
+        return any(core.release(route_id, measured=False) for core in self.table.cores.values())
+
     # ---- HAProxy's hook ----
     async def __call__(self, request: Request):
         path = request.url.path.rstrip("/")
@@ -134,6 +171,22 @@ class FrontDoorRouter(RouterMethods):
         if routed.engine_key is not None and request_id:
             decision = self.table.choose(routed.engine_key, routed.request)
         target = decision.replica_id if decision is not None else None
+        try:
+            answer = await self._answer(routed, decision, target, route_id, request_id)
+        except BaseException:  # cancelled (HAProxy gave up, Serve shutting down): nobody forwards it
+            if decision is not None:
+                self._unreserve(routed.engine_key, route_id)
+            raise
+        elapsed = time.perf_counter() - started
+        if decision is not None and elapsed >= self.timeout_s and answer.status_code == 200:
+            # HAProxy stopped waiting and answered the client 503 itself: this answer is never used.
+            self._unreserve(routed.engine_key, route_id)
+            self.late += 1
+        self.route_ms += elapsed * 1000
+        return answer
+
+    async def _answer(self, routed, decision: Decision | None, target: str | None, route_id: str,
+                      request_id: str) -> JSONResponse:
         try:
             # Serve's own choice among the live ingress replicas when there is no decision (least loaded) or the
             # chosen one has just gone; no slot is reserved there: the request itself goes through HAProxy.
@@ -160,7 +213,6 @@ class FrontDoorRouter(RouterMethods):
             self.decisions += 1
             # Whoever serves it reports its prefill and end under this id, to this replica.
             answer["request_headers"] = {ROUTE_ID_HEADER: route_id}
-        self.route_ms += (time.perf_counter() - started) * 1000
         return JSONResponse(answer)
 
     def _unreserve(self, engine_key: str, route_id: str) -> None:
@@ -172,8 +224,12 @@ class FrontDoorRouter(RouterMethods):
     async def front_door_metrics(self) -> dict:
         """Requests routed by this table's decision / by Serve's fallback; with / without their prefix's hashes;
         time spent answering the hook; engines registered here (one per engine per ingress replica); reservations
-        released because their ingress no longer ran them (their end reported elsewhere, or never)."""
+        released because their ingress no longer ran them (their end reported elsewhere, or never); and those
+        released because the answer went unused: too late for HAProxy or cancelled (`late`), received but never
+        run through an engine (`abandoned`), delivered elsewhere by Serve's fallback proxy (`pin_misses`, also
+        counted in `fallbacks`)."""
         return {"decisions": self.decisions, "fallbacks": self.fallbacks, "keyed": self.door.keyed,
                 "unkeyed": self.door.unkeyed, "route_ms_total": round(self.route_ms, 1),
                 "registered_replicas": sum(r.stats()["registered"] for r in self.table.registrations.values()),
-                "reconciled": sum(c.reconciled_reservations for c in self.table.cores.values())}
+                "reconciled": sum(c.reconciled_reservations for c in self.table.cores.values()),
+                "late": self.late, "abandoned": self.abandoned_requests, "pin_misses": self.pin_misses}

@@ -24,7 +24,7 @@ import openai
 import pytest
 import yaml
 
-from tests.support.apps import run_app
+from tests.support.apps import replica_urls, run_app
 from tests.support.routing import set_policy
 
 pytestmark = pytest.mark.integration
@@ -84,8 +84,22 @@ def app(serve_url, store_path):
             break
         assert time.monotonic() < deadline, (front_door_metrics(), t)
         time.sleep(1)
+    # Until the pings' end reports reached the Router (they follow the response), and well before reconcile
+    # (RECONCILE_AFTER_S) could release a reservation whose report never comes: every ping must be accounted for.
+    wait_released(key, 20)
     yield url, key
     serve.delete(APP)
+
+
+def wait_released(key: str, timeout_s: float) -> dict:
+    """The Router's table once nothing is reserved on any replica (fails after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        t = table(key)
+        if t["inflight"] == 0 and all(r["active_requests"] == 0 for r in t["replicas"].values()):
+            return t
+        assert time.monotonic() < deadline, (front_door_metrics(), t)
+        time.sleep(0.2)
 
 
 def system_prompt(seed: int) -> str:
@@ -189,13 +203,7 @@ def test_each_request_is_released_in_the_router_when_it_ends(app):
         stream = client.chat.completions.create(model=MODEL, max_tokens=8, stream=True, messages=[
             {"role": "user", "content": f"request {i}"}], extra_body={"nvext": {"forced_script": "fine"}})
         assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "fine"
-    deadline = time.monotonic() + 30
-    while True:
-        t = table(key)
-        if t["inflight"] == 0 and all(r["active_requests"] == 0 for r in t["replicas"].values()):
-            break
-        assert time.monotonic() < deadline, t
-        time.sleep(0.5)
+    wait_released(key, 20)
 
 
 def test_bad_bodies_get_their_apis_own_errors_through_the_front_door(app):
@@ -284,3 +292,54 @@ def test_the_front_doors_answers_reach_the_routing_panel(app):
             break
         assert time.monotonic() < deadline, (before, now, decided)
         time.sleep(2)
+
+
+def test_a_request_that_never_reaches_an_engine_is_released_at_once(app):
+    """Every POST goes through HAProxy's hook and a body the Router can read is routed and reserved there, though
+    the ingress may never run it through an engine: count_tokens (SDKs reuse the create params, max_tokens
+    included), a prompt longer than the model's context. The ingress tells the Router when its response is sent,
+    not a registration's reconcile 30 s later (a whole prompt's phantom prefill would steer turns away meanwhile)."""
+    url, key = app
+    wait_released(key, 20)
+    before = front_door_metrics()
+    client = anthropic.Anthropic(base_url=url, api_key="unused", max_retries=0, timeout=600)
+    counted = client.messages.count_tokens(model=MODEL, system=system_prompt(31), extra_body={"max_tokens": 64},
+                                           messages=[{"role": "user", "content": "How long is this?"}])
+    assert counted.input_tokens > 1500
+    wait_released(key, 10)
+    too_long = " ".join(system_prompt(32) for _ in range(6))  # past the 8K context
+    r = httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
+        "model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": too_long}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    wait_released(key, 10)
+    after = front_door_metrics()
+    assert after["keyed"] - before["keyed"] == 2 and after["abandoned"] - before["abandoned"] == 2, (before, after)
+    assert after["reconciled"] == before["reconciled"], after
+
+
+def test_a_pin_miss_delivered_elsewhere_is_released_in_the_router(app):
+    """HAProxy's replica map can lack the replica the Router chose (right after a deploy or a scale-up): Serve's
+    fallback proxy then delivers the request to some ingress without its route id. Played here as HAProxy would
+    see it: the Router's hook answers for a request id, and the request arrives at an ingress replica's own port
+    with that x-request-id and no route id. The Router releases the reservation and counts it as a fallback."""
+    url, key = app
+    wait_released(key, 20)
+    (hook,) = replica_urls(APP, "Router")
+    ingresses = replica_urls(APP)
+    assert len(ingresses) == 2, ingresses
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "system", "content": system_prompt(41)},
+                                                          {"role": "user", "content": "hello"}],
+            "nvext": {"forced_script": "hi"}}
+    before = front_door_metrics()
+    request_id = f"pin-miss-{time.monotonic_ns()}"
+    answer = httpx.post(f"{hook}/internal/route", json=body, headers={"x-request-id": request_id}, timeout=30)
+    assert answer.status_code == 200 and "request_headers" in answer.json(), answer.text
+    assert table(key)["inflight"] == 1
+    r = httpx.post(f"{ingresses[0]}/v1/chat/completions", json=body, headers={"x-request-id": request_id},
+                   timeout=120)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hi", r.text
+    wait_released(key, 10)
+    after = front_door_metrics()
+    assert after["pin_misses"] - before["pin_misses"] == 1, (before, after)
+    assert after["fallbacks"] - before["fallbacks"] == 1 and after["decisions"] == before["decisions"], after
+    assert after["reconciled"] == before["reconciled"], after

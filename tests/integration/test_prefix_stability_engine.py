@@ -15,14 +15,12 @@ The reused-prefix fraction per pair is printed (`pytest -s`).
 from __future__ import annotations
 
 import copy
-import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from serve_app.conversation import GenerationOptions
 from serve_app.prompt import PromptRenderer, load_tokenizer
 from tests.support.stability import anthropic_conversation, chat_conversation, check_turn, responses_conversation
 from serve_app.settings import AppSettings

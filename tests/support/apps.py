@@ -37,11 +37,12 @@ def run_app(args: dict, name: str, base_url: str) -> str:
     return url
 
 
-def replica_url(name: str) -> str:
-    """App `name`'s Ingress replica's own HTTP address (direct ingress), past Serve's HAProxy: to tell what the
-    replica does from what the front door does."""
+def replica_urls(name: str, deployment: str = "Ingress") -> list[str]:
+    """App `name`'s `deployment` replicas' own HTTP addresses (direct ingress), past Serve's HAProxy: to tell what
+    a replica does from what the front door does."""
+    urls = []
     for proc in psutil.process_iter(["cmdline"]):
-        if f"ServeReplica:{name}:Ingress" not in " ".join(proc.info["cmdline"] or []):
+        if f"ServeReplica:{name}:{deployment}" not in " ".join(proc.info["cmdline"] or []):
             continue
         for conn in proc.net_connections(kind="tcp"):
             if conn.status != psutil.CONN_LISTEN:
@@ -49,5 +50,13 @@ def replica_url(name: str) -> str:
             host = conn.laddr.ip if conn.laddr.ip not in ("0.0.0.0", "::") else "127.0.0.1"
             url = f"http://{host}:{conn.laddr.port}/{name}"
             if healthy(url):
-                return url
-    raise RuntimeError(f"no Ingress replica of app {name} answers on its own port")
+                urls.append(url)
+                break
+    return urls
+
+
+def replica_url(name: str, deployment: str = "Ingress") -> str:
+    urls = replica_urls(name, deployment)
+    if not urls:
+        raise RuntimeError(f"no {deployment} replica of app {name} answers on its own port")
+    return urls[0]

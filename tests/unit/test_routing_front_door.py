@@ -7,6 +7,7 @@ never refused."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import httpx
@@ -268,6 +269,7 @@ class RouterHandle:
 
     def __init__(self):
         self.register_replica, self.prefilled, self.released = FakeCall(), FakeCall(), FakeCall()
+        self.abandoned, self.unrouted = FakeCall(), FakeCall()
 
 
 def test_the_ingress_registers_its_engines_and_reports_what_a_router_placed():
@@ -415,62 +417,78 @@ def test_a_router_replica_releases_its_reservations_the_ingress_no_longer_runs(m
     assert active("ing-1") == 1 and "rtr-b/r9" in core._inflight  # only b's is left on ing-1
 
 
+class ReplicaId:
+    def __init__(self, unique_id):
+        self.unique_id = unique_id
+
+    def to_full_id_str(self):
+        return f"SERVE_REPLICA::default#Ingress#{self.unique_id}"
+
+
+class HookIngress:
+    """Serve's handle to the Ingress deployment as the Router's hook uses it: the target if it is alive, else its
+    own choice (ing-2); `delay`: how long the choice takes."""
+
+    def __init__(self, live, delay: float = 0.0):
+        self.live, self.delay = live, delay
+
+    @contextlib.asynccontextmanager
+    async def choose_replica(self, target, _reserve):
+        await asyncio.sleep(self.delay)
+        rid = target.target_replica if target.target_replica in self.live else "ing-2"
+        replica = type("Replica", (), {"replica_id": ReplicaId(rid), "backend_http_endpoint": ("10.0.0.7", 8)})
+        yield type("Selection", (), {"_replica": replica})()
+
+
+class HookDoor:
+    """The Router's FrontDoor: `keyed_body` is a 32-token request for Engine-a, anything else has no key."""
+    keyed = unkeyed = 0
+
+    def __init__(self, keyed_body):
+        self.keyed_body = keyed_body
+
+    async def route_request(self, body, request, route_id, session_id):
+        from serve_app.routing.front_door import Routed
+        from serve_app.routing.types import RouteRequest
+
+        if body != self.keyed_body:
+            return Routed(None, RouteRequest(request_id=route_id))
+        return Routed("Engine-a", RouteRequest(request_id=route_id, block_hashes=[1, 2], num_prompt_tokens=32,
+                                               expected_output_tokens=8))
+
+
+def hook_call(body: bytes, request_id: str) -> Request:
+    """HAProxy's call of the hook: the client's body and the x-request-id HAProxy set."""
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+    return Request({"type": "http", "method": "POST", "path": "/internal/route", "query_string": b"",
+                    "headers": [(b"x-request-id", request_id.encode())]}, receive)
+
+
+def hook_router(policy: str = "kv", live=("ing-1",), delay: float = 0.0, timeout_s: float = 5.0):
+    """A front-door Router replica (`rtr`) without Serve: one engine, Engine-a, on ing-1."""
+    from serve_app.routing.front_door_deployment import FrontDoorRouter
+    from serve_app.routing.table import RoutingTable
+    from serve_app.settings import RouterConfig
+
+    router = FrontDoorRouter.func_or_class.__new__(FrontDoorRouter.func_or_class)
+    router.table, router.replica_id, router.route_ms = RoutingTable(RouterConfig(policy=policy), kv_events=False), "rtr", 0.0
+    router.decisions = router.fallbacks = router.late = router.abandoned_requests = router.pin_misses = 0
+    router.timeout_s = timeout_s
+    router.door, router._ingress = HookDoor(b"keyed"), HookIngress(set(live), delay)
+    router.table.register_replica("Engine-a", "ing-1", None, None, 16)
+    router.table.sync_replicas("Engine-a", ["ing-1"])
+    return router
+
+
 def test_each_front_door_answer_is_counted_for_the_routing_panel():
     """`router_decisions_total` (the dashboard's routing panel) counts the front door's answers as the ingress counts
     the Engine placement's: a decision by its policy and whether the chosen replica holds the prefix; a body with no
     key, or a chosen replica that has gone, as Serve's fallback."""
-    import contextlib
-
     from serve_app import metrics
-    from serve_app.routing.front_door import Routed
-    from serve_app.routing.front_door_deployment import FrontDoorRouter
-    from serve_app.routing.table import RoutingTable
-    from serve_app.routing.types import RouteRequest
-    from serve_app.settings import RouterConfig
 
-    class ReplicaId:
-        def __init__(self, unique_id):
-            self.unique_id = unique_id
-
-        def to_full_id_str(self):
-            return f"SERVE_REPLICA::default#Ingress#{self.unique_id}"
-
-    class Ingress:
-        """Serve's handle to the Ingress deployment: the target if it is alive, else its own choice (ing-2)."""
-
-        def __init__(self, live):
-            self.live = live
-
-        @contextlib.asynccontextmanager
-        async def choose_replica(self, target, _reserve):
-            rid = target.target_replica if target.target_replica in self.live else "ing-2"
-            replica = type("Replica", (), {"replica_id": ReplicaId(rid), "backend_http_endpoint": ("10.0.0.7", 8)})
-            yield type("Selection", (), {"_replica": replica})()
-
-    class Door:
-        keyed = unkeyed = 0
-
-        def __init__(self, keyed_body):
-            self.keyed_body = keyed_body
-
-        async def route_request(self, body, request, route_id, session_id):
-            if body != self.keyed_body:
-                return Routed(None, RouteRequest(request_id=route_id))
-            return Routed("Engine-a", RouteRequest(request_id=route_id, block_hashes=[1, 2], num_prompt_tokens=32,
-                                                   expected_output_tokens=8))
-
-    def request(body: bytes, request_id: str) -> Request:
-        async def receive():
-            return {"type": "http.request", "body": body, "more_body": False}
-        return Request({"type": "http", "method": "POST", "path": "/internal/route", "query_string": b"",
-                        "headers": [(b"x-request-id", request_id.encode())]}, receive)
-
-    router = FrontDoorRouter.func_or_class.__new__(FrontDoorRouter.func_or_class)
-    router.table, router.replica_id, router.route_ms = RoutingTable(RouterConfig(policy="kv"), kv_events=False), "rtr", 0.0
-    router.decisions = router.fallbacks = 0
-    router.door, router._ingress = Door(b"keyed"), Ingress({"ing-1"})
-    router.table.register_replica("Engine-a", "ing-1", None, None, 16)
-    router.table.sync_replicas("Engine-a", ["ing-1"])
+    request = hook_call
+    router = hook_router()
 
     def count(policy, outcome):
         return metrics.REGISTRY.get_sample_value(metrics.PREFIX + "router_decisions_total",
@@ -489,3 +507,123 @@ def test_each_front_door_answer_is_counted_for_the_routing_panel():
     assert [ROUTE_ID_HEADER in a.get("request_headers", {}) for a in answers] == [True, False, True, False]
     assert {k: count(*k) - before[k] for k in labels} == {k: 1 for k in labels}
     assert (router.decisions, router.fallbacks) == (2, 2)
+
+
+# ---- answers that go unused: the reservation is released at once, not at reconcile ----
+
+def active(router) -> int:
+    return router.table.cores["Engine-a"].loads["ing-1"].active_requests
+
+
+def test_an_answer_later_than_haproxy_waits_releases_its_reservation():
+    """HAProxy stops waiting for the hook after its timeout and answers 503 itself: nothing will be forwarded."""
+    router = hook_router(delay=0.05, timeout_s=0.01)
+    answer = asyncio.run(router.route(hook_call(b"keyed", "r1")))
+    assert answer.status_code == 200
+    assert active(router) == 0 and not router.table.cores["Engine-a"]._inflight
+    assert router.late == 1
+
+    on_time = hook_router(delay=0.0, timeout_s=5.0)
+    asyncio.run(on_time.route(hook_call(b"keyed", "r1")))
+    assert active(on_time) == 1 and on_time.late == 0  # forwarded: its ingress reports its end
+
+
+def test_a_cancelled_hook_call_releases_its_reservation():
+    router = hook_router(delay=60.0)
+
+    async def run():
+        task = asyncio.create_task(router.route(hook_call(b"keyed", "r1")))
+        while not router.table.cores.get("Engine-a") or not router.table.cores["Engine-a"]._inflight:
+            await asyncio.sleep(0.001)
+        assert active(router) == 1  # reserved while the replica is being chosen
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert active(router) == 0
+
+
+def test_a_request_the_ingress_never_ran_or_received_unrouted_is_released_in_its_router():
+    """`abandoned`: the ingress got the route id but no engine stream took it (count_tokens, an error first).
+    `unrouted`: it arrived without its route id (a pin-miss through Serve's fallback proxy), by x-request-id."""
+    router = hook_router()
+    for rid in ("r1", "r2", "r3"):
+        asyncio.run(router.route(hook_call(b"keyed", rid)))
+    assert active(router) == 3 and (router.decisions, router.fallbacks) == (3, 0)
+
+    asyncio.run(router.abandoned("rtr/r1"))
+    asyncio.run(router.abandoned("other-rtr/r2"))  # another Router replica's id: not this one's to release
+    assert active(router) == 2 and router.abandoned_requests == 1
+    asyncio.run(router.unrouted("r2"))
+    assert active(router) == 1 and router.pin_misses == 1
+    assert (router.decisions, router.fallbacks) == (2, 1)  # the pin-miss was placed by Serve's fallback
+    asyncio.run(router.unrouted("never-placed"))  # before HAProxy knew the Router, or no key: nothing reserved
+    asyncio.run(router.abandoned("rtr/r1"))  # a repeat changes nothing
+    assert active(router) == 1 and (router.pin_misses, router.abandoned_requests) == (1, 1)
+    assert router.table.cores["Engine-a"].rates["ing-1"].prefill.samples == 0  # none of it measured the replica
+
+
+def test_the_ingress_settles_every_forwarded_post_with_its_router():
+    from serve_app.engine.local_client import LocalEngineClient
+    from serve_app.routing.types import RouteRequest
+
+    class Engine:
+        kv_events_port, kv_replay_port, block_size = 5551, 5552, 128
+
+    router = RouterHandle()
+    client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")
+    client.settle("rtr/r0", "r0")  # not reporting to a Router (no front door): nothing to tell
+
+    async def run():
+        client.report_to(router, "10.0.0.7")
+        await client.choose("Engine-a", RouteRequest(request_id="rtr/r1"))  # its stream reports its own end
+        client.settle("rtr/r1", "r1")
+        client.settle("rtr/r2", "r2")  # never reached an engine
+        client.settle(None, "r3")  # arrived without a route id
+        client.settle(None, None)  # not through HAProxy at all
+        await asyncio.sleep(0.01)
+        client.shutdown()
+
+    asyncio.run(run())
+    assert router.abandoned.calls == [("rtr/r2",)]
+    assert router.unrouted.calls == [("r3",)]
+    assert not client._claimed
+
+
+def test_the_reports_middleware_settles_each_post_after_its_response():
+    from starlette.responses import PlainTextResponse
+
+    from serve_app.ingress.front_door_reports import FrontDoorReportsMiddleware
+
+    settled, sent = [], []
+
+    class Engines:
+        def settle(self, route_id, request_id):
+            settled.append((route_id, request_id, list(sent)))
+
+    async def app(scope, receive, send):
+        if scope["path"] == "/boom":
+            raise RuntimeError("boom")
+        await PlainTextResponse("ok")(scope, receive, send)
+
+    mw = FrontDoorReportsMiddleware(app, Engines())
+
+    def call(method, path, headers):
+        scope = {"type": "http", "method": method, "path": path, "headers": headers, "query_string": b""}
+
+        async def receive():
+            return {"type": "http.request", "body": b"", "more_body": False}
+
+        async def send(message):
+            sent.append(message["type"])
+
+        asyncio.run(mw(scope, receive, send))
+
+    call("POST", "/v1/messages/count_tokens", [(ROUTE_ID_HEADER.encode(), b"rtr/r1"), (b"x-request-id", b"r1")])
+    assert settled == [("rtr/r1", "r1", ["http.response.start", "http.response.body"])]  # after the last byte
+    call("GET", "/v1/models", [(b"x-request-id", b"r2")])  # HAProxy asks the Router for POSTs only
+    call("POST", "/v1/chat/completions", [(b"x-request-id", b"r3")])
+    with pytest.raises(RuntimeError):
+        call("POST", "/boom", [(ROUTE_ID_HEADER.encode(), b"rtr/r4")])
+    assert [(r, q) for r, q, _ in settled] == [("rtr/r1", "r1"), (None, "r3"), ("rtr/r4", None)]

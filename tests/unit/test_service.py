@@ -556,7 +556,7 @@ def test_the_rendered_prompt_decides_where_the_output_starts(reasoning, opens_th
 
 
 def _tools_conv(choice, *, tools=("get_weather",)):
-    from serve_app.conversation import ToolChoice, ToolSpec
+    from serve_app.conversation import ToolSpec
 
     return Conversation(messages=[Message("user", [TextPart("hi")])],
                         tools=[ToolSpec(n, parameters={"type": "object", "properties": {"city": {"type": "string"}}})
