@@ -127,13 +127,13 @@ def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict
 
 def start_vllm(port: int, model_path: str, log, engine_threads: str = "all",
                extra_env: dict[str, str] | None = None) -> subprocess.Popen:
-    from serve_app.engine.vllm_engine import cpu_lacks_bf16, cpu_thread_env
+    from serve_app.engine.vllm_engine import cpu_float32, cpu_thread_env
 
     cmd = [PY, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path, "--served-model-name", MODEL_ID,
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "4096", "--enforce-eager",
            "--load-format", "dummy", "--enable-prefix-caching",
            "--chat-template", str(ROOT / "serve_app" / "templates" / "smollm2_tools.jinja")]
-    if cpu_lacks_bf16():
+    if cpu_float32(model_path):
         cmd += ["--dtype", "float32"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
     if engine_threads == "auto":

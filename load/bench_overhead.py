@@ -78,11 +78,11 @@ def start_vllm(port: int, model_path: str, model_id: str, log) -> subprocess.Pop
            "--served-model-name", model_id, "--port", str(port),
            "--host", "127.0.0.1", "--max-model-len", "8192", "--enforce-eager",
            "--chat-template", str(ROOT / "serve_app" / "templates" / "smollm2_tools.jinja")]
-    # The same engine settings our engines pick on this host (fp32 without AVX512-BF16, OpenMP on every CPU of
-    # a small host), so the comparison measures the serving path, not the engine configuration.
-    from serve_app.engine.vllm_engine import cpu_lacks_bf16, cpu_thread_env
+    # The same engine settings our engines pick on this host (fp32 where they keep it, OpenMP on every CPU of a
+    # small host), so the comparison measures the serving path, not the engine configuration.
+    from serve_app.engine.vllm_engine import cpu_float32, cpu_thread_env
 
-    if cpu_lacks_bf16():
+    if cpu_float32(model_path):
         cmd += ["--dtype", "float32"]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     env.update(cpu_thread_env(os.sched_getaffinity(0), env))

@@ -132,9 +132,10 @@ class LocalEngineClient:
     def settle(self, route_id: str | None, request_id: str | None) -> None:
         """An HTTP request that HAProxy forwarded here has ended (ingress/front_door_reports.py). A route id no
         engine stream took (count_tokens, an error before generation, a client gone first) is told to its Router
-        as abandoned; a request with no route id but HAProxy's x-request-id may be a pin-miss Serve's fallback
-        proxy delivered here, so its Router is told it arrived unrouted. Either way the reservation is released
-        now instead of at reconcile, RECONCILE_AFTER_S later."""
+        as abandoned. No route id header at all (`None`; an empty one is the Router's "nothing reserved") with
+        HAProxy's x-request-id may be a pin-miss Serve's fallback proxy delivered here, so its Router is told it
+        arrived unrouted. Either way the reservation is released now instead of at reconcile, RECONCILE_AFTER_S
+        later."""
         if self._router is None:
             return
         if route_id:
@@ -142,7 +143,7 @@ class LocalEngineClient:
                 self._claimed.discard(route_id)  # its stream reports its end
             elif "/" in route_id:
                 self._report(self._router.abandoned.remote(route_id))
-        elif request_id:
+        elif route_id is None and request_id:
             self._report(self._router.unrouted.remote(request_id))
 
     def _placed(self, request_id: str) -> bool:

@@ -8,6 +8,7 @@ generator is closed), which frees the KV blocks at once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -29,9 +30,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_lacks_bf16() -> bool:
-    """True on a CPU engine host without native bf16 (no AVX512-BF16/AMX): there vLLM's default bf16 runs through
-    slow fallback kernels — a 3K-token prefill measured 75 s in bf16 vs 18 s in fp32 on this project's machines."""
+def cpu_float32(model_path: str) -> bool:
+    """Whether a CPU engine should run this checkpoint in float32 instead of vLLM's default (bf16 on a CPU with
+    native bf16). See `keeps_float32`; False off CPU (a GPU keeps vLLM's default)."""
     try:
         from vllm.platforms import current_platform
 
@@ -40,7 +41,29 @@ def cpu_lacks_bf16() -> bool:
         flags = open("/proc/cpuinfo").read()
     except Exception:  # noqa: BLE001 - not Linux or no vLLM platform: keep vLLM's default
         return False
-    return "avx512_bf16" not in flags and "amx_bf16" not in flags
+    return keeps_float32(flags, checkpoint_dtype(model_path))
+
+
+def keeps_float32(cpu_flags: str, checkpoint: str | None) -> bool:
+    """Float32 on a CPU without native bf16 (no AVX512-BF16/AMX): there vLLM's default bf16 runs through slow
+    fallback kernels (a 3K-token prefill measured 75 s in bf16 vs 18 s in fp32 on this project's machines). And a
+    float32 checkpoint stays float32 on any CPU: vLLM's default casts it to bf16 where the CPU has it, and the
+    default 135M model, converted to float32 from its GGUF, then answered "What is the capital of France?" with
+    "L'Étoile, la Marseillaise..." on an AMX host (Sapphire Rapids) where it says Paris in float32 — a small
+    model's answers must not depend on which CPU serves it."""
+    lacks_bf16 = "avx512_bf16" not in cpu_flags and "amx_bf16" not in cpu_flags
+    return lacks_bf16 or checkpoint == "float32"
+
+
+def checkpoint_dtype(model_path: str) -> str | None:
+    """The dtype a local checkpoint's config.json declares (`dtype`, or the older `torch_dtype`), if any."""
+    try:
+        with open(os.path.join(model_path, "config.json")) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError):
+        return None
+    dtype = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("torch_dtype")
+    return dtype if isinstance(dtype, str) else None
 
 
 # At or below this many usable CPUs, vLLM's auto binding (one core reserved for its scheduler process) costs more
@@ -187,7 +210,7 @@ def build_engine_args(
         # vLLM's structured-output manager holds a grammar back until this parser sees the reasoning end, so a
         # thinking model reasons freely and only its answer is constrained. (Our own parsers still do the parsing.)
         kwargs["reasoning_parser"] = gate
-    if "dtype" not in model.engine_kwargs and cpu_lacks_bf16():
+    if "dtype" not in model.engine_kwargs and cpu_float32(model_path):
         kwargs["dtype"] = "float32"
     kwargs.update(model.engine_kwargs)
     return AsyncEngineArgs(**kwargs)

@@ -124,7 +124,7 @@ async def generate(api: ApiAdapter, request: Request, ctx: IngressContext) -> Re
     arrived = request_log.ARRIVED.get()
     call = await api.parse(await read_body(request, ctx), request, ctx)
     if ctx.settings.router.front_door:  # the front door's Router placed it: its load is kept under this id
-        call.options.route_id = request.headers.get(ROUTE_ID_HEADER)
+        call.options.route_id = request.headers.get(ROUTE_ID_HEADER) or None  # empty: nothing reserved
     headers = {**replica_headers(ctx), **api.headers(request, ctx)}
     try:
         prepared = await ctx.service.prepare(call.conversation, call.options, call.model,

@@ -178,9 +178,8 @@ class FrontDoorRouter(RouterMethods):
                 self._unreserve(routed.engine_key, route_id)
             raise
         elapsed = time.perf_counter() - started
-        if decision is not None and elapsed >= self.timeout_s and answer.status_code == 200:
+        if decision is not None and elapsed >= self.timeout_s and self._unreserve(routed.engine_key, route_id):
             # HAProxy stopped waiting and answered the client 503 itself: this answer is never used.
-            self._unreserve(routed.engine_key, route_id)
             self.late += 1
         self.route_ms += elapsed * 1000
         return answer
@@ -209,17 +208,19 @@ class FrontDoorRouter(RouterMethods):
             self.fallbacks += 1
             if decision is not None:  # it went elsewhere: nobody will report it
                 self._unreserve(routed.engine_key, route_id)
+            # Nothing reserved: an empty route id tells the ingress so. A request arriving with no route id at all
+            # was not forwarded on an answer of ours (a pin-miss), and the ingress reports it (`unrouted`).
+            answer["request_headers"] = {ROUTE_ID_HEADER: ""}
         else:
             self.decisions += 1
             # Whoever serves it reports its prefill and end under this id, to this replica.
             answer["request_headers"] = {ROUTE_ID_HEADER: route_id}
         return JSONResponse(answer)
 
-    def _unreserve(self, engine_key: str, route_id: str) -> None:
-        """Drop a reservation no request will report on (not a measurement of the replica)."""
+    def _unreserve(self, engine_key: str, route_id: str) -> bool:
+        """Drop a reservation no request will report on (not a measurement of the replica); whether one was held."""
         core = self.table.cores.get(engine_key)
-        if core is not None:
-            core.release(route_id, measured=False)
+        return core is not None and core.release(route_id, measured=False)
 
     async def front_door_metrics(self) -> dict:
         """Requests routed by this table's decision / by Serve's fallback; with / without their prefix's hashes;
