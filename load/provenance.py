@@ -32,17 +32,26 @@ def git_commit() -> str:
         return "unknown"
 
 
+# CPU features that change which kernels (and dtype: engine/vllm_engine.keeps_float32) a CPU engine runs; VM model
+# names ("Intel(R) Xeon(R) Processor") do not say.
+CPU_FEATURES = ("avx512f", "avx512_bf16", "amx_bf16")
+
+
 def host() -> dict:
-    cpu = ""
+    cpu, flags = "", set()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith("model name") and not cpu:
                     cpu = line.split(":", 1)[1].strip()
+                elif line.startswith("flags") and not flags:
+                    flags = set(line.split(":", 1)[1].split())
+                if cpu and flags:
                     break
     except OSError:
         pass
     return {"hostname": platform.node(), "cpus": len(os.sched_getaffinity(0)), "cpu_model": cpu,
+            "cpu_features": [f for f in CPU_FEATURES if f in flags],
             "memory_gib": round(psutil.virtual_memory().total / 2**30, 1), "python": platform.python_version()}
 
 

@@ -21,6 +21,7 @@ def test_header_names_the_command_as_it_is_run_the_commit_and_the_host():
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     assert re.fullmatch(re.escape(head.strip()) + r"(\+dirty)?", as_module["commit"])
     assert as_module["host"]["cpus"] >= 1 and as_module["host"]["hostname"]
+    assert set(as_module["host"]["cpu_features"]) <= set(provenance.CPU_FEATURES)  # the kernels' features, if any
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \S+", as_module["date"])
 
 
