@@ -47,6 +47,7 @@ import psutil
 import yaml
 
 from load import provenance
+from serve_app.serve_tuning import DIRECT_INGRESS
 from serve_app.settings import AppSettings, RouterConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +80,7 @@ def free_port() -> int:
 
 def ours_config(port: int, model_path: str, ingress_replicas: int, placement: str | None = None,
                 engine_threads: str = "all", engine_placement: str = "deployment",
-                ingress_set: dict | None = None, controller_set: dict | None = None) -> dict:
+                ingress_set: dict | None = None, controller_set: dict | None = None, front: str = "haproxy") -> dict:
     engine_env = {"VLLM_CPU_KVCACHE_SPACE": "1"}
     if engine_threads == "auto":  # vLLM's own binding instead of the app's small-host default
         engine_env["VLLM_CPU_OMP_THREADS_BIND"] = "auto"
@@ -102,6 +103,13 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
     if placement:  # else the shipped default (settings.RouterConfig.placement)
         router["placement"] = placement
     options = {k: served[k] for k in ("controller_options", "proxy_location") if k in served}
+    if front == "listen":  # the ingress replica's own port, no proxy process (settings.IngressConfig.listen)
+        ingress["direct_ingress"] = False
+        ingress["listen"] = {"host": "127.0.0.1", "port": port}
+        options["proxy_location"] = "Disabled"
+        env = options["controller_options"]["runtime_env"]["env_vars"]
+        options["controller_options"]["runtime_env"]["env_vars"] = {
+            k: v for k, v in env.items() if k not in DIRECT_INGRESS}
     if controller_set:  # a Serve setting of the controller overridden for one measurement
         env = options["controller_options"]["runtime_env"]["env_vars"]
         options["controller_options"]["runtime_env"]["env_vars"] = {**env, **controller_set}
@@ -117,10 +125,10 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
 def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
                placement: str | None = None, engine_threads: str = "all",
                engine_placement: str = "deployment", ingress_set: dict | None = None,
-               controller_set: dict | None = None) -> subprocess.Popen:
+               controller_set: dict | None = None, front: str = "haproxy") -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
     path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads,
-                                               engine_placement, ingress_set, controller_set)))
+                                               engine_placement, ingress_set, controller_set, front)))
     return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log, cwd=ROOT,
                             env={**os.environ, **env}, start_new_session=True)
 
@@ -384,6 +392,10 @@ def summarize(acc: dict) -> dict:
     }
     serving = [v for k, v in row["cpu_s_per_1k_tokens"].items() if k in ("proxy", "ingress", "router", "engine_replica", "api_server")]
     row["serving_path_cpu_s_per_1k_tokens"] = round(sum(serving), 4)
+    # The "our processes combined": every process of the server's tree but the engine core (the same
+    # engine on both sides): for this app HAProxy, Ray's daemons and Serve's controller too.
+    row["all_processes_cpu_s_per_1k_tokens"] = round(sum(
+        v for k, v in row["cpu_s_per_1k_tokens"].items() if k not in ("engine_core", "gone")), 4)
     return row
 
 
@@ -467,6 +479,9 @@ def main() -> None:
     ap.add_argument("--via", choices=("front-door", "replica"), default="front-door",
                     help="front-door: the port clients use (HAProxy); replica: straight to the (one) ingress "
                          "replica's own HTTP port, to see what the front door costs")
+    ap.add_argument("--front", choices=("haproxy", "listen"), default="haproxy",
+                    help="haproxy: Serve's HAProxy in front of the ingress replicas (the shipped config); listen: "
+                         "the replicas serve the port themselves, Serve runs no proxy (ingress.listen)")
     ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an `ingress:` setting of this app (YAML value, e.g. render_threads=1), repeatable")
     ap.add_argument("--engine-threads", choices=("all", "auto"), default="all",
@@ -476,6 +491,8 @@ def main() -> None:
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
     ingress_set = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.ingress_set)}
+    if a.front == "listen" and a.via == "replica":
+        ap.error("--front listen already reaches the replica's own port (there is no front door)")
 
     from load.tiny_model import ensure_tiny_model
 
@@ -494,7 +511,7 @@ def main() -> None:
     if "ours" in names:
         procs["ours"] = start_ours(ports["ours"], model_path, a.ingress_replicas, log,
                                    dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement, a.engine_threads,
-                                   a.engine_placement, ingress_set)
+                                   a.engine_placement, ingress_set, front=a.front)
     if "vllm" in names:
         procs["vllm"] = start_vllm(ports["vllm"], model_path, log, a.engine_threads)
     try:
@@ -536,6 +553,7 @@ def main() -> None:
             "serve_env": a.serve_env,
             "ingress_set": ingress_set,
             "via": a.via,
+            "front": a.front,
             "engine_threads": a.engine_threads,
             "load_generator_ceiling": ceiling,
             "levels": {},
@@ -558,6 +576,7 @@ def main() -> None:
                     "itl_p50": o["itl_p50_ms"] / max(v["itl_p50_ms"], 1e-9),
                     "itl_p99": o["itl_p99_ms"] / max(v["itl_p99_ms"], 1e-9),
                     "serving_path_cpu": o["serving_path_cpu_s_per_1k_tokens"] / max(v["serving_path_cpu_s_per_1k_tokens"], 1e-9),
+                    "all_processes_cpu": o["all_processes_cpu_s_per_1k_tokens"] / max(v["all_processes_cpu_s_per_1k_tokens"], 1e-9),
                 }
             out["levels"][str(c)] = row
         print(json.dumps(out, indent=2))

@@ -162,6 +162,16 @@ class TenantConfig(_Strict):
                                             self.tokens_per_minute))
 
 
+class ListenConfig(_Strict):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=0, le=65535)
+    keep_alive_s: float = Field(default=90.0, gt=0)  # idle keep-alive connections, as Serve's HTTP servers keep them
+    # On shutdown (a redeploy, a scale-down, a replaced replica) the replica stops accepting, and its open requests
+    # get this long to finish; keep it under the ingress deployment's graceful_shutdown_timeout_s (Serve's 20 s),
+    # after which Serve stops the process anyway.
+    drain_s: float = Field(default=15.0, ge=0)
+
+
 class IngressConfig(_Strict):
     # Plain strings (the default tenant) or {key, tenant} entries; empty = open.
     api_keys: list[str | ApiKey] = Field(default_factory=list)
@@ -208,6 +218,11 @@ class IngressConfig(_Strict):
     # direct-ingress wrapper, which puts a receive task and a second task in front of every request and costs
     # each new request event-loop turns under load (docs/serving-path.md "A new request's way into the app").
     disconnects: Literal["app", "serve"] = "app"
+    # Each ingress replica listens on this address itself (SO_REUSEPORT: every replica on a host shares the port,
+    # the kernel spreads connections among them), and Serve runs no proxy (the Serve config's `proxy_location:
+    # Disabled`): no HAProxy or Python proxy process between a client and the app (ingress/listener.py,
+    # docs/serving-path.md "No proxy"). Not with direct_ingress (HAProxy's front door) or router.front_door.
+    listen: ListenConfig | None = None
     response_store_max_bytes: int = 512 * 1024 * 1024
     deployment: DeploymentOptions = Field(default_factory=DeploymentOptions)
 
@@ -215,6 +230,7 @@ class IngressConfig(_Strict):
     # excess waits in Serve's queue, unseen by admission, instead of getting a fast 529 in the API's envelope.
     # The headroom carries the cheap calls (health, models, count_tokens) and the refusals themselves.
     OVERLOAD_HEADROOM: ClassVar[int] = 64
+    SERVE_GRACEFUL_SHUTDOWN_S: ClassVar[float] = 20.0  # Serve's default graceful_shutdown_timeout_s
 
     @model_validator(mode="after")
     def _keys_name_tenants(self) -> "IngressConfig":
@@ -229,6 +245,20 @@ class IngressConfig(_Strict):
                 raise ValueError(f"ingress.api_keys: tenant {entry.tenant!r} is not in ingress.tenants")
         if sum(1 for e in self.api_keys if isinstance(e, ApiKey) and e.key is None) > 1:
             raise ValueError("ingress.api_keys: at most one entry without a key")
+        return self
+
+    @model_validator(mode="after")
+    def _one_front(self) -> "IngressConfig":
+        if self.listen is not None and self.direct_ingress:
+            raise ValueError("ingress.listen and ingress.direct_ingress are two fronts for the same replicas: the "
+                             "replicas' own port, or Serve's HAProxy in front of them; choose one")
+        if self.listen is not None:
+            grace = self.deployment.graceful_shutdown_timeout_s
+            grace = self.SERVE_GRACEFUL_SHUTDOWN_S if grace is None else grace
+            if self.listen.drain_s >= grace:
+                raise ValueError(f"ingress.listen.drain_s ({self.listen.drain_s}) must be below the ingress "
+                                 f"deployment's graceful_shutdown_timeout_s ({grace}): Serve stops the replica then, "
+                                 "open requests or not")
         return self
 
     @model_validator(mode="after")

@@ -11,6 +11,7 @@ from serve_app.keyring import KeyRing
 from serve_app.routing.local import LocalRouter
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.limits import LimitClient
+from serve_app.ingress.listener import Listener
 from serve_app.ingress.responses.store import StoreClient
 from serve_app.ingress.server import create_app
 from serve_app.serve_tuning import app_watches_disconnects, freeze_startup_heap
@@ -95,12 +96,22 @@ class Ingress:
         if self.local_engines is not None:
             await self.local_engines.check_health()
 
-    def __del__(self):
+    async def __del__(self):
+        # Serve's graceful shutdown: requests through this replica's own port (`ingress.listen`) are not Serve's
+        # to count, so they are drained here, before the engines they stream from stop.
+        if getattr(self, "listener", None) is not None:
+            await self.listener.drain()
         if getattr(self, "local_engines", None) is not None:
             self.local_engines.shutdown()
 
     def __serve_build_asgi_app__(self):
         app = create_app(self.ctx)
+        listen = self.ctx.settings.ingress.listen
+        self.listener = None
+        if listen is not None:
+            # Runs on the replica's event loop (Serve calls this there), which the listener serves on.
+            self.listener = Listener(app, listen.host, listen.port, listen.keep_alive_s, listen.drain_s)
+            self.listener.start()
         # Last step of this replica's start-up: Serve builds the app after the constructor, so the heap is frozen
         # here once, tokenizers, routes and models together.
         freeze_startup_heap()

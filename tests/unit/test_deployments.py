@@ -49,6 +49,16 @@ def test_a_front_door_router_gets_the_request_bodies(path: Path):
             assert front_door_in(cfg), app["name"]
 
 
+@pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
+def test_replicas_listen_themselves_only_where_serve_runs_no_proxy(path: Path):
+    """`ingress.listen` binds the service port in every ingress replica: a Serve proxy or HAProxy on it would keep
+    the replicas from starting, and a config with no proxy and no listener serves nothing over HTTP."""
+    cfg = yaml.safe_load(path.read_text())
+    for app in cfg["applications"]:
+        listens = AppSettings.model_validate(app["args"]).ingress.listen is not None
+        assert listens == (cfg.get("proxy_location") == "Disabled"), app["name"]
+
+
 @pytest.mark.parametrize("path", [p for p in SERVE_CONFIGS if p != B200], ids=lambda p: p.name)
 def test_cpu_configs_run_a_quiet_controller(path: Path):
     """The laptop and small-host configs slow Serve's control loop (serve_tuning.QUIET_CONTROLLER); the suite runs

@@ -1,0 +1,166 @@
+"""`ingress.listen` on the real server: the ingress replicas serve the service port themselves (SO_REUSEPORT), with
+no Serve proxy or HAProxy between a client and the app, and the engines in their own process.
+
+A second app beside the session's server, with no HTTP route in Serve (route_prefix None): it is reachable only on
+its replicas' own port. Every API through the real SDKs on that port; a client that leaves a non-streamed answer
+aborts its engine request (the gap Serve's HAProxy leaves, docs/serving-path.md); a second replica binds the same
+port and the kernel spreads new connections over both (which replica answered is the `x-serve-replica` header);
+and (last, since it deletes the app) a stream still open when the app is deleted runs to its end: the replica
+stops accepting and drains its own requests before its engines stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import socket
+import threading
+import time
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.support.apps import wait_healthy
+
+pytestmark = pytest.mark.integration
+
+APP = "listen"
+MODEL = "smollm2-135m-instruct"
+
+
+def forced(script: str) -> dict:
+    return {"nvext": {"forced_script": script}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deploy(args: dict, url: str) -> None:
+    from ray import serve
+
+    from serve_app.app import build_app
+
+    serve.run(build_app(args), name=APP, route_prefix=None)
+    wait_healthy(url, f"the {APP} app")
+
+
+@pytest.fixture(scope="module")
+def listen_args(serve_url, serve_config) -> dict:
+    args = copy.deepcopy(serve_config["applications"][0]["args"])
+    args["models"] = [next(m for m in args["models"] if m["id"] == MODEL)]
+    args["engine_placement"] = "ingress"
+    ingress = {k: v for k, v in args.get("ingress", {}).items() if k not in ("direct_ingress", "disconnects")}
+    # A drain long enough for the last test's stream on a busy CI host, under Serve's kill at graceful shutdown.
+    args["ingress"] = {**ingress, "listen": {"host": "127.0.0.1", "port": free_port(), "drain_s": 120},
+                       "deployment": {"num_replicas": 1, "graceful_shutdown_timeout_s": 150}}
+    return args
+
+
+@pytest.fixture(scope="module")
+def app_url(listen_args):
+    from ray import serve
+
+    url = f"http://127.0.0.1:{listen_args['ingress']['listen']['port']}"
+    deploy(listen_args, url)
+    yield url
+    if APP in serve.status().applications:
+        serve.delete(APP)
+
+
+@pytest.fixture(scope="module")
+def ingress(app_url):
+    from ray import serve
+
+    return serve.get_deployment_handle("Ingress", app_name=APP)
+
+
+def test_every_api_answers_on_the_replicas_own_port(app_url):
+    chat = openai.OpenAI(base_url=f"{app_url}/v1", api_key="unused", max_retries=0, timeout=300)
+    kw = dict(model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "hi"}],
+              extra_body=forced("Straight to the replica."))
+    assert chat.chat.completions.create(**kw).choices[0].message.content == "Straight to the replica."
+    streamed = "".join(c.choices[0].delta.content or "" for c in chat.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+    assert streamed == "Straight to the replica."
+    resp = chat.responses.create(model=MODEL, input="hi", max_output_tokens=60, extra_body=forced("Responses too."))
+    assert resp.output_text == "Responses too."
+    msgs = anthropic.Anthropic(base_url=app_url, api_key="unused", max_retries=0, timeout=300)
+    with msgs.messages.stream(model=MODEL, max_tokens=60, messages=[{"role": "user", "content": "hi"}],
+                              extra_body=forced("And Messages.")) as stream:
+        assert stream.get_final_message().content[0].text == "And Messages."
+    bad = httpx.post(f"{app_url}/v1/messages", content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["type"] == "error"
+
+
+def test_a_client_that_leaves_a_non_streamed_answer_aborts_its_engine_request(app_url, ingress):
+    """Through Serve's HAProxy this request would run to its end (HAProxy keeps the replica's connection until the
+    answer's head); on the replica's own port the route sees the client leave."""
+    def unfinished() -> int:
+        return ingress.num_unfinished.remote().result(timeout_s=30)
+
+    body = {"model": MODEL, "max_tokens": 2000, "messages": [{"role": "user", "content": "Tell a long story."}],
+            **forced("word " * 1900)}
+
+    async def start_and_leave() -> None:
+        async with httpx.AsyncClient(timeout=300) as client:
+            call = asyncio.ensure_future(client.post(f"{app_url}/v1/chat/completions", json=body))
+            deadline = time.monotonic() + 60
+            while not await asyncio.to_thread(unfinished):
+                assert not call.done() and time.monotonic() < deadline, call
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)
+            call.cancel()  # the connection closes with no answer read
+
+    asyncio.run(start_and_leave())
+    deadline = time.monotonic() + 20
+    while unfinished() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert unfinished() == 0
+
+
+def test_a_second_replica_shares_the_port_and_takes_connections(app_url, listen_args):
+    scaled = copy.deepcopy(listen_args)
+    scaled["ingress"]["deployment"]["num_replicas"] = 2
+    deploy(scaled, app_url)
+    seen: set[str] = set()
+    deadline = time.monotonic() + 300  # the second replica's engine starts while the first keeps answering
+    while len(seen) < 2 and time.monotonic() < deadline:
+        r = httpx.post(f"{app_url}/v1/chat/completions", timeout=120, json={  # a new connection each time
+            "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], **forced("ok")})
+        assert r.status_code == 200, r.text
+        seen.add(r.headers["x-serve-replica"])
+    assert len(seen) == 2, seen
+
+
+def test_a_stream_open_when_the_app_is_deleted_runs_to_its_end(app_url):
+    """Serve's graceful shutdown counts only the requests it carried; the replica drains those of its own port
+    before its engines stop (ingress/listener.py), so a redeploy or scale-down does not cut an agent's stream."""
+    from ray import serve
+
+    words = 400  # seconds of streaming: Serve reaches the replica's destructor ~2 s after the delete begins
+    body = {"model": MODEL, "max_tokens": 1000, "stream": True, "messages": [{"role": "user", "content": "go"}],
+            **forced("word " * words)}
+    lines: list[str] = []
+    deleting = threading.Thread(target=serve.delete, args=(APP,))
+    with httpx.Client(timeout=120) as client, client.stream("POST", f"{app_url}/v1/chat/completions",
+                                                             json=body) as resp:
+        assert resp.status_code == 200
+        for line in resp.iter_lines():
+            lines.append(line)
+            if line.startswith("data: {") and not deleting.is_alive() and not deleting.ident:
+                deleting.start()  # once output has started
+    deleting.join(120)
+    assert deleting.ident and not deleting.is_alive()
+    chunks = [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text.split() == ["word"] * words
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "stop"
+    assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines
+    with pytest.raises(httpx.HTTPError):  # and nothing listens there any more
+        httpx.get(f"{app_url}/health", timeout=5)
