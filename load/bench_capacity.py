@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import json
 import os
 import random
@@ -103,23 +104,42 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
     if placement:  # else the shipped default (settings.RouterConfig.placement)
         router["placement"] = placement
     options = {k: served[k] for k in ("controller_options", "proxy_location") if k in served}
-    if front == "listen":  # the ingress replica's own port, no proxy process (settings.IngressConfig.listen)
-        ingress["direct_ingress"] = False
-        ingress["listen"] = {"host": "127.0.0.1", "port": port}
-        options["proxy_location"] = "Disabled"
-        env = options["controller_options"]["runtime_env"]["env_vars"]
-        options["controller_options"]["runtime_env"]["env_vars"] = {
-            k: v for k, v in env.items() if k not in DIRECT_INGRESS}
     if controller_set:  # a Serve setting of the controller overridden for one measurement
         env = options["controller_options"]["runtime_env"]["env_vars"]
         options["controller_options"]["runtime_env"]["env_vars"] = {**env, **controller_set}
-    return {
+    config = {
         **options,
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
                           "args": {"models": [model], "router": router, "ingress": ingress,
                                    "engine_placement": engine_placement}}],
     }
+    return with_front(config, front)
+
+
+def add_front_arg(ap: argparse.ArgumentParser) -> None:
+    """`--front`, the same in every load script: what stands between the client and the ingress replicas."""
+    ap.add_argument("--front", choices=("haproxy", "listen"), default="haproxy",
+                    help="haproxy: Serve's HAProxy in front of the ingress replicas (the shipped config); listen: "
+                         "the replicas serve the port themselves, Serve runs no proxy (ingress.listen)")
+
+
+def with_front(config: dict, front: str) -> dict:
+    """A Serve config of this app (http_options naming the port) with `front`: `haproxy` leaves it as it is;
+    `listen` has the ingress replicas serve that port themselves (settings.IngressConfig.listen), with no proxy
+    and no direct-ingress flags for the controller."""
+    if front == "haproxy":
+        return config
+    config = copy.deepcopy(config)
+    http = config.pop("http_options")
+    config["proxy_location"] = "Disabled"
+    env = config["controller_options"]["runtime_env"]["env_vars"]
+    config["controller_options"]["runtime_env"]["env_vars"] = {k: v for k, v in env.items() if k not in DIRECT_INGRESS}
+    for app in config["applications"]:
+        ingress = app["args"].setdefault("ingress", {})
+        ingress["direct_ingress"] = False
+        ingress["listen"] = {"host": http["host"], "port": http["port"]}
+    return config
 
 
 def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
@@ -479,9 +499,7 @@ def main() -> None:
     ap.add_argument("--via", choices=("front-door", "replica"), default="front-door",
                     help="front-door: the port clients use (HAProxy); replica: straight to the (one) ingress "
                          "replica's own HTTP port, to see what the front door costs")
-    ap.add_argument("--front", choices=("haproxy", "listen"), default="haproxy",
-                    help="haproxy: Serve's HAProxy in front of the ingress replicas (the shipped config); listen: "
-                         "the replicas serve the port themselves, Serve runs no proxy (ingress.listen)")
+    add_front_arg(ap)
     ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an `ingress:` setting of this app (YAML value, e.g. render_threads=1), repeatable")
     ap.add_argument("--engine-threads", choices=("all", "auto"), default="all",

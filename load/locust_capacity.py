@@ -23,12 +23,13 @@ from pathlib import Path
 import yaml
 
 from load import provenance
-from load.bench_capacity import ROOT, CpuMeter, add_engine_placement_arg, free_port, stop, wait_healthy
+from load.bench_capacity import (ROOT, CpuMeter, add_engine_placement_arg, add_front_arg, free_port, stop, wait_healthy,
+                                 with_front)
 
 PY = sys.executable
 
 
-def config(port: int, model_path: str, engine_placement: str = "deployment") -> dict:
+def config(port: int, model_path: str, engine_placement: str = "deployment", front: str = "haproxy") -> dict:
     served = yaml.safe_load((ROOT / "config.yaml").read_text())
     model = {
         "id": "tiny",
@@ -43,14 +44,14 @@ def config(port: int, model_path: str, engine_placement: str = "deployment") -> 
         "engine_env": {"VLLM_CPU_KVCACHE_SPACE": "2"},
         "engine_kwargs": {"enforce_eager": True, "load_format": "dummy"},
     }
-    return {
+    return with_front({
         **{k: served[k] for k in ("controller_options", "proxy_location") if k in served},
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
                           "args": {"models": [model], "testing": {"forced_scripts": True},
                                    "engine_placement": engine_placement,
                                    "ingress": {"api_keys": ["sk-load-test"], "strip_preamble": True}}}],
-    }
+    }, front)
 
 
 def main() -> None:
@@ -59,6 +60,7 @@ def main() -> None:
     ap.add_argument("--run-time", type=int, default=180, help="seconds")
     ap.add_argument("--max-turns", type=int, default=4)
     add_engine_placement_arg(ap)
+    add_front_arg(ap)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
@@ -67,7 +69,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
     cfg = Path(tempfile.mkdtemp()) / "locust_capacity.yaml"
-    cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model(), a.engine_placement)))
+    cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model(), a.engine_placement, a.front)))
     log = open(tempfile.mkstemp(prefix="locust_capacity_", suffix=".log")[1], "w")
     server = subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(cfg)], stdout=log, stderr=log, cwd=ROOT,
                               start_new_session=True)
@@ -94,6 +96,7 @@ def main() -> None:
             **provenance.header("load.locust_capacity", sys.argv[1:]),
             "model": "tiny-random-smollm2 (dummy weights) with forced agent scripts (qwen3 thinking, hermes tools)",
             "engine_placement": a.engine_placement,
+            "front": a.front,
             "users": a.users,
             "run_time_s": a.run_time,
             "wall_s": round(wall, 1),

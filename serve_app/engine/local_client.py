@@ -141,7 +141,7 @@ class LocalEngineClient:
         if route_id:
             if route_id in self._claimed:
                 self._claimed.discard(route_id)  # its stream reports its end
-            elif "/" in route_id:
+            elif self._placed(route_id):
                 self._report(self._router.abandoned.remote(route_id))
         elif route_id is None and request_id:
             self._report(self._router.unrouted.remote(request_id))
