@@ -23,7 +23,8 @@ import psutil
 import pytest
 
 from tests.support.apps import replica_url, run_app
-from tests.support.streams import assert_engine_error, disconnect_storm, is_delta, still_running, stream_body
+from tests.support.streams import (assert_engine_error, disconnect_storm, is_delta, leave_a_non_streamed_answer,
+                                  still_running, stream_body)
 
 pytestmark = pytest.mark.integration
 
@@ -136,27 +137,7 @@ def test_a_client_that_leaves_a_non_streamed_answer_aborts_its_engine_request(ap
     the replica: Serve's HAProxy does not close its connection to the replica when a client leaves before the
     answer's head (a known gap of the front door, docs/serving-path.md), so only a stream is aborted through it."""
     url = replica_url(APP)
-    def unfinished() -> int:
-        return ingress.num_unfinished.remote().result(timeout_s=30)
-
-    body = {"model": PLAIN, "max_tokens": 2000, "messages": [{"role": "user", "content": "Tell a long story."}],
-            **forced("word " * 1900)}
-
-    async def start_and_leave() -> None:
-        async with httpx.AsyncClient(timeout=300) as client:
-            call = asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=body))
-            deadline = time.monotonic() + 60
-            while not await asyncio.to_thread(unfinished):
-                assert not call.done() and time.monotonic() < deadline, call
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(1.0)
-            call.cancel()  # the connection closes with no answer read
-
-    asyncio.run(start_and_leave())
-    deadline = time.monotonic() + 20
-    while unfinished() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert unfinished() == 0
+    assert leave_a_non_streamed_answer(url, PLAIN, lambda: ingress.num_unfinished.remote().result(timeout_s=30)) == 0
 
 
 def test_dropped_streams_are_aborted_in_the_engine(app_url, ingress):

@@ -11,7 +11,6 @@ stops accepting and drains its own requests before its engines stop.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import socket
@@ -24,6 +23,7 @@ import openai
 import pytest
 
 from tests.support.apps import wait_healthy
+from tests.support.streams import leave_a_non_streamed_answer
 
 pytestmark = pytest.mark.integration
 
@@ -101,27 +101,8 @@ def test_every_api_answers_on_the_replicas_own_port(app_url):
 def test_a_client_that_leaves_a_non_streamed_answer_aborts_its_engine_request(app_url, ingress):
     """Through Serve's HAProxy this request would run to its end (HAProxy keeps the replica's connection until the
     answer's head); on the replica's own port the route sees the client leave."""
-    def unfinished() -> int:
-        return ingress.num_unfinished.remote().result(timeout_s=30)
-
-    body = {"model": MODEL, "max_tokens": 2000, "messages": [{"role": "user", "content": "Tell a long story."}],
-            **forced("word " * 1900)}
-
-    async def start_and_leave() -> None:
-        async with httpx.AsyncClient(timeout=300) as client:
-            call = asyncio.ensure_future(client.post(f"{app_url}/v1/chat/completions", json=body))
-            deadline = time.monotonic() + 60
-            while not await asyncio.to_thread(unfinished):
-                assert not call.done() and time.monotonic() < deadline, call
-                await asyncio.sleep(0.2)
-            await asyncio.sleep(1.0)
-            call.cancel()  # the connection closes with no answer read
-
-    asyncio.run(start_and_leave())
-    deadline = time.monotonic() + 20
-    while unfinished() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert unfinished() == 0
+    assert leave_a_non_streamed_answer(app_url, MODEL,
+                                       lambda: ingress.num_unfinished.remote().result(timeout_s=30)) == 0
 
 
 def test_a_second_replica_shares_the_port_and_takes_connections(app_url, listen_args):

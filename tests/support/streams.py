@@ -123,3 +123,27 @@ def still_running(procs, within_s: float) -> list:
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.5)
+
+
+def leave_a_non_streamed_answer(url: str, model: str, unfinished) -> int:
+    """Start a ~1,900-token forced Chat answer that is not streamed, leave (close the connection with nothing read)
+    once the engine runs it, and return how many requests the engine still runs 20 s later (`unfinished()`: the
+    ingress's count); 0 when the route saw the client leave and aborted it."""
+    body = {"model": model, "max_tokens": 2000, "messages": [{"role": "user", "content": "Tell a long story."}],
+            "nvext": {"forced_script": "word " * 1900}}
+
+    async def start_and_leave() -> None:
+        async with httpx.AsyncClient(timeout=300) as client:
+            call = asyncio.ensure_future(client.post(f"{url}/v1/chat/completions", json=body))
+            deadline = time.monotonic() + 60
+            while not await asyncio.to_thread(unfinished):
+                assert not call.done() and time.monotonic() < deadline, call
+                await asyncio.sleep(0.2)
+            await asyncio.sleep(1.0)
+            call.cancel()
+
+    asyncio.run(start_and_leave())
+    deadline = time.monotonic() + 20
+    while unfinished() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return unfinished()

@@ -4,6 +4,7 @@ requests finish while a successor takes the new connections."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx
 import pytest
@@ -27,6 +28,15 @@ def app(name: str, release: asyncio.Event | None = None) -> Starlette:
         return StreamingResponse(body())
 
     return Starlette(routes=[Route("/hello", hello), Route("/slow", slow)])
+
+
+@contextlib.asynccontextmanager
+async def slow_stream(port: int):
+    """A /slow response whose first chunk has arrived; yields the rest of its body."""
+    async with httpx.AsyncClient(timeout=10) as client, client.stream("GET", f"http://127.0.0.1:{port}/slow") as resp:
+        chunks = resp.aiter_raw()
+        assert await anext(chunks) == b"first;"
+        yield chunks
 
 
 async def started(listener: Listener) -> Listener:
@@ -57,34 +67,28 @@ async def test_two_listeners_share_one_port_and_both_serve():
 async def test_a_drain_finishes_open_requests_while_the_successor_takes_new_ones():
     release = asyncio.Event()
     old = await started(Listener(app("old", release), "127.0.0.1", 0, keep_alive_s=5, drain_s=30))
-    async with httpx.AsyncClient(timeout=10) as client:
-        async with client.stream("GET", f"http://127.0.0.1:{old.port}/slow") as stream:
-            chunks = stream.aiter_raw()
-            assert await anext(chunks) == b"first;"
-            new = await started(Listener(app("new"), "127.0.0.1", old.port, keep_alive_s=5, drain_s=1))
-            drain = asyncio.create_task(old.drain())
-            await asyncio.sleep(0.3)  # the old listener has closed its socket: only the new one accepts
-            assert not drain.done()  # its open stream holds the drain
-            for _ in range(8):
-                async with httpx.AsyncClient() as fresh:
-                    assert (await fresh.get(f"http://127.0.0.1:{old.port}/hello")).text == "new"
-            release.set()
-            assert b"".join([c async for c in chunks]) == b"last"
-        await asyncio.wait_for(drain, 5)
+    async with slow_stream(old.port) as chunks:
+        new = await started(Listener(app("new"), "127.0.0.1", old.port, keep_alive_s=5, drain_s=1))
+        drain = asyncio.create_task(old.drain())
+        await asyncio.sleep(0.3)  # the old listener has closed its socket: only the new one accepts
+        assert not drain.done()  # its open stream holds the drain
+        for _ in range(8):
+            async with httpx.AsyncClient() as fresh:
+                assert (await fresh.get(f"http://127.0.0.1:{old.port}/hello")).text == "new"
+        release.set()
+        assert b"".join([c async for c in chunks]) == b"last"
+    await asyncio.wait_for(drain, 5)
     await new.drain()
 
 
 async def test_a_drain_past_its_time_cancels_what_is_left():
     never = asyncio.Event()
     listener = await started(Listener(app("x", never), "127.0.0.1", 0, keep_alive_s=5, drain_s=0.5))
-    async with httpx.AsyncClient(timeout=10) as client:
-        async with client.stream("GET", f"http://127.0.0.1:{listener.port}/slow") as stream:
-            chunks = stream.aiter_raw()
-            assert await anext(chunks) == b"first;"
-            await asyncio.wait_for(listener.drain(), 5)
-            with pytest.raises(httpx.HTTPError):  # cut off, not completed: the client can tell
-                async for _ in chunks:
-                    pass
+    async with slow_stream(listener.port) as chunks:
+        await asyncio.wait_for(listener.drain(), 5)
+        with pytest.raises(httpx.HTTPError):  # cut off, not completed: the client can tell
+            async for _ in chunks:
+                pass
 
 
 def test_a_port_held_without_reuseport_is_a_clear_error():
