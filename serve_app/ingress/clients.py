@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
+import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 from serve_app import metrics
@@ -17,10 +19,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_GONE_RETRIES = 2  # Serve may pick the dead replica again until its controller has dropped it
-# Before such a retry: lets Serve's request router take the failed call's report (serve_router.py passes an
-# unreachable replica over from then on) before it chooses again.
+_GONE_RETRIES = 2  # restarts of a request whose replica died after accepting it, before its first delta
+# A request whose replica is gone before it accepted is sent again for this long: Serve may pick the dead replica
+# until its request router has taken the failed call's report (serve_router.py then passes it over) or its
+# controller has dropped it, which follows Ray declaring the node dead (about 4 s here). Two quick retries were
+# not always enough (test_node_loss: a 500 half a second after the loss).
+GONE_RETRY_S = 5.0
+# Before each such retry, doubling up to _GONE_BACKOFF_MAX_S: lets the failed call's report land first.
 _GONE_BACKOFF_S = 0.05
+_GONE_BACKOFF_MAX_S = 0.5
 # How long a request whose replica died before its first delta may wait for another replica to accept it. A live
 # replica accepts at once; with none (the only replica died) Serve would hold the call until a replacement has
 # started, minutes for a vLLM engine, while the client waits on an open stream: past this the request fails.
@@ -28,9 +35,11 @@ FAILOVER_ACCEPT_S = 10.0
 
 
 class ServeEngineClient:
-    def __init__(self, engines: dict, router, router_timeout_s: float = 0.5, local: LocalRouter | None = None):
+    def __init__(self, engines: dict, router, router_timeout_s: float = 0.5, local: LocalRouter | None = None,
+                 gone_retry_s: float = GONE_RETRY_S):
         """`local`: this ingress's own routing table (`router.placement: ingress`); without it every decision is
         a call to the Router deployment `router`."""
+        self._gone_retry_s = gone_retry_s
         # Calls go over Serve's gRPC transport (`_by_reference=False`) rather than as Ray actor calls and object
         # refs: a streamed token costs a fraction of the CPU (docs/serving-path.md), and the replicas' results
         # are never passed on by reference anyway.
@@ -160,12 +169,13 @@ class ServeEngineClient:
         key, inbox = receiver.register()
         req.reply_to = (receiver.address, key)
         try:
-            for attempt in range(_GONE_RETRIES + 1):
+            deadline = time.monotonic() + self._gone_retry_s
+            for attempt in itertools.count():
                 try:
                     gen = await self._accepted(engine_key, req)
                     break
                 except Exception as e:
-                    if not replica_gone(e) or attempt == _GONE_RETRIES:
+                    if not replica_gone(e) or time.monotonic() >= deadline:
                         raise
                     # The replica (the Router's choice, or Serve's own before it noticed) died before it accepted
                     # (a node lost): nothing ran yet, so send the request to whichever live replica Serve picks.
@@ -174,7 +184,7 @@ class ServeEngineClient:
                     log.warning("replica %s is gone (%s); routing request %s to a live one", req.target_replica,
                                 type(e).__name__, req.request_id)
                     self._forget(engine_key, req)
-                    await asyncio.sleep(_GONE_BACKOFF_S * (attempt + 1))
+                    await asyncio.sleep(min(_GONE_BACKOFF_S * 2 ** attempt, _GONE_BACKOFF_MAX_S))
         except BaseException:
             receiver.unregister(key)
             raise

@@ -99,19 +99,22 @@ class FlakyPick(Handle):
         return super().remote(req)
 
 
-def test_serves_own_pick_of_a_dead_replica_is_retried_too():
-    h = FlakyPick(misses=2)
+@pytest.mark.parametrize("misses", [1, 2, 5])
+def test_serves_own_pick_of_a_dead_replica_is_retried_too(misses):
+    """However many times Serve picks the dead replica again within the retry time (CI once saw more than two)."""
+    h = FlakyPick(misses=misses)
     req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4)
     assert asyncio.run(_texts(ServeEngineClient({"e": h}, None), req)) == ["ok"]
-    assert h.sent == [None, None, None]
+    assert h.sent == [None] * (misses + 1)
 
 
-def test_a_replica_gone_every_time_fails_after_the_retries():
+def test_a_replica_gone_every_time_fails_after_the_retry_time():
     h = Handle(dead={None})
     req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4)
     with pytest.raises(ActorDiedError):
-        asyncio.run(_texts(ServeEngineClient({"e": h}, None), req))
-    assert h.sent == [None, None, None] and all(g.cancelled for g in h.gens)
+        asyncio.run(_texts(ServeEngineClient({"e": h}, None, gone_retry_s=0.3), req))
+    # re-sent while the time lasts (0.05, 0.1, 0.2 s apart), then it gives up with the replica's error
+    assert len(h.sent) >= 2 and set(h.sent) == {None} and all(g.cancelled for g in h.gens)
 
 
 def test_other_failures_are_not_retried():
