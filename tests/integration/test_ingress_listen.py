@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-import socket
 import threading
 import time
 
@@ -22,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from serve_app.engine.vllm_engine import free_port
 from tests.support.apps import wait_healthy
 from tests.support.streams import leave_a_non_streamed_answer
 
@@ -33,12 +33,6 @@ MODEL = "smollm2-135m-instruct"
 
 def forced(script: str) -> dict:
     return {"nvext": {"forced_script": script}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def deploy(args: dict, url: str) -> None:

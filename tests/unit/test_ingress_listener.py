@@ -118,3 +118,14 @@ def test_listen_and_haproxy_are_not_both_the_front():
         AppSettings.model_validate({**base, "engine_placement": "ingress", "router": {"front_door": True},
                                     "ingress": {"listen": {}}})
 
+
+
+def test_the_listeners_defaults_are_serves_own():
+    """The drain check assumes Serve's default graceful_shutdown_timeout_s, and idle connections are kept as long as
+    Serve's own HTTP servers keep them: a Ray upgrade that moves either fails here."""
+    from ray.serve._private.constants import DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S, DEFAULT_UVICORN_KEEP_ALIVE_TIMEOUT_S
+
+    from serve_app.settings import IngressConfig, ListenConfig
+
+    assert IngressConfig.SERVE_GRACEFUL_SHUTDOWN_S == DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S
+    assert ListenConfig().keep_alive_s == DEFAULT_UVICORN_KEEP_ALIVE_TIMEOUT_S
