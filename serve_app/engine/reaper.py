@@ -63,9 +63,10 @@ def watch(parent: int, pids: list[int]) -> None:
         ready = {fd for fd, _ in poller.poll()}
         if parent_fd in ready:
             break
-        for fd in ready & fds.keys():
+        for fd in ready & fds.keys():  # a child exited first: stop watching it, keep watching the rest
             poller.unregister(fd)
-            os.close(fds.pop(fd))
+            del fds[fd]
+            os.close(fd)
     if fds:
         _stop(fds)
 

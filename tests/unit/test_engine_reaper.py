@@ -74,6 +74,37 @@ def test_watcher_exits_when_the_children_exit_first(replica):
     assert proc.poll() is None, "the replica itself is untouched"
 
 
+def test_a_child_that_exits_first_leaves_the_others_guarded():
+    # vLLM's engine has more than one child (EngineCore, its resource tracker): one may exit before the replica.
+    import threading
+
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    quick = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    errors = []
+
+    def run():
+        try:
+            reaper.watch(parent.pid, [quick.pid, slow.pid])
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    watcher = threading.Thread(target=run)
+    watcher.start()
+    try:
+        quick.wait(timeout=30)
+        time.sleep(0.5)
+        assert watcher.is_alive() and not errors, errors  # still watching `slow` for its parent
+        parent.kill()
+        watcher.join(timeout=30)
+        assert not errors, errors
+        assert slow.wait(timeout=30) == -signal.SIGTERM
+    finally:
+        for p in (parent, slow):
+            p.kill()
+            p.wait()
+
+
 def test_child_ignoring_sigterm_is_killed(monkeypatch):
     monkeypatch.setattr(reaper, "TERM_GRACE_S", 0.2)
     stubborn = subprocess.Popen(
