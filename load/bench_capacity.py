@@ -124,6 +124,20 @@ def add_front_arg(ap: argparse.ArgumentParser) -> None:
                          "the replicas serve the port themselves, Serve runs no proxy (ingress.listen)")
 
 
+def add_launcher_arg(ap: argparse.ArgumentParser) -> None:
+    """`--launcher`, the same in every load script that starts this app: what starts Ray and hands it the config."""
+    ap.add_argument("--launcher", choices=("serve_app", "serve"), default="serve_app",
+                    help="serve_app: `python -m serve_app run` (the README's command: a local Ray without the "
+                         "dashboard and idle workers); serve: `serve run --address local` (Ray's defaults)")
+
+
+def serve_command(config_path: str | Path, launcher: str = "serve_app") -> list[str]:
+    """The command that serves a Serve config file of this app on a new local Ray."""
+    if launcher == "serve":
+        return [str(Path(PY).parent / "serve"), "run", "--address", "local", str(config_path)]
+    return [PY, "-m", "serve_app", "run", str(config_path)]
+
+
 def with_front(config: dict, front: str) -> dict:
     """A Serve config of this app (http_options naming the port) with `front`: `haproxy` leaves it as it is;
     `listen` has the ingress replicas serve that port themselves (settings.IngressConfig.listen), with no proxy
@@ -145,12 +159,14 @@ def with_front(config: dict, front: str) -> dict:
 def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict[str, str],
                placement: str | None = None, engine_threads: str = "all",
                engine_placement: str = "deployment", ingress_set: dict | None = None,
-               controller_set: dict | None = None, front: str = "haproxy") -> subprocess.Popen:
+               controller_set: dict | None = None, front: str = "haproxy",
+               launcher: str = "serve_app") -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
     path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads,
                                                engine_placement, ingress_set, controller_set, front)))
-    return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log, cwd=ROOT,
-                            env={**os.environ, **env}, start_new_session=True)
+    env = {k: v for k, v in {**os.environ, **env}.items() if k != "RAY_ADDRESS"}  # always a Ray of its own
+    return subprocess.Popen(serve_command(path, launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
+                            start_new_session=True)
 
 
 def start_vllm(port: int, model_path: str, log, engine_threads: str = "all",
@@ -500,6 +516,7 @@ def main() -> None:
                     help="front-door: the port clients use (HAProxy); replica: straight to the (one) ingress "
                          "replica's own HTTP port, to see what the front door costs")
     add_front_arg(ap)
+    add_launcher_arg(ap)
     ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",
                     help="an `ingress:` setting of this app (YAML value, e.g. render_threads=1), repeatable")
     ap.add_argument("--engine-threads", choices=("all", "auto"), default="all",
@@ -529,7 +546,7 @@ def main() -> None:
     if "ours" in names:
         procs["ours"] = start_ours(ports["ours"], model_path, a.ingress_replicas, log,
                                    dict(kv.split("=", 1) for kv in a.serve_env), a.router_placement, a.engine_threads,
-                                   a.engine_placement, ingress_set, front=a.front)
+                                   a.engine_placement, ingress_set, front=a.front, launcher=a.launcher)
     if "vllm" in names:
         procs["vllm"] = start_vllm(ports["vllm"], model_path, log, a.engine_threads)
     try:
@@ -572,6 +589,7 @@ def main() -> None:
             "ingress_set": ingress_set,
             "via": a.via,
             "front": a.front,
+            "launcher": a.launcher,
             "engine_threads": a.engine_threads,
             "load_generator_ceiling": ceiling,
             "levels": {},

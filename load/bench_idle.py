@@ -8,6 +8,7 @@ settle, and then their whole process trees are read from /proc over the same win
 
     python -m load.bench_idle --json load/results/idle.json
     python -m load.bench_idle --controller-set RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.1   # Serve's own default
+    python -m load.bench_idle --launcher serve          # `serve run`: Ray's dashboard, idle workers, task events
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 import psutil
 
 from load import provenance
-from load.bench_capacity import (CpuMeter, free_port, start_ours, start_vllm, stop,
+from load.bench_capacity import (CpuMeter, add_front_arg, add_launcher_arg, free_port, start_ours, start_vllm, stop,
                                  wait_healthy)
 
 
@@ -46,6 +47,8 @@ def main() -> None:
                     help="override a variable of config.yaml's controller_options.runtime_env.env_vars")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (reaches every Ray process it starts)")
+    add_front_arg(ap)
+    add_launcher_arg(ap)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
@@ -58,7 +61,8 @@ def main() -> None:
     controller = dict(kv.split("=", 1) for kv in a.controller_set)
     t0 = time.monotonic()
     procs = {"ours": start_ours(ports["ours"], model_path, 1, log, dict(kv.split("=", 1) for kv in a.serve_env),
-                                engine_placement=a.engine_placement, controller_set=controller),
+                                engine_placement=a.engine_placement, controller_set=controller, front=a.front,
+                                launcher=a.launcher),
              "vllm": start_vllm(ports["vllm"], model_path, log)}
     try:
         ready = {}
@@ -88,6 +92,8 @@ def main() -> None:
         out = {
             **provenance.header("load.bench_idle", sys.argv[1:]),
             "engine_placement": a.engine_placement,
+            "front": a.front,
+            "launcher": a.launcher,
             "controller_set": controller,
             "serve_env": a.serve_env,
             "measured_s": round(wall, 1),
@@ -99,7 +105,7 @@ def main() -> None:
                 "cores": round(sum(roles[n].values()) / wall, 4),
                 "cores_by_role": {k: round(v / wall, 4) for k, v in sorted(roles[n].items(), key=lambda kv: -kv[1])},
                 "busiest_processes": {k: round(v / wall, 4) for k, v in
-                                      sorted(per_pid[n].items(), key=lambda kv: -kv[1])[:12]},
+                                      sorted(per_pid[n].items(), key=lambda kv: -kv[1])[:20]},
             }
         out["ratio_cores"] = out["servers"]["ours"]["cores"] / max(out["servers"]["vllm"]["cores"], 1e-9)
         print(json.dumps(out, indent=2))

@@ -29,7 +29,8 @@ import httpx
 import yaml
 
 from load import provenance
-from load.bench_capacity import SETTLE_S, add_engine_placement_arg, add_front_arg, with_front
+from load.bench_capacity import (SETTLE_S, add_engine_placement_arg, add_front_arg, add_launcher_arg, serve_command,
+                                 with_front)
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -60,7 +61,8 @@ def wait_healthy(url: str, path: str, timeout: float, proc: subprocess.Popen) ->
     raise RuntimeError(f"{url} did not become healthy")
 
 
-def start_ours(port: int, log, engine_placement: str = "deployment", front: str = "haproxy") -> subprocess.Popen:
+def start_ours(port: int, log, engine_placement: str = "deployment", front: str = "haproxy",
+               launcher: str = "serve_app") -> subprocess.Popen:
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     config["http_options"] = {"host": "127.0.0.1", "port": port}
     args = config["applications"][0]["args"]
@@ -69,8 +71,9 @@ def start_ours(port: int, log, engine_placement: str = "deployment", front: str 
     config = with_front(config, front)
     path = Path(tempfile.mkdtemp()) / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
-    return subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(path)], stdout=log, stderr=log,
-                            cwd=ROOT, start_new_session=True)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return subprocess.Popen(serve_command(path, launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
+                            start_new_session=True)
 
 
 def start_vllm(port: int, model_path: str, model_id: str, log) -> subprocess.Popen:
@@ -140,6 +143,7 @@ def main() -> None:
     ap.add_argument("--vllm-port", type=int, default=8021)
     add_engine_placement_arg(ap)
     add_front_arg(ap)
+    add_launcher_arg(ap)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
@@ -148,7 +152,7 @@ def main() -> None:
     model_id = "smollm2-135m-instruct"
     path = ensure_model(model_id)
     log = open(tempfile.mkstemp(prefix="bench_overhead_", suffix=".log")[1], "w")
-    procs = [start_ours(a.ours_port, log, a.engine_placement, a.front), start_vllm(a.vllm_port, path, model_id, log)]
+    procs = [start_ours(a.ours_port, log, a.engine_placement, a.front, a.launcher), start_vllm(a.vllm_port, path, model_id, log)]
     try:
         ours, theirs = f"http://127.0.0.1:{a.ours_port}", f"http://127.0.0.1:{a.vllm_port}"
         wait_healthy(ours, "/health", 900, procs[0])
@@ -169,7 +173,7 @@ def main() -> None:
                     s["tokens"] += res["tokens"]
                     s["wall"] += res["wall"]
 
-        out = {**provenance.header("load.bench_overhead", sys.argv[1:]), "engine_placement": a.engine_placement, "front": a.front, "tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
+        out = {**provenance.header("load.bench_overhead", sys.argv[1:]), "engine_placement": a.engine_placement, "front": a.front, "launcher": a.launcher, "tokens_per_request": a.tokens, "rounds": a.rounds, "requests_per_round": a.requests, "results": {}}
         for c in (1, 8):
             row = {}
             for name in ("ours", "vllm"):

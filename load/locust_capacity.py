@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -23,8 +24,8 @@ from pathlib import Path
 import yaml
 
 from load import provenance
-from load.bench_capacity import (ROOT, CpuMeter, add_engine_placement_arg, add_front_arg, free_port, stop, wait_healthy,
-                                 with_front)
+from load.bench_capacity import (ROOT, CpuMeter, add_engine_placement_arg, add_front_arg, add_launcher_arg, free_port,
+                                 serve_command, stop, wait_healthy, with_front)
 
 PY = sys.executable
 
@@ -61,6 +62,7 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=4)
     add_engine_placement_arg(ap)
     add_front_arg(ap)
+    add_launcher_arg(ap)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
 
@@ -71,7 +73,8 @@ def main() -> None:
     cfg = Path(tempfile.mkdtemp()) / "locust_capacity.yaml"
     cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model(), a.engine_placement, a.front)))
     log = open(tempfile.mkstemp(prefix="locust_capacity_", suffix=".log")[1], "w")
-    server = subprocess.Popen([str(Path(PY).parent / "serve"), "run", "--address", "local", str(cfg)], stdout=log, stderr=log, cwd=ROOT,
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    server = subprocess.Popen(serve_command(cfg, a.launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
                               start_new_session=True)
     summary_path = Path(tempfile.mkdtemp()) / "summary.json"
     try:
@@ -97,6 +100,7 @@ def main() -> None:
             "model": "tiny-random-smollm2 (dummy weights) with forced agent scripts (qwen3 thinking, hermes tools)",
             "engine_placement": a.engine_placement,
             "front": a.front,
+            "launcher": a.launcher,
             "users": a.users,
             "run_time_s": a.run_time,
             "wall_s": round(wall, 1),

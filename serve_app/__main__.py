@@ -4,6 +4,8 @@ subparser in `build_parser`.
     codex-config --base-url URL   print a Codex config.toml provider block and write the model catalog it names
                                   (asks the running service for its models and whether it wants a key)
     families [--json]             the model-family catalog: templates (source, revision, license), parsers, thinking
+    run CONFIG [--dashboard]      serve a Serve config file on this host, on a local Ray started without the
+                                  dashboard and idle daemons it does not need (serve_app/launch.py)
 """
 
 from __future__ import annotations
@@ -89,6 +91,12 @@ def _cmd_families(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from serve_app.launch import run
+
+    return run(args.config, dashboard=args.dashboard, address=args.address)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m serve_app", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -111,6 +119,15 @@ def build_parser() -> argparse.ArgumentParser:
     families = sub.add_parser("families", help="the model-family catalog (templates, parsers, thinking policy)")
     families.add_argument("--json", action="store_true", help="the whole catalog as JSON")
     families.set_defaults(func=_cmd_families)
+
+    run = sub.add_parser("run", help="serve a Serve config file on this host (`serve run` on a lean local Ray)")
+    run.add_argument("config", help="the Serve config file, e.g. config.yaml")
+    run.add_argument("--dashboard", action="store_true",
+                     help="start Ray's dashboard too (needed by `serve status` and `serve config`)")
+    run.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                     help="join this running Ray cluster instead of starting one, as `serve run --address` does "
+                          "(default: $RAY_ADDRESS)")
+    run.set_defaults(func=_cmd_run)
     return parser
 
 

@@ -1,0 +1,127 @@
+"""The README's serving command, `python -m serve_app run CONFIG`, for real: a subprocess starts its own local Ray
+(no dashboard modules, no idle pooled workers, no usage statistics), deploys the config through Serve's `serve
+run`, answers through the SDK, and a SIGINT (Ctrl-C) stops Serve and every process that Ray started.
+
+The config is the test config's default model with the engines in the ingress and no proxy (`ingress.listen`), the
+shape of deployments/cpu-listen.yaml. Marked `own_cluster`: it runs after the session's server has stopped, so
+this Ray is the only one on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import openai
+import psutil
+import pytest
+import yaml
+
+from load.bench_capacity import with_front
+from serve_app.engine.vllm_engine import free_port
+from tests.conftest import load_test_config
+from tests.support.apps import healthy
+
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "smollm2-135m-instruct"
+
+
+def tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def titles(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(" ".join(p.cmdline()) or p.name())
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return out
+
+
+@pytest.fixture(scope="module")
+def launched(without_session_server, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("launch")
+    port = free_port()
+    config = load_test_config()
+    config["http_options"]["port"] = port
+    args = config["applications"][0]["args"]
+    args["models"] = [next(m for m in args["models"] if m["id"] == MODEL)]
+    args["engine_placement"] = "ingress"
+    args.setdefault("ingress", {})["response_store_path"] = str(tmp / "responses.sqlite3")
+    config = with_front(config, "listen")
+    path = tmp / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USAGE_STATS_ENABLED")}
+    log = open(tmp / "serve.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "serve_app", "run", str(path)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while not healthy(url):
+            assert proc.poll() is None, f"exited with {proc.returncode}: {(tmp / 'serve.log').read_text()[-3000:]}"
+            assert time.monotonic() < deadline, (tmp / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+        yield proc, url, tmp / "serve.log"
+    finally:
+        if proc.poll() is None:
+            try:
+                procs = tree(proc.pid)
+            except psutil.NoSuchProcess:
+                procs = []
+            os.killpg(proc.pid, signal.SIGKILL)
+            for p in procs:
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+        log.close()
+
+
+def test_it_serves_the_config(launched):
+    _, url, _ = launched
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                           extra_body={"nvext": {"forced_script": "Launched and serving."}})
+    assert reply.choices[0].message.content == "Launched and serving."
+
+
+def test_its_ray_runs_no_dashboard_modules_idle_workers_or_usage_reports(launched):
+    proc, _, _ = launched
+    names = titles(tree(proc.pid))
+    assert any("raylet" in t for t in names) and any("gcs_server" in t for t in names), names
+    # Ray's dashboard with its modules runs one process per module (`ray-dashboard-NodeHead-0`, ...).
+    assert not [t for t in names if t.startswith("ray-dashboard-")], names
+    # Idle pooled workers (`ray::IDLE`) are stopped once idle: the deploy-time ones go within seconds.
+    deadline = time.monotonic() + 60
+    while [t for t in titles(tree(proc.pid)) if t.strip() == "ray::IDLE"]:
+        assert time.monotonic() < deadline, titles(tree(proc.pid))
+        time.sleep(1)
+    raylet = next(p for p in tree(proc.pid) if "raylet" in " ".join(p.cmdline()))
+    assert raylet.environ().get("RAY_USAGE_STATS_ENABLED") == "0"
+
+
+def test_sigint_stops_serve_and_all_of_its_ray(launched):
+    proc, url, log = launched
+    procs = tree(proc.pid)
+    assert len(procs) > 5
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C does to the command in a terminal
+    try:
+        rc = proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 180 s after SIGINT: {log.read_text()[-3000:]}")
+    assert rc == 0, log.read_text()[-3000:]
+    assert not healthy(url)
+    deadline = time.monotonic() + 60
+    while left := [t for t in titles([p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE])]:
+        assert time.monotonic() < deadline, f"still running after the launcher exited: {left}"
+        time.sleep(1)
