@@ -142,3 +142,18 @@ def test_b200_engine_options_build_a_serve_deployment(b200):
     assert dep._deployment_config.autoscaling_config.max_replicas == model.deployment.autoscaling_config["max_replicas"]
     assert dep._replica_config.placement_group_strategy == "STRICT_PACK"
     assert len(dep._replica_config.placement_group_bundles) == 4
+
+
+def test_the_store_and_limits_replicas_run_their_code_on_the_replicas_loop():
+    """Their methods are async and never block, so like every replica of this app they skip Serve's second thread
+    (serve_tuning.SERVE_REPLICA_ENV) and take no CPU of their own to place (num_cpus 0)."""
+    from serve_app.ingress.limits_deployment import bind_limits
+    from serve_app.ingress.responses.store import bind_store
+    from serve_app.serve_tuning import SERVE_REPLICA_ENV
+
+    settings = AppSettings.model_validate({"models": [{"id": "m", "source": "org/x"}],
+                                           "ingress": {"tenants": {"a": {"max_concurrent_requests": 2}}}})
+    for bound in (bind_store(settings), bind_limits(settings)):
+        opts = bound._bound_deployment.ray_actor_options
+        assert opts["num_cpus"] == 0
+        assert SERVE_REPLICA_ENV.items() <= opts["runtime_env"]["env_vars"].items()

@@ -28,6 +28,7 @@ from typing import Any, Callable
 from ray import serve
 
 from serve_app.errors import ServiceError, replica_gone
+from serve_app.serve_tuning import with_replica_env
 
 DSN_ENV = "SERVE_APP_RESPONSE_STORE_DSN"
 
@@ -158,7 +159,9 @@ class ResponseStore:
 def bind_store(settings) -> Any:
     """The bound store deployment for `build_app` (serve_app/app.py)."""
     ing = settings.ingress
-    return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
+    # Serve's replica settings as on every replica of this app: its methods are async and never block the loop
+    # (the databases are called in a thread), so they run on the replica's own loop, with no second thread.
+    return ResponseStore.options(ray_actor_options=with_replica_env({"num_cpus": 0})).bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
                               ing.response_store_backend, ing.response_store_path, ing.response_store_dsn,
                               ing.response_store_timeout_s)
 
