@@ -1,6 +1,7 @@
 """The README's serving command, `python -m serve_app run CONFIG`, for real: a subprocess starts its own local Ray
 (no dashboard modules, no idle pooled workers, no usage statistics), deploys the config through Serve's `serve
-run`, answers through the SDK, and a SIGINT (Ctrl-C) stops Serve and every process that Ray started.
+run`, answers through the SDK, still relays Ray's metrics agent on /metrics, and a SIGINT (Ctrl-C) stops Serve
+and every process that Ray started.
 
 The config is the test config's default model with the engines in the ingress and no proxy (`ingress.listen`), the
 shape of deployments/cpu-listen.yaml. Marked `own_cluster`: it runs after the session's server has stopped, so
@@ -16,12 +17,14 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import psutil
 import pytest
 import yaml
 
 from load.bench_capacity import with_front
+from serve_app import metrics
 from serve_app.engine.vllm_engine import free_port
 from tests.conftest import load_test_config
 from tests.support.apps import healthy
@@ -93,6 +96,16 @@ def test_it_serves_the_config(launched):
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                            extra_body={"nvext": {"forced_script": "Launched and serving."}})
     assert reply.choices[0].message.content == "Launched and serving."
+
+
+def test_its_metrics_still_reach_the_service_port(launched):
+    # Ray's metrics agent runs in the dashboard agent, which the lean Ray keeps: /metrics relays it.
+    _, url, _ = launched
+    name = metrics.RAY_EXPORT_PREFIX + metrics.PREFIX + "requests_total"
+    deadline = time.monotonic() + 90  # agents report every few seconds (metrics_report_interval_ms)
+    while name not in (text := httpx.get(f"{url}/metrics", timeout=30).text):
+        assert time.monotonic() < deadline, text[-2000:]
+        time.sleep(2)
 
 
 def test_its_ray_runs_no_dashboard_modules_idle_workers_or_usage_reports(launched):
