@@ -1,6 +1,6 @@
 """`python -m serve_app run`: a local Ray started without what a one-host service does not use, then Serve's own
 `serve run` with the config unchanged; joining a running cluster leaves that cluster alone. (That it starts, serves
-and stops for real: tests/integration/test_launch.py.)"""
+and stops for real: tests/integration/test_serve_app_run.py.)"""
 
 from __future__ import annotations
 
