@@ -275,11 +275,17 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     print(f"node loss: streams {on}; ended after {sorted((round(t, 1), i) for i, t in ended.items())}; "
           f"Router dropped the replica after {dropped[0]} s; requests after (sent, took, status): "
           f"{sorted((round(a, 1), round(b, 1), c) for a, b, c, _ in after_kill)}")
-    # Every request sent after the loss was served by the live replica, none held longer than Ray takes to
-    # declare a node dead (3.8 s at most here; a request the Router sent to the lost replica waits for that).
+    # A lost node's processes run on until they notice their raylet is gone (the streams on it ended 0.9-3 s after
+    # the loss here), and its replica accepts and runs new requests until then: one sent in that window can be
+    # served there and fail with those streams, with the same error (seen in CI: sent at 0.5 s, failed at 0.94 s
+    # with the streams). Every request sent after the lost replica's streams had ended was served by the live
+    # replica; none was held longer than Ray takes to declare a node dead (3.8 s at most here).
     assert len(after_kill) == 40, after_kill
-    assert all(status == 200 and content == "ok" for *_, status, content in after_kill), \
-        [a for a in after_kill if a[2:] != (200, "ok")]
+    lost_at = max(ended[i] for i in victims)
+    for sent, _, status, content in after_kill:
+        if (status, content) != (200, "ok"):
+            assert sent < lost_at and status == 500 and "the engine replica failed" in content, (lost_at, after_kill)
+    assert sum(sent >= lost_at for sent, *_ in after_kill) >= 30, (lost_at, after_kill)
     assert max(took for _, took, _, _ in after_kill) < 30, after_kill
     # The Router dropped the dead replica with its blocks and load (4.5 s after the loss here); nothing it
     # reserved is left.
