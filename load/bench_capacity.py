@@ -138,6 +138,14 @@ def serve_command(config_path: str | Path, launcher: str = "serve_app") -> list[
     return [PY, "-m", "serve_app", "run", str(config_path)]
 
 
+def start_server(config_path: str | Path, launcher: str, log, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Serve `config_path` on a Ray of its own (never one $RAY_ADDRESS names), in its own session so that `stop`
+    can signal the whole tree."""
+    env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "RAY_ADDRESS"}
+    return subprocess.Popen(serve_command(config_path, launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
+                            start_new_session=True)
+
+
 def with_front(config: dict, front: str) -> dict:
     """A Serve config of this app (http_options naming the port) with `front`: `haproxy` leaves it as it is;
     `listen` has the ingress replicas serve that port themselves (settings.IngressConfig.listen), with no proxy
@@ -164,9 +172,7 @@ def start_ours(port: int, model_path: str, ingress_replicas: int, log, env: dict
     path = Path(tempfile.mkdtemp()) / "capacity.yaml"
     path.write_text(yaml.safe_dump(ours_config(port, model_path, ingress_replicas, placement, engine_threads,
                                                engine_placement, ingress_set, controller_set, front)))
-    env = {k: v for k, v in {**os.environ, **env}.items() if k != "RAY_ADDRESS"}  # always a Ray of its own
-    return subprocess.Popen(serve_command(path, launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
-                            start_new_session=True)
+    return start_server(path, launcher, log, env)
 
 
 def start_vllm(port: int, model_path: str, log, engine_threads: str = "all",

@@ -29,7 +29,7 @@ import httpx
 import yaml
 
 from load import provenance
-from load.bench_capacity import (SETTLE_S, add_engine_placement_arg, add_front_arg, add_launcher_arg, serve_command,
+from load.bench_capacity import (SETTLE_S, add_engine_placement_arg, add_front_arg, add_launcher_arg, start_server,
                                  with_front)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,9 +71,7 @@ def start_ours(port: int, log, engine_placement: str = "deployment", front: str 
     config = with_front(config, front)
     path = Path(tempfile.mkdtemp()) / "bench.yaml"
     path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.Popen(serve_command(path, launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
-                            start_new_session=True)
+    return start_server(path, launcher, log)
 
 
 def start_vllm(port: int, model_path: str, model_id: str, log) -> subprocess.Popen:

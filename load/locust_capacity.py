@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ import yaml
 
 from load import provenance
 from load.bench_capacity import (ROOT, CpuMeter, add_engine_placement_arg, add_front_arg, add_launcher_arg, free_port,
-                                 serve_command, stop, wait_healthy, with_front)
+                                 start_server, stop, wait_healthy, with_front)
 
 PY = sys.executable
 
@@ -73,9 +72,7 @@ def main() -> None:
     cfg = Path(tempfile.mkdtemp()) / "locust_capacity.yaml"
     cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model(), a.engine_placement, a.front)))
     log = open(tempfile.mkstemp(prefix="locust_capacity_", suffix=".log")[1], "w")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    server = subprocess.Popen(serve_command(cfg, a.launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
-                              start_new_session=True)
+    server = start_server(cfg, a.launcher, log)
     summary_path = Path(tempfile.mkdtemp()) / "summary.json"
     try:
         url = f"http://127.0.0.1:{port}"

@@ -15,7 +15,8 @@ from serve_app.limits import LimitState
 from serve_app.serve_tuning import with_replica_env
 
 
-@serve.deployment(name="TenantLimits", num_replicas=1, ray_actor_options={"num_cpus": 0})
+# Its methods are async and cheap: on the replica's own loop, as every replica of this app (serve_tuning).
+@serve.deployment(name="TenantLimits", num_replicas=1, ray_actor_options=with_replica_env({"num_cpus": 0}))
 class TenantLimits:
     def __init__(self) -> None:
         self.state = LimitState()
@@ -31,5 +32,4 @@ def bind_limits(settings) -> Any | None:
     """The bound deployment when some tenant has limits, else None (nothing to run)."""
     if not any(t.limited for t in settings.ingress.tenants.values()):
         return None
-    # Its methods are async and cheap: on the replica's own loop, as every replica of this app (serve_tuning).
-    return TenantLimits.options(ray_actor_options=with_replica_env({"num_cpus": 0})).bind()
+    return TenantLimits.bind()

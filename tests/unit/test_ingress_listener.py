@@ -119,7 +119,6 @@ def test_listen_and_haproxy_are_not_both_the_front():
                                     "ingress": {"listen": {}}})
 
 
-
 def test_the_listeners_defaults_are_serves_own():
     """The drain check assumes Serve's default graceful_shutdown_timeout_s, and idle connections are kept as long as
     Serve's own HTTP servers keep them: a Ray upgrade that moves either fails here."""

@@ -121,7 +121,9 @@ def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max
     return ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
 
 
-@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options={"num_cpus": 0})
+# Serve's replica settings as on every replica of this app: its methods are async and never block the loop (the
+# databases are called in a thread), so they run on the replica's own loop, with no second thread.
+@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options=with_replica_env({"num_cpus": 0}))
 class ResponseStore:
     """One replica on purpose: with SQLite or in memory it is the single owner of the records (no cross-replica
     consistency to manage); with PostgreSQL the database owns them, and the replica may come back on any node."""
@@ -159,9 +161,7 @@ class ResponseStore:
 def bind_store(settings) -> Any:
     """The bound store deployment for `build_app` (serve_app/app.py)."""
     ing = settings.ingress
-    # Serve's replica settings as on every replica of this app: its methods are async and never block the loop
-    # (the databases are called in a thread), so they run on the replica's own loop, with no second thread.
-    return ResponseStore.options(ray_actor_options=with_replica_env({"num_cpus": 0})).bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
+    return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
                               ing.response_store_backend, ing.response_store_path, ing.response_store_dsn,
                               ing.response_store_timeout_s)
 
