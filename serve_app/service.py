@@ -55,6 +55,17 @@ from serve_app.settings import AppSettings, ModelConfig
 
 log = logging.getLogger(__name__)
 
+# A non-streamed request whose engine replica is lost after its first delta has shown the client nothing yet: it
+# starts again on a live replica, up to this many times (a streamed one has sent those deltas: it fails).
+_LOST_RESTARTS = 2
+
+
+class Restarted:
+    """In a restartable stream (`complete`): the events before this came from an attempt whose replica was lost."""
+
+
+RESTARTED = Restarted()
+
 
 @dataclass(eq=False)
 class PreparedRequest:
@@ -401,10 +412,13 @@ class GenerationService:
             req.structured = self._constraint(prepared, reasoning_gate)
         return req
 
-    def stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
-        return metrics.instrument_stream(metrics.CURRENT_API.get(), self._stream(prepared), prepared.created or None)
+    def stream(self, prepared: PreparedRequest, restartable: bool = False) -> AsyncIterator[Event]:
+        """`restartable`: the caller shows the client nothing until the end, so a lost replica's request may start
+        again; it then drops every event before each `RESTARTED` (only `complete` does)."""
+        return metrics.instrument_stream(metrics.CURRENT_API.get(), self._stream(prepared, restartable),
+                                         prepared.created or None)
 
-    async def _stream(self, prepared: PreparedRequest) -> AsyncIterator[Event]:
+    async def _stream(self, prepared: PreparedRequest, restartable: bool = False) -> AsyncIterator[Event]:
         model = prepared.model
         key = engine_key(model)
         renderer, _ = await self.renderer_for(model.id)
@@ -431,45 +445,60 @@ class GenerationService:
             engine_req = self._engine_request(prepared, renderer, gate)
             if decision is not None:
                 engine_req.target_replica = decision.replica_id
-            parser = make_stream_parser(
-                reasoning=model.reasoning_parser,
-                tools=model.tool_parser if prepared.conversation.tools or model.tool_parser else None,
-                tool_schemas=prepared.tool_schemas,
-                starts_in_reasoning=prepared.starts_in_reasoning,
-            )
-            reasoning_tokens = cached = 0
-            saw_tool = False
             warm = prepared.options.hints.speculative_prefill
-            generated: list[int] = []  # kept only to warm the next turn's prefix
-            last: EngineChunk | None = None
-            # Opened before anything is yielded: an engine that refuses (queue full) fails the request while the
-            # adapter can still answer with a plain 429/529 instead of an in-stream error.
-            chunks = await self.engines.open(key, engine_req)
-            prepared.marks["accept"] = time.monotonic()
-            predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
-            yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
-            async for chunk in chunks:
-                last = chunk
-                if "ttft" not in outcome and (chunk.token_ids or chunk.finish_reason is not None):
-                    outcome["ttft"] = prepared.marks["first_token"] = time.monotonic()
-                if chunk.engine_ms is not None:
-                    outcome["engine_ms"] = chunk.engine_ms
-                if chunk.num_cached_tokens is not None:
-                    cached = outcome["cached"] = chunk.num_cached_tokens
-                    if decision is not None:  # the Router learns this replica's prefill rate from it
-                        self.engines.prefilled(key, route_id, cached)
-                completion += len(chunk.token_ids)
-                if warm:
-                    generated.extend(chunk.token_ids)
-                events = parser.push(chunk.text, chunk.token_ids) if chunk.text or chunk.token_ids else []
-                if events and all(isinstance(e, ReasoningDelta) for e in events):
-                    reasoning_tokens += len(chunk.token_ids)
-                for ev in events:
-                    if isinstance(ev, ToolCallEnd):  # a call cut off or abandoned as malformed never ends
-                        saw_tool = True
-                    yield ev
-                if chunk.finish_reason is not None:
+            restarts = 0
+            while True:
+                parser = make_stream_parser(
+                    reasoning=model.reasoning_parser,
+                    tools=model.tool_parser if prepared.conversation.tools or model.tool_parser else None,
+                    tool_schemas=prepared.tool_schemas,
+                    starts_in_reasoning=prepared.starts_in_reasoning,
+                )
+                reasoning_tokens = cached = completion = 0
+                saw_tool = False
+                generated: list[int] = []  # kept only to warm the next turn's prefix
+                last: EngineChunk | None = None
+                # Opened before anything is yielded: an engine that refuses (queue full) fails the request while
+                # the adapter can still answer with a plain 429/529 instead of an in-stream error.
+                chunks = await self.engines.open(key, engine_req)
+                prepared.marks.setdefault("accept", time.monotonic())
+                predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
+                yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
+                try:
+                    async for chunk in chunks:
+                        last = chunk
+                        if "ttft" not in outcome and (chunk.token_ids or chunk.finish_reason is not None):
+                            outcome["ttft"] = prepared.marks["first_token"] = time.monotonic()
+                        if chunk.engine_ms is not None:
+                            outcome["engine_ms"] = chunk.engine_ms
+                        if chunk.num_cached_tokens is not None:
+                            cached = outcome["cached"] = chunk.num_cached_tokens
+                            if decision is not None:  # the Router learns this replica's prefill rate from it
+                                self.engines.prefilled(key, route_id, cached)
+                        completion += len(chunk.token_ids)
+                        if warm:
+                            generated.extend(chunk.token_ids)
+                        events = parser.push(chunk.text, chunk.token_ids) if chunk.text or chunk.token_ids else []
+                        if events and all(isinstance(e, ReasoningDelta) for e in events):
+                            reasoning_tokens += len(chunk.token_ids)
+                        for ev in events:
+                            if isinstance(ev, ToolCallEnd):  # a call cut off or abandoned as malformed never ends
+                                saw_tool = True
+                            yield ev
+                        if chunk.finish_reason is not None:
+                            break
                     break
+                except Exception as e:
+                    if not (restartable and engine_lost(e)) or restarts == _LOST_RESTARTS:
+                        raise
+                    # Nothing of this attempt reached the client (the caller folds the whole answer): start it
+                    # again on a live replica rather than fail (engine/clients restart only before a first delta).
+                    log.warning("replica of request %s lost after %d tokens (%s); starting it again",
+                                prepared.request_id, completion, type(e).__name__)
+                    restarts += 1
+                    engine_req.target_replica = None
+                    await _close(chunks)
+                    yield RESTARTED
             for ev in parser.finish():
                 if isinstance(ev, ToolCallEnd):
                     saw_tool = True
@@ -506,12 +535,7 @@ class GenerationService:
             outcome.setdefault("finish", "cancelled")  # closed by the client (GeneratorExit) before the end
             self._log(prepared, decision=decision, output_tokens=completion, **outcome)
             if chunks is not None:
-                aclose = getattr(chunks, "aclose", None)
-                if aclose is not None:
-                    try:
-                        await aclose()
-                    except Exception:
-                        pass
+                await _close(chunks)
             if decision is not None:  # with the real output count: the Router learns the decode rate from it
                 self.engines.release(key, route_id, completion)
 
@@ -575,8 +599,29 @@ class GenerationService:
         task.add_done_callback(self._background.discard)
 
     async def complete(self, prepared: PreparedRequest) -> list[Event]:
-        """The whole stream, minus abandoned calls, which a non-streaming response must not contain."""
-        return drop_abandoned_calls([ev async for ev in self.stream(prepared)])
+        """The whole stream, minus abandoned calls, which a non-streaming response must not contain. The answer of
+        an attempt whose replica was lost midway is dropped: the request ran again (`_LOST_RESTARTS`)."""
+        events: list[Event] = []
+        async for ev in self.stream(prepared, restartable=True):
+            if ev is RESTARTED:
+                events.clear()
+            else:
+                events.append(ev)
+        return drop_abandoned_calls(events)
+
+
+async def _close(chunks: AsyncIterator[EngineChunk]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        try:
+            await aclose()
+        except Exception:  # noqa: BLE001 - closing a call that already failed
+            pass
+
+
+def engine_lost(e: BaseException) -> bool:
+    """Whether `e` says the engine (its replica, or vLLM's engine core) is gone, not that the request was bad."""
+    return type(e).__name__ == "EngineDeadError" or replica_gone(e)
 
 
 def _phases_ms(start: float, marks: dict[str, float]) -> dict[str, float]:
@@ -607,7 +652,7 @@ def _classify_engine_error(e: Exception) -> tuple[str, str]:
     name = type(e).__name__
     if name == "BackPressureError":
         return "overloaded", "the engine queue is full, retry shortly"
-    if name == "EngineDeadError" or replica_gone(e):
+    if engine_lost(e):
         return "api_error", f"the engine replica failed ({name}); retry the request"
     # vLLM's own request validation (an output schema its grammar cannot compile, ...) is the client's to fix.
     # Across Ray it arrives wrapped; the cause has the message without the remote traceback.

@@ -147,6 +147,9 @@ class FrontDoorRouter(RouterMethods):
             self.pin_misses += 1
             self.fallbacks += 1
             self.decisions -= 1
+            # The answer was counted as a decision under its policy, and a counter cannot be taken back: a
+            # `fallback`/`pin_miss` sample lets a dashboard subtract it (docs/operations.md).
+            metrics.observe_router_decision("fallback", "pin_miss")
 
     def _drop(self, route_id: str) -> bool:
         """Release `route_id`'s reservation in whichever engine's core holds it; not a measurement."""

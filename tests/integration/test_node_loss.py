@@ -1,7 +1,7 @@
 """Engine replicas come and go on a multi-node Ray cluster (Ray's own `ray.cluster_utils.Cluster`, on this one
 machine): a replica that joins gets traffic without a restart, and a node lost with streams running on it fails
-only those streams, each with its API's error event, while new requests go on to the live replica and the Router
-forgets the dead one without leaking reservations or admission slots.
+only those streams, each with its API's error event, while new requests go on to the live replica (a non-streamed
+one the dying replica took runs again there) and the Router forgets the dead one without leaking reservations or admission slots.
 
 It needs a cluster of its own, so it cannot use the session server: it is marked `own_cluster`, runs last and
 stops the session's Ray first (tests/conftest.py). Cheap on purpose: one SmolLM2 engine per node (eager, 1 GiB
@@ -277,15 +277,12 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
           f"{sorted((round(a, 1), round(b, 1), c) for a, b, c, _ in after_kill)}")
     # A lost node's processes run on until they notice their raylet is gone (the streams on it ended 0.9-3 s after
     # the loss here), and its replica accepts and runs new requests until then: one sent in that window can be
-    # served there and fail with those streams, with the same error (seen in CI: sent at 0.5 s, failed at 0.94 s
-    # with the streams). Every request sent after the lost replica's streams had ended was served by the live
-    # replica; none was held longer than Ray takes to declare a node dead (3.8 s at most here).
+    # served there and lose its replica midway (seen in CI: sent at 0.5 s, lost at 0.94 s with the streams). These
+    # requests are not streamed, so nothing has reached the client: such a request runs again on the live replica
+    # (service.complete). Every request was served; none was held longer than Ray takes to declare a node dead
+    # (3.8 s at most here).
     assert len(after_kill) == 40, after_kill
-    lost_at = max(ended[i] for i in victims)
-    for sent, _, status, content in after_kill:
-        if (status, content) != (200, "ok"):
-            assert sent < lost_at and status == 500 and "the engine replica failed" in content, (lost_at, after_kill)
-    assert sum(sent >= lost_at for sent, *_ in after_kill) >= 30, (lost_at, after_kill)
+    assert all((status, content) == (200, "ok") for _, _, status, content in after_kill), after_kill
     assert max(took for _, took, _, _ in after_kill) < 30, after_kill
     # The Router dropped the dead replica with its blocks and load (4.5 s after the loss here); nothing it
     # reserved is left.

@@ -8,8 +8,7 @@ import random
 import pytest
 
 from parser_cases.wire import FORMATS
-from test_parsers_formats import check_events, simple, stream
-from serve_app.conversation import ToolCallArgsDelta, ToolCallEnd, ToolCallStart
+from test_parsers_formats import check_events, stream
 from serve_app.parsers import fold_complete, parse_complete
 
 PIECES = sorted({m for f in FORMATS for m in f.markers} | {

@@ -545,9 +545,13 @@ def test_a_cancelled_hook_call_releases_its_reservation():
     assert active(router) == 0
 
 
-def test_a_request_the_ingress_never_ran_or_received_unrouted_is_released_in_its_router():
+def test_a_request_the_ingress_never_ran_or_received_unrouted_is_released_in_its_router(monkeypatch):
     """`abandoned`: the ingress got the route id but no engine stream took it (count_tokens, an error first).
     `unrouted`: it arrived without its route id (a pin-miss through Serve's fallback proxy), by x-request-id."""
+    from serve_app import metrics
+
+    counted = []
+    monkeypatch.setattr(metrics, "observe_router_decision", lambda *labels: counted.append(labels))
     router = hook_router()
     for rid in ("r1", "r2", "r3"):
         asyncio.run(router.route(hook_call(b"keyed", rid)))
@@ -563,6 +567,8 @@ def test_a_request_the_ingress_never_ran_or_received_unrouted_is_released_in_its
     asyncio.run(router.abandoned("rtr/r1"))  # a repeat changes nothing
     assert active(router) == 1 and (router.pin_misses, router.abandoned_requests) == (1, 1)
     assert router.table.cores["Engine-a"].rates["ing-1"].prefill.samples == 0  # none of it measured the replica
+    # The Prometheus counter cannot un-count the pin-missed decision: it gets one `pin_miss` sample to subtract.
+    assert counted.count(("fallback", "pin_miss")) == 1 and len(counted) == 4, counted
 
 
 def test_the_ingress_settles_every_forwarded_post_with_its_router():

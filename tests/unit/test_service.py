@@ -200,6 +200,76 @@ def test_engine_failure_mid_stream_is_a_finish_error_and_releases():
     assert svc._inflight == 0
 
 
+class ActorDiedError(Exception):  # named like Ray's: the replica (its node) is gone
+    pass
+
+
+class LosingEngines(ReplayEngines):
+    """Each attempt replays `answers[i]` and, while `lost_after` has an entry for it, loses its replica after
+    that many chunks; records where each attempt was sent."""
+
+    def __init__(self, answers, lost_after, error=ActorDiedError):
+        super().__init__()
+        self.answers, self.lost_after, self.error = answers, list(lost_after), error
+        self.targets = []
+
+    async def open(self, key, req):
+        self.targets.append(req.target_replica)
+        attempt = len(self.targets) - 1
+        return self._attempt(self.answers[min(attempt, len(self.answers) - 1)],
+                             self.lost_after[attempt] if attempt < len(self.lost_after) else None)
+
+    async def _attempt(self, chunks, lost_after):
+        for i, c in enumerate(chunks):
+            if i == lost_after:
+                raise self.error("the actor died unexpectedly")
+            yield c
+
+
+LOST_FIRST = [EngineChunk("<think>", [1]), EngineChunk("half an ans", [2, 3]), EngineChunk("wer", [4])]
+WHOLE = [EngineChunk("The whole ", [5, 6]), EngineChunk('answer.<tool_call>{"name": "f", "arguments": {"a": 1}}',
+                                                        [7, 8]), EngineChunk("</tool_call>", [9], finish_reason="stop")]
+
+
+def test_a_non_streamed_request_whose_replica_is_lost_midway_runs_again():
+    """Nothing of a non-streamed answer has reached the client when its replica is lost: the request starts
+    again on a live replica and the client gets one whole answer, with only the new attempt's events."""
+    engines = LosingEngines([LOST_FIRST, WHOLE], lost_after=[2])
+    svc = make_service(engines)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    events = run(svc.complete(p))
+    assert engines.targets == ["r1", None]  # the Router's choice first, then wherever Serve finds a live replica
+    assert "".join(e.text for e in events if isinstance(e, TextDelta)) == "The whole answer."
+    assert not any(isinstance(e, ReasoningDelta) for e in events)  # the lost attempt's parser state is gone too
+    assert [e.name for e in events if isinstance(e, ToolCallStart)] == ["f"]
+    assert [e for e in events if isinstance(e, Usage) and not e.estimated] == [Usage(100, 5, cached_tokens=0)]
+    assert events[-1] == Finish("tool_calls")
+    assert engines.released == [p.request_id] and svc._inflight == 0
+
+
+def test_a_streamed_request_whose_replica_is_lost_midway_fails_in_stream():
+    """A streamed answer's deltas are already with the client: no second attempt, an error event."""
+    engines = LosingEngines([LOST_FIRST, WHOLE], lost_after=[2])
+    svc = make_service(engines)
+    events = run(collect(svc, run(svc.prepare(conv(), GenerationOptions(), "m"))))
+    assert engines.targets == ["r1"]
+    assert events[-1].reason == "error" and "the engine replica failed (ActorDiedError)" in events[-1].error
+
+
+@pytest.mark.parametrize("lost_after,error,opened", [
+    ([1, 0, 2], ActorDiedError, 3),  # lost on every attempt: two restarts, then the error
+    ([1], RuntimeError, 1),  # the request failed, not its replica: running it again would fail again
+])
+def test_a_non_streamed_request_restarts_only_for_a_lost_replica_and_only_twice(lost_after, error, opened):
+    engines = LosingEngines([LOST_FIRST], lost_after=lost_after, error=error)
+    svc = make_service(engines)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    events = run(svc.complete(p))
+    assert len(engines.targets) == opened
+    assert events[-1].reason == "error" and events[-1].error_kind == "api_error"
+    assert engines.released == [p.request_id] and svc._inflight == 0
+
+
 def test_an_engine_that_refuses_fails_before_any_output_and_releases():
     class BackPressureError(Exception):  # named like Serve's: classified as overload by its name
         pass
