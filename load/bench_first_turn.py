@@ -1,7 +1,7 @@
-"""A newcomer's first harness turn on a config, timed end to end: `serve run <config>` (the README's first
-command), then the README's `claude` line with a fresh home and `-p "Reply with one short greeting."` — or, with
-`--harness codex`, docs/codex.md's lines: `python -m serve_app codex-config` against the running service into a
-fresh CODEX_HOME, then `codex exec` with the same prompt.
+"""A newcomer's first harness turn on a config, timed end to end: `python -m serve_app run <config>` (the README's
+first command; `--launcher serve` for Ray's own `serve run`), then the README's `claude` line with a fresh home and
+`-p "Reply with one short greeting."` — or, with `--harness codex`, docs/codex.md's lines: `python -m serve_app
+codex-config` against the running service into a fresh CODEX_HOME, then `codex exec` with the same prompt.
 
 Records how long the service took to become ready (`/health` 200), how long the turn took, the answer, and every
 request of the turn from the service's request log (prompt, cached and output tokens, TTFT, duration), with the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from load.bench_capacity import request_log
+from load.bench_capacity import add_launcher_arg, request_log, start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "conformance"))  # npm_tools: the project-local CLI install
@@ -34,7 +34,7 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout_s: float) -> float:
     start = time.monotonic()
     while time.monotonic() - start < timeout_s:
         if proc.poll() is not None:
-            raise RuntimeError(f"serve run exited with {proc.returncode}")
+            raise RuntimeError(f"the server exited with {proc.returncode}")
         try:
             if httpx.get(f"{url}/health", timeout=5).status_code == 200:
                 return time.monotonic() - start
@@ -73,6 +73,7 @@ def main() -> None:
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="also set this for claude (e.g. CLAUDE_STREAM_IDLE_TIMEOUT_MS=900000), repeatable")
     ap.add_argument("--json", help="write the result here")
+    add_launcher_arg(ap)
     a = ap.parse_args()
 
     from npm_tools import TOOLS, npm_bin
@@ -89,10 +90,8 @@ def main() -> None:
     url = f"http://127.0.0.1:{a.port}"
     work = Path(tempfile.mkdtemp(prefix="first-turn-"))
     log_path = work / "serve.log"
-    serve = ROOT / ".venv" / "bin" / "serve"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([str(serve), "run", "--address", "local", a.config], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = start_server(a.config, a.launcher, log)
     try:
         ready_s = _wait_ready(url, proc, 1200)
         (work / "home").mkdir()
@@ -111,15 +110,10 @@ def main() -> None:
         time.sleep(2)  # the last request-log line
         requests = _requests_of(log_path)
     finally:
-        subprocess.run([str(ROOT / ".venv" / "bin" / "serve"), "shutdown", "-y"], cwd=ROOT, capture_output=True,
-                       timeout=120)
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop([proc])  # SIGINT to the server's process group, as Ctrl-C
         subprocess.run([str(ROOT / ".venv" / "bin" / "ray"), "stop", "--force"], capture_output=True, timeout=120)
-    out = {**provenance.header("load.bench_first_turn", sys.argv[1:]), "config": a.config, "model": a.model,
+    out = {**provenance.header("load.bench_first_turn", sys.argv[1:]), "config": a.config, "launcher": a.launcher,
+           "model": a.model,
            "harness": a.harness, "version": version, "prompt": a.prompt,
            "results": {"ready_s": round(ready_s, 1), "turn_s": round(turn_s, 1), "exit_code": r.returncode,
                        "answer": r.stdout.strip()[-500:], "stderr_tail": r.stderr.strip()[-500:],

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import yaml
 
 from load.agent_wire import aiter_sse, stable_text
 from load import provenance
-from load.bench_capacity import free_port, pct, stop
+from load.bench_capacity import add_launcher_arg, free_port, pct, start_server, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deployments" / "cpu-front-door.yaml"
@@ -46,11 +45,10 @@ def arm_config(port: int, front_door: bool) -> dict:
     return cfg
 
 
-def start(cfg: dict, log) -> subprocess.Popen:
+def start(cfg: dict, log, launcher: str) -> subprocess.Popen:
     path = Path(tempfile.mkdtemp()) / "front_door.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return subprocess.Popen([str(Path(sys.executable).parent / "serve"), "run", "--address", "local", str(path)],
-                            stdout=log, stderr=log, cwd=ROOT, env=dict(os.environ), start_new_session=True)
+    return start_server(path, launcher, log)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
@@ -215,6 +213,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=12)
     ap.add_argument("--log", default="/tmp/bench_front_door.log")
     ap.add_argument("--json", default=None)
+    add_launcher_arg(ap)
     a = ap.parse_args()
 
     prompts = families(a.families, a.family_words)
@@ -227,7 +226,7 @@ def main() -> None:
             for name in order:
                 port = free_port()
                 url = f"http://127.0.0.1:{port}"
-                proc = start(arm_config(port, arms[name]), log)
+                proc = start(arm_config(port, arms[name]), log, a.launcher)
                 try:
                     wait_ready(url, proc)
                     before = None
@@ -250,6 +249,7 @@ def main() -> None:
     result = {
         **provenance.header("load.bench_front_door", sys.argv[1:]),
         "config": str(BASE.relative_to(ROOT)),
+        "launcher": a.launcher,
         "workload": {k: getattr(a, k) for k in ("rounds", "families", "family_words", "sessions", "turns", "turn_words",
                                                 "concurrency", "max_tokens")},
         "arms": {name: summarize(rs) for name, rs in per_arm.items()},
