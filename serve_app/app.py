@@ -27,7 +27,7 @@ from serve_app.ingress.responses.store import bind_store
 from serve_app.routing.deployment import Router
 from serve_app.routing.front_door_deployment import FrontDoorRouter
 from serve_app.routing.registry import make_policy
-from serve_app.serve_tuning import DIRECT_INGRESS, FRONT_DOOR, flags_set, with_replica_env
+from serve_app.serve_tuning import FRONT_DOOR, direct_ingress_env, flags_set, with_replica_env
 from serve_app.service import engine_key
 from serve_app.settings import AppSettings, ModelConfig
 
@@ -65,7 +65,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     # One key ring for all ingress replicas: thinking signatures and encrypted reasoning must verify on any of
     # them, and after a restart (serve_app/keyring.py). Test configs may run on a random key without a warning.
     secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
-    ingress_env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
+    ingress_env = direct_ingress_env(os.environ) if settings.ingress.direct_ingress else None
     if settings.engine_placement == "ingress":
         return _ingress_with_engines(settings, secret, ingress_env)
 

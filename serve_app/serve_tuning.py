@@ -32,6 +32,23 @@ SERVE_REPLICA_ENV = {
 DIRECT_INGRESS = {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "1", "RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
+# How long Serve holds a stopping direct-ingress replica open at least, and its controller waits for it: 30 s by
+# default, for a load balancer outside Ray (an ALB) to deregister the replica. Serve's own HAProxy hears of the stop
+# from the controller and retries a connection the replica refuses, so the one-host configs set a few seconds: Ctrl-C,
+# a redeploy or a scale-down then takes seconds, not half a minute. Read by the controller (its
+# `controller_options.runtime_env.env_vars`) and by the ingress replica, which gets the controller's value
+# (`direct_ingress_env`); a config that does not set it keeps Serve's default.
+DRAIN_FLOOR = "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S"
+
+
+def direct_ingress_env(controller_environ: Any) -> dict[str, str]:
+    """The ingress replicas' environment for direct ingress, given the controller's (where `build_app` runs)."""
+    env = dict(DIRECT_INGRESS)
+    if DRAIN_FLOOR in controller_environ:
+        env[DRAIN_FLOOR] = controller_environ[DRAIN_FLOOR]
+    return env
+
+
 # The front door's routing (`router.front_door`): HAProxy passes each request's body to the Router's
 # /internal/route (routing/front_door_deployment.py), which needs it to find the prompt's prefix. Read by Serve's
 # HAProxy manager, so it is the controller's too (`controller_options.runtime_env.env_vars`).

@@ -25,16 +25,36 @@ def test_direct_ingress_is_chosen_once_for_controller_and_ingress(path: Path):
     """The controller (HAProxy, no Python proxy) and the ingress replicas (their own HTTP servers) must agree: a
     controller in direct-ingress mode with proxy-mode ingress replicas, or the reverse, serves nothing."""
     from serve_app.app import _small_options
-    from serve_app.serve_tuning import DIRECT_INGRESS, direct_ingress_in
+    from serve_app.serve_tuning import DIRECT_INGRESS, DRAIN_FLOOR, controller_env, direct_ingress_env, direct_ingress_in
 
     cfg = yaml.safe_load(path.read_text())
     for app in cfg["applications"]:
         settings = AppSettings.model_validate(app["args"])
         assert settings.ingress.direct_ingress == direct_ingress_in(cfg), app["name"]
-        env = DIRECT_INGRESS if settings.ingress.direct_ingress else None
+        env = direct_ingress_env(controller_env(cfg)) if settings.ingress.direct_ingress else None
         replica_env = _small_options(settings.ingress.serve_options(), env=env)["ray_actor_options"]["runtime_env"]
         for key, value in DIRECT_INGRESS.items():
             assert (replica_env["env_vars"].get(key) == value) == settings.ingress.direct_ingress, key
+        # The replica holds itself open as long as the controller waits for it (both read the drain floor).
+        if settings.ingress.direct_ingress:
+            assert replica_env["env_vars"].get(DRAIN_FLOOR) == controller_env(cfg).get(DRAIN_FLOOR), path.name
+
+
+def test_the_ingress_replicas_get_the_controllers_drain_floor(monkeypatch):
+    """build_app runs in the controller's environment: its direct-ingress drain floor reaches the ingress replicas
+    (Serve's replica reads it too); without one they keep Serve's default."""
+    from serve_app.app import build_app
+    from serve_app.serve_tuning import DRAIN_FLOOR
+
+    args = {"models": [{"id": "m", "source": "/nonexistent/m"}], "ingress": {"direct_ingress": True}}
+
+    def ingress_env():
+        return build_app(args)._bound_deployment.ray_actor_options["runtime_env"]["env_vars"]
+
+    monkeypatch.delenv(DRAIN_FLOOR, raising=False)
+    assert DRAIN_FLOOR not in ingress_env() and ingress_env()["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "1"
+    monkeypatch.setenv(DRAIN_FLOOR, "3")
+    assert ingress_env()[DRAIN_FLOOR] == "3"
 
 
 @pytest.mark.parametrize("path", SERVE_CONFIGS, ids=lambda p: p.name)
