@@ -1,7 +1,7 @@
 """Engine replicas come and go on a multi-node Ray cluster (Ray's own `ray.cluster_utils.Cluster`, on this one
 machine): a replica that joins gets traffic without a restart, and a node lost with streams running on it fails
-only those streams, each with its API's error event, while new requests go on to the live replica (a non-streamed
-one the dying replica took runs again there) and the Router forgets the dead one without leaking reservations or admission slots.
+only those streams, each with its API's error event, while a non-streamed request it was generating runs again on
+the live replica and comes back whole, new requests go on to the live replica and the Router forgets the dead one without leaking reservations or admission slots.
 
 It needs a cluster of its own, so it cannot use the session server: it is marked `own_cluster`, runs last and
 stops the session's Ray first (tests/conftest.py). Cheap on purpose: one SmolLM2 engine per node (eager, 1 GiB
@@ -193,6 +193,9 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     ended: dict[int, float] = {}  # stream -> seconds after the kill it ended
     finished_early: set[int] = set()  # streams that ended before the kill (the test's own premise broken)
     dropped = [None]  # seconds after the kill the Router no longer listed the lost replica
+    whole_script = " ".join(rng.choice(WORDS) for _ in range(40))
+    whole: dict[int, asyncio.Task] = {}  # non-streamed requests running when the node is lost
+    whole_on: dict[int, str] = {}  # -> the replica the Router sent each to
 
     async def stream(i: int, api: str, client: httpx.AsyncClient, started: asyncio.Event):
         path, body = stream_body(api, MODEL, script, 3600,
@@ -235,6 +238,26 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
             assert {APIS[j % 3] for j in on if on[j] == joined} == set(APIS), on  # each API has a stream there
             assert first in on.values(), on
 
+            # -- non-streamed requests, one after another until one is on the joining replica: it is generating
+            # there when the node is lost, but its client has seen nothing, so it must come back whole (it runs
+            # again on the live replica, service.complete). Short enough to finish in seconds on the live one.
+            for n in range(8):
+                whole[n] = asyncio.create_task(client.post(url + "/v1/chat/completions", json={
+                    "model": MODEL, "max_tokens": 200, "nvext": {"forced_script": whole_script},
+                    "messages": [{"role": "user", "content": f"whole {n}: " + " ".join(rng.choice(WORDS)
+                                                                                        for _ in range(100))}]}))
+                for _ in range(120):  # until the Router has placed it
+                    await asyncio.sleep(0.25)
+                    now = await routed_now()
+                    if now != routed:
+                        break
+                (whole_on[n],) = [r for r in now if now[r] != routed.get(r)]
+                routed = now
+                if whole_on[n] == joined:
+                    break
+            assert joined in whole_on.values(), whole_on
+            await asyncio.sleep(2)  # its first tokens: the loss comes after output, not before acceptance
+
             # -- the worker node is lost (its processes killed, not drained)
             t_kill = time.monotonic()
             await asyncio.to_thread(cluster.remove_node, worker, False)
@@ -257,9 +280,14 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
                     await asyncio.sleep(0.25)
 
             await asyncio.wait_for(asyncio.gather(watch_router(), *(probe(n) for n in range(40)),
-                                                  *tasks.values()), 300)
+                                                  *tasks.values(), *whole.values()), 300)
 
     asyncio.run(scenario())
+
+    for n, task in whole.items():  # on either replica: the whole answer, no error
+        r = task.result()
+        assert r.status_code == 200, (n, whole_on[n], r.text[:300])
+        assert r.json()["choices"][0]["message"]["content"] == whole_script, (n, whole_on[n], r.text[:300])
 
     assert not finished_early, f"streams {sorted(finished_early)} ended before the node was lost: make them longer"
     victims = [i for i in on if on[i] == joined]
