@@ -1,7 +1,8 @@
 """Engine replicas come and go on a multi-node Ray cluster (Ray's own `ray.cluster_utils.Cluster`, on this one
 machine): a replica that joins gets traffic without a restart, and a node lost with streams running on it fails
 only those streams, each with its API's error event, while a non-streamed request it was generating runs again on
-the live replica and comes back whole, new requests go on to the live replica and the Router forgets the dead one without leaking reservations or admission slots.
+the live replica and comes back whole, new requests go on to the live replica and the Router forgets the dead one
+without leaking reservations or admission slots.
 
 It needs a cluster of its own, so it cannot use the session server: it is marked `own_cluster`, runs last and
 stops the session's Ray first (tests/conftest.py). Cheap on purpose: one SmolLM2 engine per node (eager, 1 GiB
