@@ -6,6 +6,8 @@ subparser in `build_parser`.
     families [--json]             the model-family catalog: templates (source, revision, license), parsers, thinking
     run CONFIG [--dashboard]      serve a Serve config file on this host, on a local Ray started without the
                                   dashboard and idle daemons it does not need (serve_app/launch.py)
+    status [--json]               the running service's applications, deployments and replicas, from Serve's
+                                  controller (what `serve status` shows, without needing the dashboard)
 """
 
 from __future__ import annotations
@@ -97,6 +99,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return run(args.config, dashboard=args.dashboard, address=args.address)
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    import yaml
+
+    from serve_app.launch import status
+
+    try:
+        summary = status(args.address)
+    except ConnectionError as e:  # no Ray cluster at that address (nothing running)
+        print(f"error: no running service found ({e})", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, indent=2) if args.json else yaml.safe_dump(summary, sort_keys=False), end="")
+    apps = summary["applications"].values()
+    return 0 if apps and all(a["status"] == "RUNNING" for a in apps) else 3
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m serve_app", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="join this running Ray cluster instead of starting one, as `serve run --address` does "
                           "(default: $RAY_ADDRESS)")
     run.set_defaults(func=_cmd_run)
+
+    status = sub.add_parser("status", help="the running service's applications, deployments and replicas "
+                                           "(exit status 0 only when every application is RUNNING)")
+    status.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+                        help="the Ray cluster to ask (default: $RAY_ADDRESS, else the one on this host)")
+    status.add_argument("--json", action="store_true", help="JSON instead of YAML")
+    status.set_defaults(func=_cmd_status)
     return parser
 
 

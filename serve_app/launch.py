@@ -8,7 +8,8 @@ CPU the engine's compute shares (docs/serving-path.md "Ray's fixed cost", load/r
 
 So this starts the local Ray itself, without them, and then hands the config to `serve run` unchanged: the Serve
 config, the app and everything the replicas do are the same either way. `--dashboard` keeps Ray's dashboard (and
-with it `serve status`, which asks the dashboard). With `--address` it joins a running Ray cluster as `serve run`
+with it `serve status`, which asks the dashboard; `python -m serve_app status` asks Serve's controller itself, so it
+works without one). With `--address` it joins a running Ray cluster as `serve run`
 does, leaving that cluster's settings alone (on KubeRay the dashboard is how the operator deploys, so it stays).
 Settings an operator exports (`RAY_USAGE_STATS_ENABLED`, `RAY_<system config>`) win over these.
 """
@@ -68,3 +69,36 @@ def run(config: str, dashboard: bool = False, address: str | None = None) -> int
         if ray.is_initialized():
             ray.shutdown()
     return 0
+
+
+def status_summary(status: Any) -> dict[str, Any]:
+    """A `ServeStatus` (`serve.status()`) as plain data, in the shape of `serve status`'s: the proxies, and per
+    application its status, message and deployments (status, message, replicas per state)."""
+
+    def name(v: Any) -> str:
+        return getattr(v, "value", v)
+
+    return {
+        "proxies": {node: name(state) for node, state in status.proxies.items()},
+        "applications": {
+            app: {"status": name(ov.status), "message": ov.message, "last_deployed_time_s": ov.last_deployed_time_s,
+                  "deployments": {dep: {"status": name(d.status), "status_trigger": name(d.status_trigger),
+                                        "replica_states": {name(k): n for k, n in d.replica_states.items()},
+                                        "message": d.message}
+                                  for dep, d in ov.deployments.items()}}
+            for app, ov in status.applications.items()},
+        # A number or None; ServeStatus's own default is a pydantic FieldInfo (Ray's dataclass borrows a Field).
+        "target_capacity": status.target_capacity if isinstance(status.target_capacity, (int, float)) else None,
+    }
+
+
+def status(address: str | None = None) -> dict[str, Any]:
+    """The running service's status, from Serve's controller (no dashboard needed, unlike `serve status`)."""
+    import ray
+    from ray import serve
+
+    ray.init(address=address or "auto", namespace=SERVE_NAMESPACE, log_to_driver=False, logging_level="ERROR")
+    try:
+        return status_summary(serve.status())
+    finally:
+        ray.shutdown()

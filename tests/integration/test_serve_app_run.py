@@ -1,7 +1,7 @@
 """The README's serving command, `python -m serve_app run CONFIG`, for real: a subprocess starts its own local Ray
 (no dashboard modules, no idle pooled workers, no usage statistics), deploys the config through Serve's `serve
-run`, answers through the SDK, still relays Ray's metrics agent on /metrics, and a SIGINT (Ctrl-C) stops Serve
-and every process that Ray started.
+run`, answers through the SDK, still relays Ray's metrics agent on /metrics, reports its status without the
+dashboard (`python -m serve_app status`), and a SIGINT (Ctrl-C) stops Serve and every process that Ray started.
 
 The config is the test config's default model with the engines in the ingress and no proxy (`ingress.listen`), the
 shape of deployments/cpu-listen.yaml. Marked `own_cluster`: it runs after the session's server has stopped, so
@@ -10,6 +10,7 @@ this Ray is the only one on the host.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -121,6 +122,22 @@ def test_its_ray_runs_no_dashboard_modules_idle_workers_or_usage_reports(launche
         time.sleep(1)
     raylet = next(p for p in tree(proc.pid) if "raylet" in " ".join(p.cmdline()))
     assert raylet.environ().get("RAY_USAGE_STATS_ENABLED") == "0"
+
+
+def test_its_status_comes_from_the_controller_without_a_dashboard(launched):
+    """`python -m serve_app status` shows what `serve status` would, which asks the dashboard this Ray runs without."""
+    _, _, log = launched
+    served = yaml.safe_load((log.parent / "config.yaml").read_text())["applications"][0]["args"]
+    replicas = served["ingress"].get("deployment", {}).get("num_replicas", 1)
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # the Ray on this host: the launched one
+    r = subprocess.run([sys.executable, "-m", "serve_app", "status", "--json"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
+    app = json.loads(r.stdout)["applications"]["default"]
+    assert app["status"] == "RUNNING", app
+    assert app["deployments"]["Ingress"] == {"status": "HEALTHY", "status_trigger": app["deployments"]["Ingress"][
+        "status_trigger"], "replica_states": {"RUNNING": replicas}, "message": ""}, app
+    assert "ResponseStore" in app["deployments"] and "Router" not in app["deployments"], app  # engines in the ingress
 
 
 def test_sigint_stops_serve_and_all_of_its_ray(launched):

@@ -120,3 +120,45 @@ def test_cli_run_joins_ray_address_like_serve_run(monkeypatch):
 def test_load_scripts_start_the_readmes_command_by_default():
     assert serve_command("/tmp/c.yaml")[1:] == ["-m", "serve_app", "run", "/tmp/c.yaml"]
     assert serve_command("/tmp/c.yaml", "serve")[-4:] == ["run", "--address", "local", "/tmp/c.yaml"]
+
+
+def _serve_status(app_status: str = "RUNNING"):
+    """A ServeStatus built from Ray Serve's own types, as serve.status() returns it."""
+    from ray.serve._private.common import DeploymentStatus, DeploymentStatusTrigger, ReplicaState
+    from ray.serve.schema import ApplicationStatus, ApplicationStatusOverview, DeploymentStatusOverview, ServeStatus
+
+    dep = DeploymentStatusOverview(status=DeploymentStatus.HEALTHY,
+                                   status_trigger=DeploymentStatusTrigger.CONFIG_UPDATE_COMPLETED,
+                                   replica_states={ReplicaState.RUNNING: 2, ReplicaState.STARTING: 1}, message="")
+    app = ApplicationStatusOverview(status=ApplicationStatus(app_status), message="", last_deployed_time_s=12.5,
+                                    deployments={"Ingress": dep})
+    return ServeStatus(applications={"default": app})
+
+
+def test_status_summary_is_plain_data_in_serve_statuss_shape():
+    import json
+
+    summary = launch.status_summary(_serve_status())
+    assert json.loads(json.dumps(summary)) == summary  # plain data: prints as JSON or YAML
+    assert summary["applications"] == {"default": {
+        "status": "RUNNING", "message": "", "last_deployed_time_s": 12.5,
+        "deployments": {"Ingress": {"status": "HEALTHY", "status_trigger": "CONFIG_UPDATE_COMPLETED",
+                                    "replica_states": {"RUNNING": 2, "STARTING": 1}, "message": ""}}}}
+
+
+@pytest.mark.parametrize("app_status,rc", [("RUNNING", 0), ("DEPLOYING", 3), ("UNHEALTHY", 3)])
+def test_the_status_command_exits_0_only_when_every_app_runs(monkeypatch, capsys, app_status, rc):
+    import yaml
+
+    monkeypatch.setattr(launch, "status", lambda address=None: launch.status_summary(_serve_status(app_status)))
+    assert cli_main.main(["status"]) == rc
+    assert yaml.safe_load(capsys.readouterr().out)["applications"]["default"]["status"] == app_status
+
+
+def test_the_status_command_says_when_nothing_runs(monkeypatch, capsys):
+    def no_ray(address=None):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(launch, "status", no_ray)
+    assert cli_main.main(["status"]) == 1
+    assert "no running service found" in capsys.readouterr().err
