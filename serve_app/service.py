@@ -127,6 +127,9 @@ class EngineClient(Protocol):
         when none will, before anything has been streamed."""
         ...
 
+    # Optional, where the client knows other replicas (ingress/clients.py): `async reopen(engine_key, req, lost)`
+    # starts `req` again after its replica was lost midway (`lost`), raising `lost` when no live replica takes it.
+
 
 def engine_key(model: ModelConfig) -> str:
     """Models with the same weights and engine settings share one Engine deployment; this names it."""
@@ -447,6 +450,7 @@ class GenerationService:
                 engine_req.target_replica = decision.replica_id
             warm = prepared.options.hints.speculative_prefill
             restarts = 0
+            lost: Exception | None = None  # what ended the last attempt, when it runs again
             while True:
                 parser = make_stream_parser(
                     reasoning=model.reasoning_parser,
@@ -460,7 +464,8 @@ class GenerationService:
                 last: EngineChunk | None = None
                 # Opened before anything is yielded: an engine that refuses (queue full) fails the request while
                 # the adapter can still answer with a plain 429/529 instead of an in-stream error.
-                chunks = await self.engines.open(key, engine_req)
+                chunks = await (self.engines.open(key, engine_req) if lost is None
+                                else self.engines.reopen(key, engine_req, lost))
                 prepared.marks.setdefault("accept", time.monotonic())
                 predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
                 yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
@@ -489,14 +494,17 @@ class GenerationService:
                             break
                     break
                 except Exception as e:
-                    if not (restartable and engine_lost(e)) or restarts == _LOST_RESTARTS:
-                        raise
                     # Nothing of this attempt reached the client (the caller folds the whole answer): start it
-                    # again on a live replica rather than fail (engine/clients restart only before a first delta).
+                    # again on a live replica rather than fail, where the engine client knows replicas to hand it
+                    # to (ingress/clients.py; the engines in this process have none). Its own failover restarts
+                    # only before a first delta.
+                    if (not (restartable and engine_lost(e) and getattr(self.engines, "reopen", None) is not None)
+                            or restarts == _LOST_RESTARTS):
+                        raise
                     log.warning("replica of request %s lost after %d tokens (%s); starting it again",
                                 prepared.request_id, completion, type(e).__name__)
                     restarts += 1
-                    engine_req.target_replica = None
+                    lost = e
                     await _close(chunks)
                     yield RESTARTED
             for ev in parser.finish():

@@ -137,20 +137,32 @@ class ServeEngineClient:
                 except Exception as e:
                     if started or not replica_gone(e) or restarts == _GONE_RETRIES:
                         raise
-                    self._forget(engine_key, req)
-                    if not self._live_known(engine_key):
-                        raise  # no other replica to take it: fail now rather than wait for a replacement
                     log.warning("replica died before request %s's first token (%s); starting it on a live one",
                                 req.request_id, type(e).__name__)
                     gone = e
                 restarts += 1
                 await stream.aclose()
-                try:
-                    stream = await asyncio.wait_for(self._open(engine_key, req), FAILOVER_ACCEPT_S)
-                except asyncio.TimeoutError:
-                    raise gone from None
+                stream = await self._handover(engine_key, req, gone)
         finally:
             await stream.aclose()
+
+    async def reopen(self, engine_key: str, req: EngineRequest, lost: Exception) -> AsyncIterator[EngineChunk]:
+        """Start `req` again from its beginning after its replica was lost (`lost`) midway through its answer, which
+        its caller showed nobody (service.complete): on a live replica, with the same bounds as a restart before
+        the first delta; raises `lost` when none takes it."""
+        return self._failover(engine_key, req, await self._handover(engine_key, req, lost))
+
+    async def _handover(self, engine_key: str, req: EngineRequest, gone: Exception) -> AsyncIterator[EngineChunk]:
+        """`req`'s replica is gone (`gone`): open it on a live one if one is known and accepts within
+        FAILOVER_ACCEPT_S, else raise `gone` (the only replica died: fail now rather than hold the client while
+        Serve starts a replacement)."""
+        self._forget(engine_key, req)
+        if not self._live_known(engine_key):
+            raise gone
+        try:
+            return await asyncio.wait_for(self._open(engine_key, req), FAILOVER_ACCEPT_S)
+        except asyncio.TimeoutError:
+            raise gone from None
 
     def _live_known(self, engine_key: str) -> bool:
         """Whether a replica is still known to be live (the local table's view; without one, assume so and let

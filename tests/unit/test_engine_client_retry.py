@@ -250,3 +250,24 @@ def test_a_stream_removed_before_acceptance_is_retried_on_a_live_replica():
     req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-dead")
     assert asyncio.run(_texts(ServeEngineClient({"e": h}, None), req)) == ["ok"]
     assert h.sent == ["r-dead", None]
+
+
+def test_a_request_lost_midway_reopens_on_a_live_replica_or_fails_with_its_loss():
+    """service.complete's restart of a request whose replica was lost after its first delta: on a replica the table
+    still lists (Serve's pick, away from the lost one), or, with none known, the loss at once."""
+    lost = ActorUnavailableError("node lost")
+    h = Handle()
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-lost")
+    client = ServeEngineClient({"e": h}, None, local=_local_table(["r-lost", "r-live"]))
+
+    async def reopened():
+        return [c.text async for c in await client.reopen("e", req, lost)]
+
+    assert asyncio.run(reopened()) == ["ok"] and h.sent == [None]
+    assert set(client.local.table.cores["e"].loads) == {"r-live"}  # the lost one is off the table
+
+    only = ServeEngineClient({"e": Handle()}, None, local=_local_table(["r-lost"]))
+    req = EngineRequest(request_id="2", prompt_token_ids=[1, 2], max_tokens=4, target_replica="r-lost")
+    with pytest.raises(ActorUnavailableError) as e:
+        asyncio.run(only.reopen("e", req, lost))
+    assert e.value is lost and only._engines["e"].sent == []  # nothing sent: Serve would hold it for a replacement

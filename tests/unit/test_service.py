@@ -219,11 +219,28 @@ class LosingEngines(ReplayEngines):
         return self._attempt(self.answers[min(attempt, len(self.answers) - 1)],
                              self.lost_after[attempt] if attempt < len(self.lost_after) else None)
 
+    async def reopen(self, key, req, lost):  # as ServeEngineClient: away from the lost replica
+        assert isinstance(lost, self.error)
+        req.target_replica = None
+        return await self.open(key, req)
+
     async def _attempt(self, chunks, lost_after):
         for i, c in enumerate(chunks):
             if i == lost_after:
                 raise self.error("the actor died unexpectedly")
             yield c
+
+
+class LosingLocalEngines(LosingEngines):
+    """The engines in this process (LocalEngineClient): no other replica to hand a request to."""
+
+    reopen = None
+
+
+class NoLiveReplica(LosingEngines):
+    async def reopen(self, key, req, lost):  # the only replica was lost: the client gives up at once
+        self.targets.append("gave up")
+        raise lost
 
 
 LOST_FIRST = [EngineChunk("<think>", [1]), EngineChunk("half an ans", [2, 3]), EngineChunk("wer", [4])]
@@ -254,6 +271,17 @@ def test_a_streamed_request_whose_replica_is_lost_midway_fails_in_stream():
     events = run(collect(svc, run(svc.prepare(conv(), GenerationOptions(), "m"))))
     assert engines.targets == ["r1"]
     assert events[-1].reason == "error" and "the engine replica failed (ActorDiedError)" in events[-1].error
+
+
+@pytest.mark.parametrize("engines_class,opened", [(LosingLocalEngines, ["r1"]), (NoLiveReplica, ["r1", "gave up"])])
+def test_a_non_streamed_request_fails_with_its_loss_when_no_replica_can_take_it(engines_class, opened):
+    engines = engines_class([LOST_FIRST, WHOLE], lost_after=[2])
+    svc = make_service(engines)
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+    events = run(svc.complete(p))
+    assert engines.targets == opened
+    assert events[-1].reason == "error" and "the engine replica failed (ActorDiedError)" in events[-1].error
+    assert engines.released == [p.request_id] and svc._inflight == 0
 
 
 @pytest.mark.parametrize("lost_after,error,opened", [
