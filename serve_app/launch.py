@@ -9,8 +9,8 @@ CPU the engine's compute shares (docs/serving-path.md "Ray's fixed cost", load/r
 So this starts the local Ray itself, without them, and then hands the config to `serve run` unchanged: the Serve
 config, the app and everything the replicas do are the same either way. `--dashboard` keeps Ray's dashboard (and
 with it `serve status`, which asks the dashboard; `python -m serve_app status` asks Serve's controller itself, so it
-works without one). With `--address` it joins a running Ray cluster as `serve run`
-does, leaving that cluster's settings alone (on KubeRay the dashboard is how the operator deploys, so it stays).
+works without one). With `--address` it joins a running Ray cluster as `serve run` does, leaving that cluster's
+settings alone (on KubeRay the dashboard is how the operator deploys, so it stays).
 Settings an operator exports (`RAY_USAGE_STATS_ENABLED`, `RAY_<system config>`) win over these.
 """
 

@@ -449,6 +449,7 @@ class GenerationService:
             if decision is not None:
                 engine_req.target_replica = decision.replica_id
             warm = prepared.options.hints.speculative_prefill
+            predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
             restarts = 0
             lost: Exception | None = None  # what ended the last attempt, when it runs again
             while True:
@@ -467,7 +468,6 @@ class GenerationService:
                 chunks = await (self.engines.open(key, engine_req) if lost is None
                                 else self.engines.reopen(key, engine_req, lost))
                 prepared.marks.setdefault("accept", time.monotonic())
-                predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
                 yield Usage(prompt_tokens=n_prompt, completion_tokens=0, cached_tokens=predicted, estimated=True)
                 try:
                     async for chunk in chunks:
