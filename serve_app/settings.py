@@ -210,6 +210,10 @@ class IngressConfig(_Strict):
     response_store_timeout_s: float = Field(default=5.0, gt=0)
     response_store_max_items: int = 10_000
     response_store_ttl_s: float = 3600.0
+    # deployment: one ResponseStore replica every ingress replica calls; ingress: each ingress replica opens the
+    # database itself, one Ray worker process fewer (sqlite: the replicas of one host share the file; postgres:
+    # any replicas; not memory, which each replica would keep to itself). ingress/responses/store.py.
+    response_store_placement: Literal["deployment", "ingress"] = "deployment"
     # Ingress replicas serve HTTP themselves behind Serve's HAProxy, with no Python proxy hop per token
     # (docs/serving-path.md). The Serve config's controller_options must say the same (serve_tuning.DIRECT_INGRESS).
     direct_ingress: bool = False
@@ -259,6 +263,14 @@ class IngressConfig(_Strict):
                 raise ValueError(f"ingress.listen.drain_s ({self.listen.drain_s}) must be below the ingress "
                                  f"deployment's graceful_shutdown_timeout_s ({grace}): Serve stops the replica then, "
                                  "open requests or not")
+        return self
+
+    @model_validator(mode="after")
+    def _shared_store(self) -> "IngressConfig":
+        if self.response_store_placement == "ingress" and self.response_store_backend == "memory":
+            raise ValueError("ingress.response_store_placement 'ingress' needs a database the replicas share "
+                             "(response_store_backend 'sqlite' or 'postgres'): in memory each replica would keep "
+                             "its own responses")
         return self
 
     @model_validator(mode="after")

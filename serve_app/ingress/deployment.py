@@ -12,7 +12,7 @@ from serve_app.routing.local import LocalRouter
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.limits import LimitClient
 from serve_app.ingress.listener import Listener
-from serve_app.ingress.responses.store import StoreClient
+from serve_app.ingress.responses.store import StoreClient, open_local_store
 from serve_app.ingress.server import create_app
 from serve_app.serve_tuning import app_watches_disconnects, freeze_startup_heap
 from serve_app.service import GenerationService
@@ -68,6 +68,8 @@ class Ingress:
         # Tokenizers load here, one after another: building them lazily from several request threads at once
         # raced inside transformers' lazy imports.
         service.warm_renderers()
+        if response_store is None and cfg.ingress.response_store_placement == "ingress":
+            response_store = open_local_store(cfg.ingress)
         self.ctx = IngressContext(
             settings=cfg,
             service=service,

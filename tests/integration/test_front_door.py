@@ -66,6 +66,7 @@ def app(serve_url, store_path):
     args["testing"] = {"forced_scripts": True}
     # The shipped default store (SQLite; the session's own server runs PostgreSQL), in a file of this test's.
     assert AppSettings.model_validate(args).ingress.response_store_backend == "sqlite"
+    assert AppSettings.model_validate(args).ingress.response_store_placement == "ingress"
     args.setdefault("ingress", {})["response_store_path"] = str(store_path)
     key = engine_key(AppSettings.model_validate(args).models[0])
     with pytest.MonkeyPatch.context() as mp:
@@ -220,9 +221,9 @@ def test_bad_bodies_get_their_apis_own_errors_through_the_front_door(app):
 
 
 def test_a_stored_response_continues_on_the_default_sqlite_store_through_the_front_door(app, store_path):
-    """Responses' `previous_response_id` across two ingress replicas: the store is the app's one ResponseStore
-    replica on SQLite (the shipped default backend), and the Router, which cannot see a stored history, routes the
-    continuation on load without refusing it."""
+    """Responses' `previous_response_id` across two ingress replicas: each opens the store itself, one SQLite file
+    on this host (cpu-front-door.yaml's `response_store_placement: ingress`), and the Router, which cannot see a
+    stored history, routes the continuation on load without refusing it."""
     import sqlite3
 
     url, _ = app

@@ -3,8 +3,8 @@
 run`, answers through the SDK, still relays Ray's metrics agent on /metrics, reports its status without the
 dashboard (`python -m serve_app status`), and a SIGINT (Ctrl-C) stops Serve and every process that Ray started.
 
-The config is the test config's default model with the engines in the ingress and no proxy (`ingress.listen`), the
-shape of deployments/cpu-listen.yaml. Marked `own_cluster`: it runs after the session's server has stopped, so
+The config is the test config's default model with the engines and the Responses store in the ingress and no proxy
+(`ingress.listen`), the shape of deployments/cpu-listen.yaml. Marked `own_cluster`: it runs after the session's server has stopped, so
 this Ray is the only one on the host.
 """
 
@@ -60,7 +60,9 @@ def launched(without_session_server, tmp_path_factory):
     args = config["applications"][0]["args"]
     args["models"] = [next(m for m in args["models"] if m["id"] == MODEL)]
     args["engine_placement"] = "ingress"
-    args.setdefault("ingress", {})["response_store_path"] = str(tmp / "responses.sqlite3")
+    # The Responses store opened by the ingress itself, as deployments/cpu-listen.yaml and config.yaml do.
+    args.setdefault("ingress", {}).update(response_store_path=str(tmp / "responses.sqlite3"),
+                                          response_store_placement="ingress")
     config = with_front(config, "listen")
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -97,6 +99,25 @@ def test_it_serves_the_config(launched):
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                            extra_body={"nvext": {"forced_script": "Launched and serving."}})
     assert reply.choices[0].message.content == "Launched and serving."
+
+
+def test_its_responses_store_lives_in_the_ingress(launched):
+    """No ResponseStore deployment (test_its_status_comes_from_the_controller... checks), yet a stored response is
+    found again and continues, from the SQLite file the ingress opened itself."""
+    import sqlite3
+
+    _, url, log = launched
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    first = client.responses.create(model=MODEL, input="Remember the word teal.", max_output_tokens=8, store=True,
+                                    extra_body={"nvext": {"forced_script": "Noted: teal."}})
+    second = client.responses.create(model=MODEL, input="Which word?", previous_response_id=first.id,
+                                     max_output_tokens=8, extra_body={"nvext": {"forced_script": "teal"}})
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens, (first.usage,
+                                                                                              second.usage)
+    assert client.responses.retrieve(first.id).output_text == "Noted: teal."
+    with sqlite3.connect(log.parent / "responses.sqlite3") as db:
+        ids = [row[0] for row in db.execute("SELECT id FROM responses")]
+    assert any(first.id in i for i in ids) and any(second.id in i for i in ids), ids
 
 
 def test_its_metrics_still_reach_the_service_port(launched):
@@ -137,7 +158,8 @@ def test_its_status_comes_from_the_controller_without_a_dashboard(launched):
     assert app["status"] == "RUNNING", app
     assert app["deployments"]["Ingress"] == {"status": "HEALTHY", "status_trigger": app["deployments"]["Ingress"][
         "status_trigger"], "replica_states": {"RUNNING": replicas}, "message": ""}, app
-    assert "ResponseStore" in app["deployments"] and "Router" not in app["deployments"], app  # engines in the ingress
+    # The engines and the Responses store in the ingress: no Router, no ResponseStore.
+    assert "ResponseStore" not in app["deployments"] and "Router" not in app["deployments"], app
 
 
 def test_sigint_stops_serve_and_all_of_its_ray(launched):

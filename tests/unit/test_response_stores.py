@@ -457,3 +457,68 @@ async def test_a_store_replica_that_is_gone_answers_503_not_a_hang(how):
     err = r.json()["error"]
     assert err["type"] == "server_error" and err["code"] == "store_unavailable" and "retry shortly" in err["message"]
     assert handle.calls == 1
+
+
+# -- the store in the ingress's own process (`response_store_placement: ingress`) -------------------------------
+
+
+def _ingress_settings(**ingress):
+    from serve_app.settings import AppSettings
+
+    return AppSettings.model_validate({"models": [{"id": "m", "source": "org/x"}], "ingress": ingress})
+
+
+def test_with_the_store_in_the_ingress_there_is_no_store_deployment(tmp_path):
+    from serve_app.ingress.responses.store import bind_store
+
+    assert bind_store(_ingress_settings()) is not None  # the default: the ResponseStore deployment
+    assert bind_store(_ingress_settings(response_store_placement="ingress",
+                                        response_store_path=str(tmp_path / "r.db"))) is None
+
+
+def test_an_in_memory_store_cannot_live_in_the_ingress():
+    """Each replica would keep its own responses: a follow-up through another replica would not find its turn."""
+    with pytest.raises(ValueError, match="needs a database the replicas share"):
+        _ingress_settings(response_store_placement="ingress", response_store_backend="memory")
+
+
+async def test_ingress_replicas_with_their_own_store_share_one_sqlite_file(tmp_path):
+    """Two replicas' stores (two processes in production; two connections here) on the file of one host: a
+    response stored through one is found, and deleted, through the other, off the event loop."""
+    from serve_app.ingress.responses.store import AsyncStore, open_local_store
+
+    cfg = _ingress_settings(response_store_placement="ingress", response_store_path=str(tmp_path / "r.db")).ingress
+    a, b = open_local_store(cfg), open_local_store(cfg)
+    assert isinstance(a, AsyncStore) and isinstance(a.core, SqliteResponseStore) and a.core is not b.core
+    loop_thread = threading.get_ident()
+    seen = []
+    put = a.core.put
+    a.core.put = lambda *args: seen.append(threading.get_ident()) or put(*args)
+    client_a, client_b = StoreClient(a, cfg.response_store_timeout_s), StoreClient(b, cfg.response_store_timeout_s)
+    assert await client_a.put("resp_1", {"response": {"id": "resp_1"}, "items": []})
+    assert seen and loop_thread not in seen
+    assert await client_b.get("resp_1") == {"response": {"id": "resp_1"}, "items": []}
+    assert await client_b.delete("resp_1") and await client_a.get("resp_1") is None
+
+
+async def test_a_store_in_the_ingress_that_stops_answering_is_a_503_not_a_hang(tmp_path):
+    """The same bound as the deployment's: a call stuck in the database past response_store_timeout_s answers 503
+    store_unavailable in the API's envelope while the stuck thread finishes on its own."""
+    from serve_app.ingress.responses.store import open_local_store
+
+    cfg = _ingress_settings(response_store_placement="ingress", response_store_path=str(tmp_path / "r.db"),
+                            response_store_timeout_s=0.2).ingress
+    store = open_local_store(cfg)
+    release = threading.Event()
+    get = store.core.get
+    store.core.get = lambda key: release.wait(30) and get(key)
+    app = create_app(IngressContext(settings=SETTINGS, service=StubService(), secret=b"s",
+                                    response_store=StoreClient(store, cfg.response_store_timeout_s)))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://app") as c:
+            r = await asyncio.wait_for(c.get("/v1/responses/resp_1"), 20)
+    finally:
+        release.set()
+    assert r.status_code == 503, r.text
+    err = r.json()["error"]
+    assert err["code"] == "store_unavailable" and "did not answer within 0.2 s" in err["message"]

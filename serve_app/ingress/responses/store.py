@@ -12,6 +12,12 @@ logic, unit-tested without Ray. A store whose database cannot be reached or used
 `ResponseStore` is the thin deployment; `bind_store(settings)` is what `build_app` wires in (it is passed to the
 Ingress deployment, arrives there as a DeploymentHandle and reaches the routes as a `StoreClient`).
 
+With `ingress.response_store_placement: ingress` there is no such deployment: each ingress replica opens the
+database itself (`open_local_store`), which SQLite's file locking shares between the replicas of one host and
+PostgreSQL between any. A one-host service saves a whole Ray worker process, idle about 0.01 of a core
+(docs/serving-path.md "What the idle service costs"), and a store call becomes a thread hop instead of an actor
+call. The in-memory store has no such placement: each replica would keep its own.
+
 A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
 follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
 """
@@ -19,6 +25,7 @@ follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import time
@@ -121,19 +128,15 @@ def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max
     return ResponseStoreCore(max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes)
 
 
-# Serve's replica settings as on every replica of this app: its methods are async and never block the loop (the
-# databases are called in a thread), so they run on the replica's own loop, with no second thread.
-@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options=with_replica_env({"num_cpus": 0}))
-class ResponseStore:
-    """One replica on purpose: with SQLite or in memory it is the single owner of the records (no cross-replica
-    consistency to manage); with PostgreSQL the database owns them, and the replica may come back on any node."""
+class AsyncStore:
+    """A store's put/get/delete as coroutines, bounded by `timeout_s`: what the ResponseStore deployment serves and
+    what an ingress replica calls with the store in its own process."""
 
-    def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
-                 path: str | None = None, dsn: str | None = None, timeout_s: float = 5.0):
-        self.core = make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s)
-        # SQLite blocks on disk and PostgreSQL on the network: off the replica's event loop. The in-memory core is
-        # cheap enough to call inline.
-        self._blocking = backend != "memory"
+    def __init__(self, core: Any, blocking: bool, timeout_s: float = 5.0):
+        self.core = core
+        # SQLite blocks on disk and PostgreSQL on the network: off the event loop. The in-memory core is cheap
+        # enough to call inline.
+        self._blocking = blocking
         self.timeout_s = timeout_s
 
     async def _call(self, fn, *args):
@@ -158,16 +161,42 @@ class ResponseStore:
         return await self._call(self.core.delete, key)
 
 
+# Serve's replica settings as on every replica of this app: its methods are async and never block the loop (the
+# databases are called in a thread), so they run on the replica's own loop, with no second thread.
+@serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options=with_replica_env({"num_cpus": 0}))
+class ResponseStore(AsyncStore):
+    """One replica on purpose: with SQLite or in memory it is the single owner of the records (no cross-replica
+    consistency to manage); with PostgreSQL the database owns them, and the replica may come back on any node."""
+
+    def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
+                 path: str | None = None, dsn: str | None = None, timeout_s: float = 5.0):
+        super().__init__(make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s),
+                         blocking=backend != "memory", timeout_s=timeout_s)
+
+
+def _store_args(ing) -> tuple:
+    return (ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
+            ing.response_store_backend, ing.response_store_path, ing.response_store_dsn, ing.response_store_timeout_s)
+
+
 def bind_store(settings) -> Any:
-    """The bound store deployment for `build_app` (serve_app/app.py)."""
-    ing = settings.ingress
-    return ResponseStore.bind(ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
-                              ing.response_store_backend, ing.response_store_path, ing.response_store_dsn,
-                              ing.response_store_timeout_s)
+    """The bound store deployment for `build_app` (serve_app/app.py); None when each ingress replica opens the
+    store itself (`ingress.response_store_placement: ingress`)."""
+    if settings.ingress.response_store_placement == "ingress":
+        return None
+    return ResponseStore.bind(*_store_args(settings.ingress))
+
+
+def open_local_store(ingress_settings) -> AsyncStore:
+    """The store in this process (`response_store_placement: ingress`), opened as the deployment would open it."""
+    max_items, ttl_s, max_bytes, backend, path, dsn, timeout_s = _store_args(ingress_settings)
+    return AsyncStore(make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s),
+                      blocking=backend != "memory", timeout_s=timeout_s)
 
 
 class StoreClient:
-    """What the routes use: async put/get over a DeploymentHandle, or over a local store in unit tests."""
+    """What the routes use: async put/get over a DeploymentHandle, over an `AsyncStore` in this process, or over a
+    plain store object (unit tests)."""
 
     def __init__(self, backend: Any, timeout_s: float = 5.0):
         """`timeout_s`: the store's own bound on a call (`ingress.response_store_timeout_s`). The call through the
@@ -180,7 +209,8 @@ class StoreClient:
     async def _call(self, method: str, *args) -> Any:
         try:
             if self._local:
-                return getattr(self.backend, method)(*args)
+                result = getattr(self.backend, method)(*args)
+                return await result if inspect.isawaitable(result) else result
             return await asyncio.wait_for(getattr(self.backend, method).remote(*args), self._bound_s)
         except StoreUnavailable as err:  # through a handle: Ray's error, an instance of the store's too
             raise _unavailable(str(getattr(err, "cause", err))) from None
