@@ -97,6 +97,7 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
     served = yaml.safe_load((ROOT / "config.yaml").read_text())  # Serve's own settings as the README runs them
     shipped = served["applications"][0]["args"].get("ingress", {})
     ingress: dict = {"strip_preamble": True, "direct_ingress": shipped.get("direct_ingress", False),
+                     "response_store_placement": shipped.get("response_store_placement", "deployment"),
                      **(ingress_set or {})}
     if ingress_replicas != 1:
         ingress["deployment"] = {"num_replicas": ingress_replicas}

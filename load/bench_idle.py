@@ -9,6 +9,7 @@ settle, and then their whole process trees are read from /proc over the same win
     python -m load.bench_idle --json load/results/idle.json
     python -m load.bench_idle --controller-set RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.1   # Serve's own default
     python -m load.bench_idle --launcher serve          # `serve run`: Ray's dashboard, idle workers, task events
+    python -m load.bench_idle --ingress-set response_store_placement=deployment   # the ResponseStore replica
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import tempfile
 import time
 
 import psutil
+import yaml
 
 from load import provenance
 from load.bench_capacity import (CpuMeter, add_front_arg, add_launcher_arg, free_port, start_ours, start_vllm, stop,
@@ -47,6 +49,8 @@ def main() -> None:
                     help="override a variable of config.yaml's controller_options.runtime_env.env_vars")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (reaches every Ray process it starts)")
+    ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override an ingress setting (YAML value), e.g. response_store_placement=deployment")
     add_front_arg(ap)
     add_launcher_arg(ap)
     ap.add_argument("--json", help="write the results here")
@@ -59,10 +63,11 @@ def main() -> None:
     log = open(tempfile.mkstemp(prefix="bench_idle_", suffix=".log")[1], "w")
     ports = {"ours": free_port(), "vllm": free_port()}
     controller = dict(kv.split("=", 1) for kv in a.controller_set)
+    ingress_set = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.ingress_set)}
     t0 = time.monotonic()
     procs = {"ours": start_ours(ports["ours"], model_path, 1, log, dict(kv.split("=", 1) for kv in a.serve_env),
-                                engine_placement=a.engine_placement, controller_set=controller, front=a.front,
-                                launcher=a.launcher),
+                                engine_placement=a.engine_placement, ingress_set=ingress_set,
+                                controller_set=controller, front=a.front, launcher=a.launcher),
              "vllm": start_vllm(ports["vllm"], model_path, log)}
     try:
         ready = {}
@@ -95,6 +100,7 @@ def main() -> None:
             "front": a.front,
             "launcher": a.launcher,
             "controller_set": controller,
+            "ingress_set": ingress_set,
             "serve_env": a.serve_env,
             "measured_s": round(wall, 1),
             "ready_s": {n: round(v, 1) for n, v in ready.items()},

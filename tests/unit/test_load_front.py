@@ -23,3 +23,19 @@ def test_haproxy_front_is_the_shipped_config():
     cfg = ours_config(41234, "/models/tiny", 1, engine_placement="ingress")
     assert cfg["http_options"]["port"] == 41234 and cfg["proxy_location"] != "Disabled" and direct_ingress_in(cfg)
     assert AppSettings.model_validate(cfg["applications"][0]["args"]).ingress.listen is None
+
+
+def test_the_benchmarks_place_the_responses_store_as_the_shipped_config_does():
+    """config.yaml's `response_store_placement` (one Ray worker fewer when `ingress`) is part of what is measured;
+    `--ingress-set` overrides it for an A/B."""
+    import yaml
+
+    from load.bench_capacity import ROOT
+
+    shipped = yaml.safe_load((ROOT / "config.yaml").read_text())["applications"][0]["args"]["ingress"]
+    for front in ("listen", "haproxy"):
+        cfg = ours_config(41234, "/models/tiny", 1, engine_placement="ingress", front=front)
+        ingress = AppSettings.model_validate(cfg["applications"][0]["args"]).ingress
+        assert ingress.response_store_placement == shipped["response_store_placement"] == "ingress"
+    cfg = ours_config(41234, "/models/tiny", 1, ingress_set={"response_store_placement": "deployment"})
+    assert AppSettings.model_validate(cfg["applications"][0]["args"]).ingress.response_store_placement == "deployment"
