@@ -48,7 +48,7 @@ import psutil
 import yaml
 
 from load import provenance
-from serve_app.serve_tuning import DIRECT_INGRESS
+from serve_app.serve_tuning import DIRECT_INGRESS, DRAIN_FLOOR
 from serve_app.settings import AppSettings, RouterConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,9 +94,9 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
         "engine_env": engine_env,
         "engine_kwargs": {"enforce_eager": True, "load_format": "dummy"},
     }
-    served = yaml.safe_load((ROOT / "config.yaml").read_text())  # Serve's own settings as the README runs them
+    served = yaml.safe_load(SHIPPED_FRONT[front].read_text())  # Serve's own settings as the shipped front runs them
     shipped = served["applications"][0]["args"].get("ingress", {})
-    ingress: dict = {"strip_preamble": True, "direct_ingress": shipped.get("direct_ingress", False),
+    ingress: dict = {"strip_preamble": True,
                      "response_store_placement": shipped.get("response_store_placement", "deployment"),
                      **(ingress_set or {})}
     if ingress_replicas != 1:
@@ -104,25 +104,26 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
     router = {"policy": "kv"}
     if placement:  # else the shipped default (settings.RouterConfig.placement)
         router["placement"] = placement
-    options = {k: served[k] for k in ("controller_options", "proxy_location") if k in served}
-    if controller_set:  # a Serve setting of the controller overridden for one measurement
-        env = options["controller_options"]["runtime_env"]["env_vars"]
-        options["controller_options"]["runtime_env"]["env_vars"] = {**env, **controller_set}
-    config = {
+    options = copy.deepcopy({k: served[k] for k in ("controller_options", "proxy_location") if k in served})
+    config = with_front({
         **options,
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
                           "args": {"models": [model], "router": router, "ingress": ingress,
                                    "engine_placement": engine_placement}}],
-    }
-    return with_front(config, front)
+    }, front)
+    if controller_set:  # a Serve setting of the controller overridden for one measurement
+        env = config["controller_options"]["runtime_env"]["env_vars"]
+        config["controller_options"]["runtime_env"]["env_vars"] = {**env, **controller_set}
+    return config
 
 
 def add_front_arg(ap: argparse.ArgumentParser) -> None:
     """`--front`, the same in every load script: what stands between the client and the ingress replicas."""
     ap.add_argument("--front", choices=("haproxy", "listen"), default="haproxy",
-                    help="haproxy: Serve's HAProxy in front of the ingress replicas (the shipped config); listen: "
-                         "the replicas serve the port themselves, Serve runs no proxy (ingress.listen)")
+                    help="haproxy: Serve's HAProxy in front of the ingress replicas (the GPU configs' front, "
+                         "deployments/cpu-engine-deployments.yaml); listen: the replicas serve the port themselves, "
+                         "Serve runs no proxy (ingress.listen, config.yaml)")
 
 
 def add_launcher_arg(ap: argparse.ArgumentParser) -> None:
@@ -147,21 +148,46 @@ def start_server(config_path: str | Path, launcher: str, log, env: dict[str, str
                             start_new_session=True)
 
 
+# The Serve config of each front as shipped: config.yaml serves the port from the ingress replicas themselves
+# (`listen`); cpu-engine-deployments.yaml runs Serve's HAProxy in front of them (`haproxy`, the GPU configs' front).
+SHIPPED_FRONT = {"listen": ROOT / "config.yaml", "haproxy": ROOT / "deployments" / "cpu-engine-deployments.yaml"}
+
+
+def haproxy_controller_env() -> dict[str, str]:
+    """What the shipped HAProxy config's controller sets for its front: direct ingress, HAProxy's threads and the
+    drain floor (serve_tuning.DRAIN_FLOOR)."""
+    served = yaml.safe_load(SHIPPED_FRONT["haproxy"].read_text())
+    env = served["controller_options"]["runtime_env"]["env_vars"]
+    return {k: v for k, v in env.items() if k in DIRECT_INGRESS or "HAPROXY" in k or k == DRAIN_FLOOR}
+
+
 def with_front(config: dict, front: str) -> dict:
-    """A Serve config of this app (http_options naming the port) with `front`: `haproxy` leaves it as it is;
-    `listen` has the ingress replicas serve that port themselves (settings.IngressConfig.listen), with no proxy
-    and no direct-ingress flags for the controller."""
-    if front == "haproxy":
-        return config
+    """A Serve config of this app, either front, with `front` on the same address: `haproxy` has Serve's HAProxy
+    serve it (`http_options`, direct ingress as the shipped HAProxy config sets it); `listen` has the ingress replicas
+    serve it themselves (settings.IngressConfig.listen), with no proxy and no direct-ingress flags."""
     config = copy.deepcopy(config)
-    http = config.pop("http_options")
-    config["proxy_location"] = "Disabled"
-    env = config["controller_options"]["runtime_env"]["env_vars"]
-    config["controller_options"]["runtime_env"]["env_vars"] = {k: v for k, v in env.items() if k not in DIRECT_INGRESS}
+    env = config.setdefault("controller_options", {}).setdefault("runtime_env", {}).setdefault("env_vars", {})
+    listens = [a["args"].get("ingress", {}).get("listen") for a in config["applications"]]
+    http = config.pop("http_options", None) or next(({"host": x["host"], "port": x["port"]} for x in listens if x),
+                                                    None)
+    if http is None:
+        raise ValueError("the config serves no address: neither http_options nor ingress.listen")
+    if front == "haproxy":
+        config["proxy_location"] = "HeadOnly"
+        config["http_options"] = {"host": http["host"], "port": http["port"]}
+        env.update(haproxy_controller_env())
+    else:
+        config["proxy_location"] = "Disabled"
+        for k in DIRECT_INGRESS:
+            env.pop(k, None)
     for app in config["applications"]:
         ingress = app["args"].setdefault("ingress", {})
-        ingress["direct_ingress"] = False
-        ingress["listen"] = {"host": http["host"], "port": http["port"]}
+        listen = ingress.pop("listen", None) or {}
+        ingress.pop("direct_ingress", None)
+        if front == "haproxy":
+            ingress["direct_ingress"] = True
+        else:
+            ingress["listen"] = {**listen, "host": http["host"], "port": http["port"]}
     return config
 
 

@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--model", help="the model the harness asks for (claude: claude-sonnet-4-6, codex: "
                                     "smollm2-135m-instruct-32k, as docs/codex.md shows)")
     ap.add_argument("--prompt", default="Reply with one short greeting.")
-    ap.add_argument("--port", type=int, default=8000, help="the config's http_options port")
+    ap.add_argument("--port", type=int, default=8000, help="the port the config serves (config.yaml: ingress.listen)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="also set this for claude (e.g. CLAUDE_STREAM_IDLE_TIMEOUT_MS=900000), repeatable")
     ap.add_argument("--json", help="write the result here")

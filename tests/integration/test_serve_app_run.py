@@ -1,11 +1,13 @@
-"""The README's serving command, `python -m serve_app run CONFIG`, for real: a subprocess starts its own local Ray
-(no dashboard modules, no idle pooled workers, no usage statistics), deploys the config through Serve's `serve
-run`, answers through the SDK, still relays Ray's metrics agent on /metrics, reports its status without the
-dashboard (`python -m serve_app status`), and a SIGINT (Ctrl-C) stops Serve and every process that Ray started.
+"""The README's first command, `python -m serve_app run config.yaml`, for real: a subprocess starts its own local
+Ray (no dashboard modules, no idle pooled workers, no usage statistics), deploys config.yaml through Serve's `serve
+run`, answers through the SDK and through the real Claude Code CLI, still relays Ray's metrics agent on /metrics,
+reports its status without the dashboard (`python -m serve_app status`), and a SIGINT (Ctrl-C) stops Serve and
+every process that Ray started.
 
-The config is the test config's default model with the engines and the Responses store in the ingress and no proxy
-(`ingress.listen`), the shape of deployments/cpu-listen.yaml. Marked `own_cluster`: it runs after the session's server has stopped, so
-this Ray is the only one on the host.
+The config is config.yaml as shipped — both engines in the ingress, no proxy (`ingress.listen`), the Responses
+store in the ingress — with the test hooks only: another port, the suite's forced scripts (so the engine says
+exactly what a test expects), and a Responses file of the test's. Marked `own_cluster`: it runs after the
+session's server has stopped, so this Ray is the only one on the host.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import psutil
 import pytest
 import yaml
 
-from load.bench_capacity import with_front
 from serve_app import metrics
 from serve_app.engine.vllm_engine import free_port
 from tests.conftest import load_test_config
@@ -55,15 +56,11 @@ def titles(procs: list[psutil.Process]) -> list[str]:
 def launched(without_session_server, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("launch")
     port = free_port()
-    config = load_test_config()
-    config["http_options"]["port"] = port
+    config = yaml.safe_load((ROOT / "config.yaml").read_text())
     args = config["applications"][0]["args"]
-    args["models"] = [next(m for m in args["models"] if m["id"] == MODEL)]
-    args["engine_placement"] = "ingress"
-    # The Responses store opened by the ingress itself, as deployments/cpu-listen.yaml and config.yaml do.
-    args.setdefault("ingress", {}).update(response_store_path=str(tmp / "responses.sqlite3"),
-                                          response_store_placement="ingress")
-    config = with_front(config, "listen")
+    args["ingress"]["listen"]["port"] = port
+    args["ingress"]["response_store_path"] = str(tmp / "responses.sqlite3")
+    args["testing"] = load_test_config()["applications"][0]["args"]["testing"]  # forced scripts and CLI rules
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USAGE_STATS_ENABLED")}
@@ -99,6 +96,38 @@ def test_it_serves_the_config(launched):
     reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
                                            extra_body={"nvext": {"forced_script": "Launched and serving."}})
     assert reply.choices[0].message.content == "Launched and serving."
+
+
+def test_claude_codes_tool_loop_runs_through_it_and_reuses_the_prefix(launched, tmp_path):
+    """The real Claude Code CLI on config.yaml's no-proxy front: its ~20K-token first request on the 32K engine (the
+    alias it asks for), a Bash call parsed from the stream (config.yaml's model has no reasoning parser, so the
+    script's think block is plain text there), the call run, and the second request finding the first's prefix in
+    the engine's cache — the product's promise, on the first command's config."""
+    sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+    from npm_tools import TOOLS, npm_bin, unavailable
+    from test_claude_code import run_claude
+
+    claude = npm_bin(TOOLS / "claude-code", "@anthropic-ai/claude-code", "claude")
+    r = subprocess.run([str(claude), "--version"], capture_output=True, text=True, timeout=60)
+    if r.returncode != 0:
+        unavailable(f"the installed claude binary does not run here: {r.stderr[-300:]}")
+    _, url, _ = launched
+    out = run_claude(claude, url, tmp_path / "home", "CONFORMANCE_BASH_LOOP: run the command", "--allowedTools", "Bash")
+    calls = [b for o in out if o.get("type") == "assistant" for b in o["message"]["content"] if b["type"] == "tool_use"]
+    assert calls and calls[0]["name"] == "Bash" and calls[0]["input"]["command"] == "echo CONFORMANCE_BASH_DONE", out
+    results = [b for o in out if o.get("type") == "user" for b in o["message"]["content"]
+               if isinstance(b, dict) and b.get("type") == "tool_result"]
+    assert results and "CONFORMANCE_BASH_DONE" in json.dumps(results[0]["content"])
+    result = [o for o in out if o.get("type") == "result"][-1]
+    assert result["is_error"] is False, result
+    assert result["result"].strip() == "The command printed CONFORMANCE_BASH_DONE.", result
+    finals = [o["event"]["usage"] for o in out
+              if o.get("type") == "stream_event" and o["event"]["type"] == "message_delta"]
+    assert len(finals) >= 2, finals
+    first, last = finals[0], finals[-1]
+    first_prompt = first["input_tokens"] + first["cache_read_input_tokens"]
+    assert first_prompt > 5000, first  # Claude Code's real prompt
+    assert last["cache_read_input_tokens"] >= first_prompt - 256, (first, last)  # all but a partial KV block
 
 
 def test_its_responses_store_lives_in_the_ingress(launched):

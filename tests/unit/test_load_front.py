@@ -19,10 +19,36 @@ def test_listen_front_has_the_replicas_serve_the_benchmarks_port():
     assert not settings.ingress.direct_ingress
 
 
-def test_haproxy_front_is_the_shipped_config():
+def test_haproxy_front_is_the_shipped_haproxy_config():
     cfg = ours_config(41234, "/models/tiny", 1, engine_placement="ingress")
     assert cfg["http_options"]["port"] == 41234 and cfg["proxy_location"] != "Disabled" and direct_ingress_in(cfg)
-    assert AppSettings.model_validate(cfg["applications"][0]["args"]).ingress.listen is None
+    ingress = AppSettings.model_validate(cfg["applications"][0]["args"]).ingress
+    assert ingress.listen is None and ingress.direct_ingress
+
+
+def test_the_front_of_config_yaml_converts_both_ways_on_the_same_address():
+    """config.yaml (the replicas' own port) behind Serve's HAProxy and back, as the load scripts that start from it
+    do (bench_overhead, locust_capacity): a config Serve and the app accept, with the shipped HAProxy config's
+    controller flags (direct ingress, the drain floor) and the same models."""
+    import yaml
+
+    from load.bench_capacity import ROOT, SHIPPED_FRONT, with_front
+    from serve_app.serve_tuning import DRAIN_FLOOR, controller_env
+
+    shipped = yaml.safe_load((ROOT / "config.yaml").read_text())
+    listen = shipped["applications"][0]["args"]["ingress"]["listen"]
+    behind = with_front(shipped, "haproxy")
+    ServeDeploySchema.model_validate(behind)
+    assert behind["http_options"] == {"host": listen["host"], "port": listen["port"]} and direct_ingress_in(behind)
+    haproxy_env = controller_env(yaml.safe_load(SHIPPED_FRONT["haproxy"].read_text()))
+    assert controller_env(behind)[DRAIN_FLOOR] == haproxy_env[DRAIN_FLOOR]
+    args = AppSettings.model_validate(behind["applications"][0]["args"])
+    assert args.ingress.direct_ingress and args.ingress.listen is None
+    assert [m.id for m in args.models] == [m["id"] for m in shipped["applications"][0]["args"]["models"]]
+    back = with_front(behind, "listen")
+    assert back["proxy_location"] == "Disabled" and "http_options" not in back and not direct_ingress_in(back)
+    assert back["applications"] == shipped["applications"]
+    assert shipped == yaml.safe_load((ROOT / "config.yaml").read_text())  # the input is left as it was
 
 
 def test_the_benchmarks_place_the_responses_store_as_the_shipped_config_does():
