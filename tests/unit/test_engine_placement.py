@@ -5,6 +5,7 @@ real one)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 from pydantic import ValidationError
@@ -158,3 +159,25 @@ def test_local_client_is_the_services_engine_client():
 
     missing = [n for n in dir(EngineClient) if not n.startswith("_") and not hasattr(LocalEngineClient, n)]
     assert missing == []
+
+
+def test_shutdown_stops_the_engines_at_once_and_each_despite_another_failing():
+    """Each engine's stop waits seconds for vLLM's processes; config.yaml's replica has two engines, and one after
+    another those waits added up on every Ctrl-C. The two stops here meet at a barrier: one at a time, the first
+    would wait there alone until the barrier broke."""
+    meet = threading.Barrier(2, timeout=20)
+    stopped = []
+
+    class Stopping(StandIn):
+        def __init__(self, name, fails=False):
+            super().__init__()
+            self.name, self.fails = name, fails
+
+        def shutdown(self):
+            meet.wait()
+            if self.fails:
+                raise RuntimeError("engine core already gone")
+            stopped.append(self.name)
+
+    LocalEngineClient({"A": Stopping("A", fails=True), "B": Stopping("B")}).shutdown()
+    assert stopped == ["B"] and not meet.broken
