@@ -104,8 +104,8 @@ def ours_config(port: int, model_path: str, ingress_replicas: int, placement: st
     router = {"policy": "kv"}
     if placement:  # else the shipped default (settings.RouterConfig.placement)
         router["placement"] = placement
-    options = copy.deepcopy({k: served[k] for k in ("controller_options", "proxy_location") if k in served})
-    config = with_front({
+    options = {k: served[k] for k in ("controller_options", "proxy_location") if k in served}
+    config = with_front({  # a copy: nothing of `served` is changed below
         **options,
         "http_options": {"host": "127.0.0.1", "port": port},
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
@@ -153,12 +153,13 @@ def start_server(config_path: str | Path, launcher: str, log, env: dict[str, str
 SHIPPED_FRONT = {"listen": ROOT / "config.yaml", "haproxy": ROOT / "deployments" / "cpu-engine-deployments.yaml"}
 
 
-def haproxy_controller_env() -> dict[str, str]:
-    """What the shipped HAProxy config's controller sets for its front: direct ingress, HAProxy's threads and the
-    drain floor (serve_tuning.DRAIN_FLOOR)."""
+def shipped_haproxy_front() -> tuple[str, dict[str, str]]:
+    """The shipped HAProxy config's front: its proxy_location, and what its controller sets for that front (direct
+    ingress, HAProxy's threads, the drain floor: serve_tuning.DRAIN_FLOOR)."""
     served = yaml.safe_load(SHIPPED_FRONT["haproxy"].read_text())
     env = served["controller_options"]["runtime_env"]["env_vars"]
-    return {k: v for k, v in env.items() if k in DIRECT_INGRESS or "HAPROXY" in k or k == DRAIN_FLOOR}
+    return served["proxy_location"], {k: v for k, v in env.items()
+                                      if k in DIRECT_INGRESS or "HAPROXY" in k or k == DRAIN_FLOOR}
 
 
 def with_front(config: dict, front: str) -> dict:
@@ -173,9 +174,9 @@ def with_front(config: dict, front: str) -> dict:
     if http is None:
         raise ValueError("the config serves no address: neither http_options nor ingress.listen")
     if front == "haproxy":
-        config["proxy_location"] = "HeadOnly"
+        config["proxy_location"], front_env = shipped_haproxy_front()
         config["http_options"] = {"host": http["host"], "port": http["port"]}
-        env.update(haproxy_controller_env())
+        env.update(front_env)
     else:
         config["proxy_location"] = "Disabled"
         for k in DIRECT_INGRESS:

@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=20.0, help="seconds after the first answers before measuring")
     ap.add_argument("--engine-placement", choices=("deployment", "ingress"), default="deployment")
     ap.add_argument("--controller-set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override a variable of config.yaml's controller_options.runtime_env.env_vars")
+                    help="override a variable of the controller's env_vars (the shipped config of --front)")
     ap.add_argument("--serve-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for `serve run` (reaches every Ray process it starts)")
     ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",

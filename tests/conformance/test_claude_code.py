@@ -82,6 +82,13 @@ def test_print_mode_answers(claude, serve_url, home):
 def test_two_turn_bash_tool_loop_reuses_the_prefix(claude, serve_url, home):
     out = run_claude(claude, serve_url, home, "CONFORMANCE_BASH_LOOP: run the command",
                      "--allowedTools", "Bash")
+    check_bash_loop_reused_the_prefix(out)
+
+
+def check_bash_loop_reused_the_prefix(out: list[dict]) -> tuple[dict, dict]:
+    """The CONFORMANCE_BASH_LOOP session's events: the Bash call, its result, the final answer, and the second
+    request finding the first's prompt in the engine's cache. Returns the first and last requests' usage.
+    (tests/integration/test_serve_app_run.py runs the same loop on config.yaml.)"""
     assistants = [o["message"] for o in out if o.get("type") == "assistant"]
     calls = [b for m in assistants for b in m["content"] if b["type"] == "tool_use"]
     assert calls and calls[0]["name"] == "Bash" and calls[0]["input"]["command"] == "echo CONFORMANCE_BASH_DONE"
@@ -99,3 +106,4 @@ def test_two_turn_bash_tool_loop_reuses_the_prefix(claude, serve_url, home):
     first, last = finals[0], finals[-1]
     first_prompt = first["input_tokens"] + first["cache_read_input_tokens"]
     assert last["cache_read_input_tokens"] >= first_prompt - 256, (first, last)  # all but a partial KV block
+    return first, last

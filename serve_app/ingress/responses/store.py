@@ -130,13 +130,14 @@ def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max
 
 class AsyncStore:
     """A store's put/get/delete as coroutines, bounded by `timeout_s`: what the ResponseStore deployment serves and
-    what an ingress replica calls with the store in its own process."""
+    what an ingress replica calls with the store in its own process (`open_local_store`)."""
 
-    def __init__(self, core: Any, blocking: bool, timeout_s: float = 5.0):
-        self.core = core
+    def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
+                 path: str | None = None, dsn: str | None = None, timeout_s: float = 5.0):
+        self.core = make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s)
         # SQLite blocks on disk and PostgreSQL on the network: off the event loop. The in-memory core is cheap
         # enough to call inline.
-        self._blocking = blocking
+        self._blocking = backend != "memory"
         self.timeout_s = timeout_s
 
     async def _call(self, fn, *args):
@@ -168,11 +169,6 @@ class ResponseStore(AsyncStore):
     """One replica on purpose: with SQLite or in memory it is the single owner of the records (no cross-replica
     consistency to manage); with PostgreSQL the database owns them, and the replica may come back on any node."""
 
-    def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
-                 path: str | None = None, dsn: str | None = None, timeout_s: float = 5.0):
-        super().__init__(make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s),
-                         blocking=backend != "memory", timeout_s=timeout_s)
-
 
 def _store_args(ing) -> tuple:
     return (ing.response_store_max_items, ing.response_store_ttl_s, ing.response_store_max_bytes,
@@ -189,9 +185,7 @@ def bind_store(settings) -> Any:
 
 def open_local_store(ingress_settings) -> AsyncStore:
     """The store in this process (`response_store_placement: ingress`), opened as the deployment would open it."""
-    max_items, ttl_s, max_bytes, backend, path, dsn, timeout_s = _store_args(ingress_settings)
-    return AsyncStore(make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s),
-                      blocking=backend != "memory", timeout_s=timeout_s)
+    return AsyncStore(*_store_args(ingress_settings))
 
 
 class StoreClient:
