@@ -128,16 +128,24 @@ def add_front_arg(ap: argparse.ArgumentParser) -> None:
 
 def add_launcher_arg(ap: argparse.ArgumentParser) -> None:
     """`--launcher`, the same in every load script that starts this app: what starts Ray and hands it the config."""
-    ap.add_argument("--launcher", choices=("serve_app", "serve"), default="serve_app",
+    ap.add_argument("--launcher", choices=("serve_app", "serve", "single_process"), default="serve_app",
                     help="serve_app: `python -m serve_app run` (the README's command: a local Ray without the "
-                         "dashboard and idle workers); serve: `serve run --address local` (Ray's defaults)")
+                         "dashboard and idle workers); serve: `serve run --address local` (Ray's defaults); "
+                         "single_process: `python -m serve_app run --single-process` (no Ray; needs --front listen "
+                         "and --engine-placement ingress)")
+
+
+def check_launcher(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The single-process server runs only config.yaml's topology (serve_app/single_process.py refusals)."""
+    if a.launcher == "single_process" and (a.front != "listen" or a.engine_placement != "ingress"):
+        ap.error("--launcher single_process needs --front listen --engine-placement ingress")
 
 
 def serve_command(config_path: str | Path, launcher: str = "serve_app") -> list[str]:
     """The command that serves a Serve config file of this app on a new local Ray."""
     if launcher == "serve":
         return [str(Path(PY).parent / "serve"), "run", "--address", "local", str(config_path)]
-    return [PY, "-m", "serve_app", "run", str(config_path)]
+    return [PY, "-m", "serve_app", "run", str(config_path), *(["--single-process"] if launcher == "single_process" else [])]
 
 
 def start_server(config_path: str | Path, launcher: str, log, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -272,6 +280,8 @@ def role_of(proc: psutil.Process, server: str) -> str:
         return "engine_core"
     if server == "vllm":
         return "api_server" if "api_server" in title else "other"
+    if "--single-process" in title:  # the whole serving path is that one process
+        return "ingress"
     for key, role in (("ProxyActor", "proxy"), (":Ingress", "ingress"), (":Router", "router"), (":Engine", "engine_replica"),
                       ("ServeController", "serve_controller")):
         if key in title:
@@ -560,6 +570,7 @@ def main() -> None:
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
     ingress_set = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.ingress_set)}
+    check_launcher(ap, a)
     if a.front == "listen" and a.via == "replica":
         ap.error("--front listen already reaches the replica's own port (there is no front door)")
 

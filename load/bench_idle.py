@@ -10,6 +10,7 @@ settle, and then their whole process trees are read from /proc over the same win
     python -m load.bench_idle --controller-set RAY_SERVE_CONTROL_LOOP_INTERVAL_S=0.1   # Serve's own default
     python -m load.bench_idle --launcher serve          # `serve run`: Ray's dashboard, idle workers, task events
     python -m load.bench_idle --ingress-set response_store_placement=deployment   # the ResponseStore replica
+    python -m load.bench_idle --launcher single_process --front listen --engine-placement ingress   # no Ray
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import psutil
 import yaml
 
 from load import provenance
-from load.bench_capacity import (CpuMeter, add_front_arg, add_launcher_arg, free_port, start_ours, start_vllm, stop,
-                                 wait_healthy)
+from load.bench_capacity import (CpuMeter, add_front_arg, add_launcher_arg, check_launcher, free_port, start_ours,
+                                 start_vllm, stop, wait_healthy)
 
 
 def process_titles(root_pid: int) -> dict[int, str]:
@@ -55,6 +56,7 @@ def main() -> None:
     add_launcher_arg(ap)
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    check_launcher(ap, a)
 
     from load.tiny_model import ensure_tiny_model
 

@@ -6,6 +6,8 @@ subparser in `build_parser`.
     families [--json]             the model-family catalog: templates (source, revision, license), parsers, thinking
     run CONFIG [--dashboard]      serve a Serve config file on this host, on a local Ray started without the
                                   dashboard and idle daemons it does not need (serve_app/launch.py)
+    run CONFIG --single-process   the same config's service in this one process, without Ray
+                                  (serve_app/single_process.py)
     status [--json]               the running service's applications, deployments and replicas, from Serve's
                                   controller (what `serve status` shows, without needing the dashboard)
 """
@@ -94,9 +96,25 @@ def _cmd_families(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.single_process:
+        import logging
+
+        from serve_app import single_process
+
+        if args.dashboard or args.address:
+            print("error: --single-process runs no Ray: --dashboard and --address do not apply", file=sys.stderr)
+            return 2
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s %(name)s: %(message)s")
+        try:
+            settings = _load_settings(args.config)
+        except (OSError, ValueError) as e:  # pydantic's ValidationError is a ValueError
+            print(f"error: {args.config}: {e}", file=sys.stderr)
+            return 2
+        return single_process.run(settings)
+
     from serve_app.launch import run
 
-    return run(args.config, dashboard=args.dashboard, address=args.address)
+    return run(args.config, dashboard=args.dashboard, address=args.address or os.environ.get("RAY_ADDRESS") or None)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -143,9 +161,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("config", help="the Serve config file, e.g. config.yaml")
     run.add_argument("--dashboard", action="store_true",
                      help="start Ray's dashboard too (needed by `serve status` and `serve config`)")
-    run.add_argument("--address", default=os.environ.get("RAY_ADDRESS") or None,
+    run.add_argument("--address", default=None,
                      help="join this running Ray cluster instead of starting one, as `serve run --address` does "
                           "(default: $RAY_ADDRESS)")
+    run.add_argument("--single-process", action="store_true",
+                     help="serve the config in this one process, without Ray: the engines in the process, the "
+                          "port from ingress.listen (config.yaml's topology; serve_app/single_process.py)")
     run.set_defaults(func=_cmd_run)
 
     status = sub.add_parser("status", help="the running service's applications, deployments and replicas "

@@ -36,6 +36,25 @@ class IngressContext:
     replica_tag: str = ""  # this ingress replica's name, sent as `x-serve-replica` ("" outside Serve)
 
 
+def build_context(cfg: AppSettings, secret: KeyRing, engines: Any, *, limits: Any = None, response_store: Any = None,
+                  replica_tag: str = "") -> IngressContext:
+    """An ingress's context over its engine client: the one assembly of the Serve replica (ingress/deployment.py)
+    and of the single-process server (serve_app/single_process.py). `limits`: the shared limit state (a
+    TenantLimits handle, or a LimitState in one process), None when no tenant has limits; `response_store`: a store
+    deployment's handle or a store in this process, None when there is none."""
+    from serve_app.ingress.limits import LimitClient
+    from serve_app.ingress.responses.store import StoreClient
+
+    service = GenerationService(cfg, engines, limiter=LimitClient(limits) if limits is not None else None)
+    # Tokenizers load here, one after another: building them lazily from several request threads at once raced
+    # inside transformers' lazy imports.
+    service.warm_renderers()
+    store = (StoreClient(response_store, cfg.ingress.response_store_timeout_s)
+             if response_store is not None else None)
+    return IngressContext(settings=cfg, service=service, secret=secret, response_store=store,
+                          replica_tag=replica_tag)
+
+
 def replica_headers(ctx: IngressContext) -> dict[str, str]:
     """`x-serve-replica`: which ingress replica answered (lets tests and operators see cross-replica use, and
     which replica the front door chose)."""

@@ -9,13 +9,11 @@ from ray import serve
 from serve_app.ingress.clients import ServeEngineClient
 from serve_app.keyring import KeyRing
 from serve_app.routing.local import LocalRouter
-from serve_app.ingress.context import IngressContext
-from serve_app.ingress.limits import LimitClient
+from serve_app.ingress.context import build_context
 from serve_app.ingress.listener import Listener
-from serve_app.ingress.responses.store import StoreClient, open_local_store
+from serve_app.ingress.responses.store import open_local_store
 from serve_app.ingress.server import create_app
 from serve_app.serve_tuning import app_watches_disconnects, freeze_startup_heap
-from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
 
 log = logging.getLogger(__name__)
@@ -62,22 +60,11 @@ class Ingress:
         else:
             client = ServeEngineClient(engines, router, router_timeout_s=cfg.ingress.router_timeout_s,
                                        local=self.local_router)
-        # tenant_limits: the shared TenantLimits handle, when some tenant has limits
-        limiter = LimitClient(tenant_limits) if tenant_limits is not None else None
-        service = GenerationService(cfg, client, limiter=limiter)
-        # Tokenizers load here, one after another: building them lazily from several request threads at once
-        # raced inside transformers' lazy imports.
-        service.warm_renderers()
         if response_store is None and cfg.ingress.response_store_placement == "ingress":
             response_store = open_local_store(cfg.ingress)
-        self.ctx = IngressContext(
-            settings=cfg,
-            service=service,
-            secret=secret,
-            response_store=(StoreClient(response_store, cfg.ingress.response_store_timeout_s)
-                            if response_store is not None else None),
-            replica_tag=serve.get_replica_context().replica_tag,
-        )
+        # tenant_limits: the shared TenantLimits handle, when some tenant has limits
+        self.ctx = build_context(cfg, secret, client, limits=tenant_limits, response_store=response_store,
+                                 replica_tag=serve.get_replica_context().replica_tag)
 
     async def routing_metrics(self) -> dict:
         """This replica's routing table (placement `ingress`), as the Router deployment's `metrics()` reads;

@@ -3,8 +3,8 @@
 In a Serve replica, metrics are recorded through Ray (`serve_app/metrics.py`), so `/metrics` relays the exposition
 of the metrics agent on the node this replica runs on: on a single-node `serve run` that is every replica's
 service metrics, vLLM's engine metrics and Ray Serve's own, at one URL. On a multi-node cluster it shows one node
-only; Prometheus scrapes every node's metrics port instead (kuberay/prometheus-podmonitor.yaml). Outside Ray (unit
-tests) it serves the process-local registry. The server wires the middleware with
+only; Prometheus scrapes every node's metrics port instead (kuberay/prometheus-podmonitor.yaml). Outside Ray (the
+single-process server, unit tests) it serves this process's registries: the service's and vLLM's. The server wires the middleware with
 `app.add_middleware(RequestMetricsMiddleware)`; it is pure ASGI, so streamed bodies pass through untouched.
 """
 
@@ -14,6 +14,7 @@ import asyncio
 import time
 
 import httpx
+import prometheus_client
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
@@ -68,7 +69,10 @@ async def _relay_node_metrics() -> Response:
 async def prometheus_metrics() -> Response:
     if metrics.in_ray_worker():
         return await _relay_node_metrics()
-    return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    # Outside Ray (the single-process server, unit tests): the service's registry, then prometheus_client's
+    # default one, where vLLM's engine metrics and the process's own are.
+    body = generate_latest(metrics.REGISTRY) + generate_latest(prometheus_client.REGISTRY)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 class RequestMetricsMiddleware:

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -27,67 +26,17 @@ import pytest
 import yaml
 
 from serve_app import metrics
-from serve_app.engine.vllm_engine import free_port
-from tests.conftest import load_test_config
 from tests.support.apps import healthy
+from tests.support.launched import ROOT, launch, titles, tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL = "smollm2-135m-instruct"
-
-
-def tree(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def titles(procs: list[psutil.Process]) -> list[str]:
-    out = []
-    for p in procs:
-        try:
-            out.append(" ".join(p.cmdline()) or p.name())
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
-    return out
 
 
 @pytest.fixture(scope="module")
 def launched(without_session_server, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("launch")
-    port = free_port()
-    config = yaml.safe_load((ROOT / "config.yaml").read_text())
-    args = config["applications"][0]["args"]
-    args["ingress"]["listen"]["port"] = port
-    args["ingress"]["response_store_path"] = str(tmp / "responses.sqlite3")
-    args["testing"] = load_test_config()["applications"][0]["args"]["testing"]  # forced scripts and CLI rules
-    path = tmp / "config.yaml"
-    path.write_text(yaml.safe_dump(config))
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USAGE_STATS_ENABLED")}
-    log = open(tmp / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "serve_app", "run", str(path)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while not healthy(url):
-            assert proc.poll() is None, f"exited with {proc.returncode}: {(tmp / 'serve.log').read_text()[-3000:]}"
-            assert time.monotonic() < deadline, (tmp / "serve.log").read_text()[-3000:]
-            time.sleep(1)
-        yield proc, url, tmp / "serve.log"
-    finally:
-        if proc.poll() is None:
-            try:
-                procs = tree(proc.pid)
-            except psutil.NoSuchProcess:
-                procs = []
-            os.killpg(proc.pid, signal.SIGKILL)
-            for p in procs:
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-        log.close()
+    yield from launch(tmp_path_factory.mktemp("launch"))
 
 
 def test_it_serves_the_config(launched):

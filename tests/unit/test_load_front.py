@@ -65,3 +65,27 @@ def test_the_benchmarks_place_the_responses_store_as_the_shipped_config_does():
         assert ingress.response_store_placement == shipped["response_store_placement"] == "ingress"
     cfg = ours_config(41234, "/models/tiny", 1, ingress_set={"response_store_placement": "deployment"})
     assert AppSettings.model_validate(cfg["applications"][0]["args"]).ingress.response_store_placement == "deployment"
+
+
+def test_the_single_process_launcher_serves_the_listen_config_without_ray():
+    """`--launcher single_process` runs the README command with `--single-process`, and only on the topology that
+    runs in one process (the benchmark's config must pass the server's own refusals)."""
+    import argparse
+
+    import pytest
+
+    from load.bench_capacity import add_engine_placement_arg, add_front_arg, add_launcher_arg, check_launcher, serve_command
+    from serve_app.single_process import refusals
+
+    assert serve_command("c.yaml", "single_process")[-3:] == ["run", "c.yaml", "--single-process"]
+    assert "--single-process" not in serve_command("c.yaml", "serve_app")
+    ap = argparse.ArgumentParser()
+    add_front_arg(ap)
+    add_launcher_arg(ap)
+    add_engine_placement_arg(ap)
+    ok = ap.parse_args(["--launcher", "single_process", "--front", "listen", "--engine-placement", "ingress"])
+    check_launcher(ap, ok)
+    with pytest.raises(SystemExit):
+        check_launcher(ap, ap.parse_args(["--launcher", "single_process"]))
+    args = ours_config(8123, "/m", 1, engine_placement="ingress", front="listen")["applications"][0]["args"]
+    assert refusals(AppSettings.model_validate(args)) == []

@@ -1,0 +1,128 @@
+"""`python -m serve_app run config.yaml --single-process`, for real: config.yaml's service in one process without
+Ray (serve_app/single_process.py) — no Ray process at all, the three APIs through the real SDKs with a tool call
+parsed in the stream, the Responses store, a turn that reuses the previous one's cached prefix, the service's and
+vLLM's metrics on /metrics, and Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stopping the
+server and every engine process with status 0.
+
+config.yaml as shipped with the test hooks only (tests/support/launched.py). Marked `own_cluster` so that it runs
+after the session's Ray server has stopped: two cores are not shared with another server's engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import anthropic
+import httpx
+import openai
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.apps import healthy
+from tests.support.launched import launch, titles, tree
+
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
+
+MODEL = "smollm2-135m-instruct"
+WEATHER = {"name": "get_weather", "description": "Weather for a city", "input_schema": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+def forced(script: str) -> dict:
+    return {"nvext": {"forced_script": script}}
+
+
+@pytest.fixture(scope="module")
+def launched(without_session_server, tmp_path_factory):
+    yield from launch(tmp_path_factory.mktemp("single"), "--single-process")
+
+
+def test_no_ray_process_runs(launched):
+    proc, _, _ = launched
+    names = titles(tree(proc.pid))
+    assert not [t for t in names if "raylet" in t or "gcs_server" in t or "ray::" in t or "dashboard" in t], names
+    # The engines are this process's children: vLLM's engine cores (one per engine of config.yaml: two).
+    cores = [p for p in tree(proc.pid)[1:] if "EngineCore" in " ".join(titles([p])) or "VLLM" in p.name()]
+    assert len(cores) >= 2, names
+
+
+def test_chat_answers_through_the_openai_sdk(launched):
+    _, url, _ = launched
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
+                                           extra_body=forced("One process, no Ray."))
+    assert reply.choices[0].message.content == "One process, no Ray."
+    assert reply.usage.completion_tokens > 0
+
+
+def test_a_messages_stream_parses_the_tool_call_as_the_batch_answer_does(launched):
+    _, url, _ = launched
+    client = anthropic.Anthropic(base_url=url, api_key="none", max_retries=0, timeout=300)
+    args = {"city": "Zürich \"old town\"\nnorth"}
+    script = 'Checking.<tool_call>\n{"name": "get_weather", "arguments": ' + json.dumps(args) + "}\n</tool_call>"
+    kw = dict(model=MODEL, max_tokens=200, tools=[WEATHER], messages=[{"role": "user", "content": "weather?"}],
+              extra_body=forced(script))
+    with client.messages.stream(**kw) as stream:
+        kinds = [e.type for e in stream]
+        streamed = stream.get_final_message()
+    batch = client.messages.create(**kw)
+    for message in (streamed, batch):
+        assert message.stop_reason == "tool_use"
+        text, call = message.content
+        assert text.text == "Checking."
+        assert (call.name, call.input) == ("get_weather", args)
+    assert "input_json" in kinds  # the arguments arrived as deltas of the stream, not only at its end
+
+
+def test_responses_are_stored_and_continued(launched):
+    _, url, log = launched
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    first = client.responses.create(model=MODEL, input="Remember the word teal.", max_output_tokens=8, store=True,
+                                    extra_body=forced("Noted: teal."))
+    second = client.responses.create(model=MODEL, input="Which word?", previous_response_id=first.id,
+                                     max_output_tokens=8, extra_body=forced("teal"))
+    assert second.output_text == "teal"
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+    assert client.responses.retrieve(first.id).output_text == "Noted: teal."
+    assert (log.parent / "responses.sqlite3").stat().st_size > 0  # config.yaml's SQLite file, opened here
+
+
+def test_the_next_turn_reuses_the_cached_prefix(launched):
+    _, url, _ = launched
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    system = "You are a careful assistant. " + " ".join(f"Rule {i}: answer plainly." for i in range(60))
+    history = [{"role": "system", "content": system}, {"role": "user", "content": "first"}]
+    one = client.chat.completions.create(model=MODEL, messages=history, extra_body=forced("Done once."))
+    history += [{"role": "assistant", "content": "Done once."}, {"role": "user", "content": "second"}]
+    two = client.chat.completions.create(model=MODEL, messages=history, extra_body=forced("Done twice."))
+    block = 128  # vLLM's CPU block size: the cache holds whole blocks
+    assert two.usage.prompt_tokens_details.cached_tokens >= one.usage.prompt_tokens - block, (one.usage, two.usage)
+
+
+def test_metrics_show_the_service_and_the_engines(launched):
+    _, url, _ = launched
+    r = httpx.get(f"{url}/metrics", timeout=30)
+    assert r.status_code == 200
+    names = {f.name for f in text_string_to_metric_families(r.text)}
+    assert {"serve_app_requests", "serve_app_ttft_seconds", "vllm:generation_tokens"} <= names, sorted(names)
+
+
+def test_ctrl_c_stops_the_server_and_its_engines(launched):
+    proc, url, log = launched
+    procs = tree(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
+    try:
+        rc = proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running 120 s after SIGINT: {log.read_text()[-3000:]}")
+    assert rc == 0, log.read_text()[-3000:]
+    assert not healthy(url)
+    deadline = time.monotonic() + 60
+    while left := [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+        assert time.monotonic() < deadline, f"still running after the server exited: {titles(left)}"
+        time.sleep(1)
