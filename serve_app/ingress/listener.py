@@ -10,6 +10,7 @@ here knows about Ray."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 
@@ -44,8 +45,9 @@ class Listener:
         self.server = uvicorn.Server(uvicorn.Config(
             app, lifespan="off", access_log=False, log_config=None, log_level="warning",
             timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=drain_s))
-        # Signal handling belongs to the process's owner (Ray), not to one server in it.
-        self.server.install_signal_handlers = lambda: None
+        # Signal handling belongs to the process's owner (Ray, or single_process.py), not to one server in it:
+        # uvicorn's `serve` would take SIGINT/SIGTERM over in the main thread and re-raise them when it stops.
+        self.server.capture_signals = contextlib.nullcontext
         self.task: asyncio.Task | None = None
 
     def start(self) -> None:

@@ -64,6 +64,29 @@ async def test_two_listeners_share_one_port_and_both_serve():
     assert seen == {"a", "b"}
 
 
+def test_the_listener_leaves_the_processs_signals_to_its_owner():
+    """In the main thread (the single-process server) uvicorn would take SIGINT/SIGTERM over while it serves and
+    re-raise them when it stops; the process's owner (Ray, single_process.py) keeps them."""
+    import signal
+
+    def owner(*_):
+        pass
+
+    async def serve_once() -> tuple:
+        listener = await started(Listener(app("a"), "127.0.0.1", 0, keep_alive_s=5, drain_s=1))
+        during = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+        await listener.drain()
+        return during
+
+    before = signal.signal(signal.SIGINT, owner), signal.signal(signal.SIGTERM, owner)
+    try:
+        assert asyncio.run(serve_once()) == (owner, owner)
+        assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == (owner, owner)
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        signal.signal(signal.SIGTERM, before[1])
+
+
 async def test_a_drain_finishes_open_requests_while_the_successor_takes_new_ones():
     release = asyncio.Event()
     old = await started(Listener(app("old", release), "127.0.0.1", 0, keep_alive_s=5, drain_s=30))

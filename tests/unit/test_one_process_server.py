@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -59,15 +60,15 @@ class Engines:
     """What the server needs of its engine client: health, readiness probes, shutdown."""
 
     def __init__(self, dies_after: int | None = None):
-        self.checks, self.dies_after, self.stopped = 0, dies_after, False
+        self.checks, self.dies_after, self.stopped, self.loops = 0, dies_after, False, []
 
     async def check_health(self) -> None:
         self.checks += 1
         if self.dies_after is not None and self.checks > self.dies_after:
             raise RuntimeError("EngineCore died")
 
-    async def probe(self, key: str) -> None:
-        return None
+    async def probe(self, key: str) -> None:  # /health asks every engine
+        self.loops.append(type(asyncio.get_running_loop()))
 
     def shutdown(self) -> None:
         self.stopped = True
@@ -96,26 +97,33 @@ def started(monkeypatch):
 
 
 def test_it_serves_until_sigint_then_stops_the_engines(started, tmp_path):
+    """`run`, as the command calls it: on uvloop (as Serve's replicas and vLLM's server), the port served until a
+    SIGINT, status 0, the engines stopped."""
+    import threading
+
+    import uvloop
+
     port = free_port()
+    answers = []
 
-    async def main() -> tuple[int, int]:
-        server = asyncio.create_task(single_process.serve(_settings(port, tmp_path), health_period_s=0.05))
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
-            while True:
-                assert not server.done(), server.result()
-                try:
-                    r = await client.get("/v1/models")
-                    break
-                except httpx.ConnectError:
-                    await asyncio.sleep(0.05)
+    def client() -> None:
+        while True:
+            try:
+                answers.append(httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code)
+                break
+            except httpx.ConnectError:
+                time.sleep(0.05)
         os.kill(os.getpid(), signal.SIGINT)  # the server's handler, not KeyboardInterrupt
-        return r.status_code, await server
 
-    status, rc = asyncio.run(main())
-    assert status == 200 and rc == 0
-    assert started["engines"].stopped and started["engines"].checks >= 0
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    rc = single_process.run(_settings(port, tmp_path))
+    thread.join(5)
+    assert answers == [200] and rc == 0
+    engines = started["engines"]
+    assert engines.stopped and engines.loops and all(issubclass(t, uvloop.Loop) for t in engines.loops)
     assert started["kw"]["replica_id"] == "single-process" and "stat_loggers" not in started["kw"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # asyncio.run put it back
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the runner put it back
 
 
 def test_a_dead_engine_stops_it_with_status_1(started, tmp_path):
