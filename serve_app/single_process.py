@@ -77,10 +77,12 @@ async def serve(settings: AppSettings, health_period_s: float = HEALTH_PERIOD_S)
     from serve_app.ingress.server import create_app
     from serve_app.serve_tuning import freeze_startup_heap
 
+    from serve_app.engine.stat_logger import LocalEngineStatLogger
+
     secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
-    # vLLM's own stat loggers (stat_loggers=None): its Prometheus metrics land in this process's registry.
     engines = LocalEngineClient.start(settings.models, forced_scripts=settings.testing.forced_scripts,
-                                      model_cache_dir=settings.model_cache_dir, replica_id="single-process")
+                                      model_cache_dir=settings.model_cache_dir, replica_id="single-process",
+                                      stat_loggers=[LocalEngineStatLogger])
     listener = None
     try:
         # Every placement's store opens here: this process is the only one using it (so `memory` works too).

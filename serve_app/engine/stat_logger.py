@@ -18,9 +18,12 @@ So this logger
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from vllm.v1.metrics.loggers import PrometheusStatLogger
 from vllm.v1.metrics.ray_wrappers import RayCounterWrapper, RayGaugeWrapper, RayPrometheusStatLogger
 
 from serve_app import metrics
@@ -108,11 +111,60 @@ def buffer_metrics(obj: Any, depth: int = 1) -> int:
     return changed
 
 
+def drop_per_token_metrics(logger: Any) -> None:
+    """Stop `logger` (a vLLM Prometheus stat logger) observing the metrics it would observe once per token."""
+    for attr in PER_TOKEN_METRICS:
+        children = getattr(logger, attr, None)
+        if isinstance(children, dict):  # engine index -> labelled child (vllm/v1/metrics/utils.py)
+            setattr(logger, attr, {idx: _NotExported() for idx in children})
+
+
 class EngineStatLogger(RayPrometheusStatLogger):
+    """In a Ray worker: vLLM's metrics through Ray's, buffered, without the per-token ones."""
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        for attr in PER_TOKEN_METRICS:
-            children = getattr(self, attr, None)
-            if isinstance(children, dict):  # engine index -> labelled child (vllm/v1/metrics/utils.py)
-                setattr(self, attr, {idx: _NotExported() for idx in children})
+        drop_per_token_metrics(self)
         buffer_metrics(self)
+
+
+# One registry per engine of this process (LocalEngineStatLogger): vLLM's Prometheus logger registers its metrics
+# in prometheus_client's global registry and unregisters every `vllm:` metric there first, so with two engines in one
+# process only the last one's would be left.
+ENGINE_REGISTRIES: list[CollectorRegistry] = []
+
+
+class LocalEngineStatLogger(PrometheusStatLogger):
+    """Outside Ray (serve_app/single_process.py): vLLM's metrics in a Prometheus registry of this engine's own
+    (`ENGINE_REGISTRIES`, exposed together by `engine_metrics`), without the per-token ones: the engine's output
+    handler runs on the serving event loop there, so each observation per token is time the streams wait for."""
+
+    def __init__(self, *args, **kwargs):
+        registry = CollectorRegistry(auto_describe=True)
+        self._gauge_cls = functools.partial(Gauge, registry=registry)
+        self._counter_cls = functools.partial(Counter, registry=registry)
+        self._histogram_cls = functools.partial(Histogram, registry=registry)
+        super().__init__(*args, **kwargs)
+        drop_per_token_metrics(self)
+        ENGINE_REGISTRIES.append(registry)
+
+
+class _Merged:
+    """The engines' registries as one collector: a metric family every engine has is one family with every
+    engine's samples (their `model_name` labels tell them apart), as Prometheus's text format requires."""
+
+    def collect(self):
+        families: dict[str, Any] = {}
+        for registry in list(ENGINE_REGISTRIES):
+            for family in registry.collect():
+                merged = families.get(family.name)
+                if merged is None:
+                    families[family.name] = family
+                else:
+                    merged.samples.extend(family.samples)
+        return iter(families.values())
+
+
+def engine_metrics() -> bytes:
+    """The Prometheus text of every engine in this process (LocalEngineStatLogger); empty without any."""
+    return generate_latest(_Merged()) if ENGINE_REGISTRIES else b""

@@ -69,9 +69,11 @@ async def _relay_node_metrics() -> Response:
 async def prometheus_metrics() -> Response:
     if metrics.in_ray_worker():
         return await _relay_node_metrics()
-    # Outside Ray (the single-process server, unit tests): the service's registry, then prometheus_client's
-    # default one, where vLLM's engine metrics and the process's own are.
-    body = generate_latest(metrics.REGISTRY) + generate_latest(prometheus_client.REGISTRY)
+    # Outside Ray (the single-process server, unit tests): the service's registry, the engines' (one each:
+    # engine/stat_logger.py) and prometheus_client's default one (the process's own metrics).
+    from serve_app.engine.stat_logger import engine_metrics
+
+    body = generate_latest(metrics.REGISTRY) + engine_metrics() + generate_latest(prometheus_client.REGISTRY)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 

@@ -147,3 +147,49 @@ def test_the_classes_buffered_are_the_ones_vllms_ray_logger_builds():
     fails instead of the buffering silently doing nothing."""
     assert stat_logger.EngineStatLogger._gauge_cls is RayGaugeWrapper
     assert stat_logger.EngineStatLogger._counter_cls is RayCounterWrapper
+
+
+def test_the_per_token_histogram_is_dropped_in_either_logger():
+    """Both loggers (Ray's and the single process's) stop observing what vLLM observes once per token: the children
+    of the attributes vLLM's Prometheus logger builds under those names (checked against its source, so a renamed
+    attribute fails here rather than leaving the per-token cost in silently)."""
+    import inspect
+
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    source = inspect.getsource(PrometheusStatLogger.__init__)
+    assert all(f"self.{attr} =" in source or f"self.{attr}:" in source for attr in stat_logger.PER_TOKEN_METRICS)
+    assert issubclass(stat_logger.LocalEngineStatLogger, PrometheusStatLogger)
+    assert not issubclass(stat_logger.LocalEngineStatLogger, stat_logger.RayPrometheusStatLogger)
+
+    log: list = []
+    logger = type("L", (), {})()
+    logger.histogram_inter_token_latency = _per_engine(RayHistogramWrapper, "itl", log)
+    logger.histogram_inter_token_latency[0].observe(0.01)
+    assert len(log) == 1
+    stat_logger.drop_per_token_metrics(logger)
+    for child in logger.histogram_inter_token_latency.values():
+        child.observe(0.01)
+    assert len(log) == 1 and set(logger.histogram_inter_token_latency) == {0, 1}
+
+
+def test_the_engines_of_one_process_are_one_exposition(monkeypatch):
+    """Two engines in one process (the single-process server, config.yaml's two): each logger's metrics in its own
+    registry, exposed as one family per name holding both engines' samples — valid Prometheus text, neither engine
+    lost (vLLM's logger alone unregisters the previous engine's `vllm:` metrics from the global registry)."""
+    from prometheus_client import CollectorRegistry, Counter
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registries = []
+    for model in ("a", "b"):
+        reg = CollectorRegistry()
+        Counter("vllm:generation_tokens", "doc", ["model_name"], registry=reg).labels(model).inc(3 if model == "a" else 5)
+        registries.append(reg)
+    monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", registries)
+    text = stat_logger.engine_metrics().decode()
+    assert text.count("# TYPE vllm:generation_tokens_total counter") == 1
+    (family,) = [f for f in text_string_to_metric_families(text) if f.name == "vllm:generation_tokens"]
+    totals = {s.labels["model_name"]: s.value for s in family.samples if s.name.endswith("_total")}
+    assert totals == {"a": 3.0, "b": 5.0}
+    monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", [])
+    assert stat_logger.engine_metrics() == b""

@@ -15,6 +15,7 @@ import pytest
 
 from serve_app import __main__ as cli_main
 from serve_app import single_process
+from serve_app.engine.stat_logger import LocalEngineStatLogger
 from serve_app.engine.vllm_engine import free_port
 from serve_app.settings import AppSettings
 
@@ -122,7 +123,8 @@ def test_it_serves_until_sigint_then_stops_the_engines(started, tmp_path):
     assert answers == [200] and rc == 0
     engines = started["engines"]
     assert engines.stopped and engines.loops and all(issubclass(t, uvloop.Loop) for t in engines.loops)
-    assert started["kw"]["replica_id"] == "single-process" and "stat_loggers" not in started["kw"]
+    assert started["kw"]["replica_id"] == "single-process"
+    assert started["kw"]["stat_loggers"] == [LocalEngineStatLogger]  # vLLM's metrics here, not through Ray
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the runner put it back
 
 
