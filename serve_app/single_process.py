@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 from typing import Any
 
@@ -123,6 +124,12 @@ def run(settings: AppSettings) -> int:
         for p in problems:
             log.error("--single-process: %s", p)
         return 2
+    # One OpenMP thread for what torch runs outside the engine's worker (this process, the engine core), as Ray
+    # gives its workers (the actor's num_cpus, at least 1) and vLLM its multiprocess workers; the worker binds its
+    # own threads (VLLM_CPU_OMP_THREADS_BIND). Unset, both processes had a thread per core beside the worker's:
+    # ITL p99 at 128 streams 54-58 ms against 45 (docs/serving-path.md "One process without Ray"). Before torch
+    # is imported; an operator's own value wins.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # uvloop where installed, as Serve's replicas and vLLM's server run their event loops (on the default loop the
     # first token reached a client 36 ms later at one stream: load/results/capacity_single_process_asyncio_loop.json).
     try:

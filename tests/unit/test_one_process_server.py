@@ -97,7 +97,7 @@ def started(monkeypatch):
     return made
 
 
-def test_it_serves_until_sigint_then_stops_the_engines(started, tmp_path):
+def test_it_serves_until_sigint_then_stops_the_engines(started, tmp_path, monkeypatch):
     """`run`, as the command calls it: on uvloop (as Serve's replicas and vLLM's server), the port served until a
     SIGINT, status 0, the engines stopped."""
     import threading
@@ -106,6 +106,7 @@ def test_it_serves_until_sigint_then_stops_the_engines(started, tmp_path):
 
     port = free_port()
     answers = []
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # restored after the test
 
     def client() -> None:
         while True:
@@ -126,6 +127,7 @@ def test_it_serves_until_sigint_then_stops_the_engines(started, tmp_path):
     assert started["kw"]["replica_id"] == "single-process"
     assert started["kw"]["stat_loggers"] == [LocalEngineStatLogger]  # vLLM's metrics here, not through Ray
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the runner put it back
+    assert os.environ["OMP_NUM_THREADS"] == "1"  # set before the engines start, as Ray sets it for its workers
 
 
 def test_a_dead_engine_stops_it_with_status_1(started, tmp_path):
