@@ -21,13 +21,11 @@ import time
 
 import httpx
 import openai
-import psutil
 import pytest
 import yaml
 
 from serve_app import metrics
-from tests.support.apps import healthy
-from tests.support.launched import ROOT, launch, titles, tree
+from tests.support.launched import ROOT, interrupted_cleanly, launch, titles, tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
@@ -129,16 +127,5 @@ def test_its_status_comes_from_the_controller_without_a_dashboard(launched):
 
 def test_sigint_stops_serve_and_all_of_its_ray(launched):
     proc, url, log = launched
-    procs = tree(proc.pid)
-    assert len(procs) > 5
-    proc.send_signal(signal.SIGINT)  # what Ctrl-C does to the command in a terminal
-    try:
-        rc = proc.wait(timeout=180)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running 180 s after SIGINT: {log.read_text()[-3000:]}")
-    assert rc == 0, log.read_text()[-3000:]
-    assert not healthy(url)
-    deadline = time.monotonic() + 60
-    while left := [t for t in titles([p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE])]:
-        assert time.monotonic() < deadline, f"still running after the launcher exited: {left}"
-        time.sleep(1)
+    assert len(tree(proc.pid)) > 5
+    interrupted_cleanly(proc, url, log, lambda: proc.send_signal(signal.SIGINT), timeout_s=180)

@@ -13,18 +13,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import time
 
 import anthropic
 import httpx
 import openai
-import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.apps import healthy
-from tests.support.launched import launch, titles, tree
+from tests.support.launched import interrupted_cleanly, launch, titles, tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
@@ -114,15 +110,5 @@ def test_metrics_show_the_service_and_the_engines(launched):
 
 def test_ctrl_c_stops_the_server_and_its_engines(launched):
     proc, url, log = launched
-    procs = tree(proc.pid)
-    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
-    try:
-        rc = proc.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"still running 120 s after SIGINT: {log.read_text()[-3000:]}")
-    assert rc == 0, log.read_text()[-3000:]
-    assert not healthy(url)
-    deadline = time.monotonic() + 60
-    while left := [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
-        assert time.monotonic() < deadline, f"still running after the server exited: {titles(left)}"
-        time.sleep(1)
+    # A terminal's Ctrl-C reaches the whole foreground group: the engine processes get it too.
+    interrupted_cleanly(proc, url, log, lambda: os.killpg(proc.pid, signal.SIGINT), timeout_s=120)

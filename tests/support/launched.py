@@ -80,3 +80,23 @@ def launch(tmp: Path, *extra: str, timeout_s: float = 600) -> Iterator[tuple[sub
                 except psutil.NoSuchProcess:
                     pass
         log.close()
+
+
+def interrupted_cleanly(proc: subprocess.Popen, url: str, log: Path, interrupt, timeout_s: float) -> None:
+    """Call `interrupt()` (a SIGINT to the launcher, or to its group as a terminal sends it), then check that the
+    launcher exits with 0 within `timeout_s`, its URL no longer answers, and every process of its tree is gone
+    within a minute."""
+    import pytest
+
+    procs = tree(proc.pid)
+    interrupt()
+    try:
+        rc = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"still running {timeout_s:g} s after SIGINT: {log.read_text()[-3000:]}")
+    assert rc == 0, log.read_text()[-3000:]
+    assert not healthy(url)
+    deadline = time.monotonic() + 60
+    while left := titles([p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]):
+        assert time.monotonic() < deadline, f"still running after the launcher exited: {left}"
+        time.sleep(1)
