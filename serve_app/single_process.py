@@ -10,8 +10,8 @@ fixed cost"); this is the design without them, for one host where nothing needs 
 What it gives up, by design: Serve's replicas (one process is one ingress replica: `num_replicas` 1), autoscaling,
 the front door, Engine deployments and multi-node placement — a config asking for those is refused with the reason.
 Nothing restarts a dead engine here: the process exits with status 1 so that its supervisor (systemd, a container
-runtime) restarts it, as Serve would replace the replica. `/metrics` serves this process's registry: the service's
-metrics and vLLM's engine metrics under their own names (without Ray's `ray_` export prefix).
+runtime) restarts it, as Serve would replace the replica. `/metrics` serves this process's registries: the
+service's metrics and each engine's vLLM metrics under their own names (without Ray's `ray_` export prefix).
 """
 
 from __future__ import annotations
@@ -72,13 +72,12 @@ async def serve(settings: AppSettings, health_period_s: float = HEALTH_PERIOD_S)
     requests finish (`listen.drain_s`) and stop the engines. Returns the exit status."""
     from serve_app import keyring
     from serve_app.engine.local_client import LocalEngineClient
+    from serve_app.engine.stat_logger import LocalEngineStatLogger
     from serve_app.ingress.context import build_context
     from serve_app.ingress.listener import Listener
     from serve_app.ingress.responses.store import open_local_store
     from serve_app.ingress.server import create_app
     from serve_app.serve_tuning import freeze_startup_heap
-
-    from serve_app.engine.stat_logger import LocalEngineStatLogger
 
     secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
     engines = LocalEngineClient.start(settings.models, forced_scripts=settings.testing.forced_scripts,
@@ -125,10 +124,10 @@ def run(settings: AppSettings) -> int:
             log.error("--single-process: %s", p)
         return 2
     # One OpenMP thread for what torch runs outside the engine's worker (this process, the engine core), as Ray
-    # gives its workers (the actor's num_cpus, at least 1) and vLLM its multiprocess workers; the worker binds its
-    # own threads (VLLM_CPU_OMP_THREADS_BIND). Unset, both processes had a thread per core beside the worker's:
-    # ITL p99 at 128 streams 54-58 ms against 45 (docs/serving-path.md "One process without Ray"). Before torch
-    # is imported; an operator's own value wins.
+    # gives its workers (the actor's num_cpus, at least 1) and vLLM its multiprocess workers, so the processes run
+    # as they do under Serve; the worker binds its own threads (VLLM_CPU_OMP_THREADS_BIND). Unset, each had a
+    # thread per core beside the worker's (docs/serving-path.md "One process without Ray"). Set before torch is
+    # imported; an operator's own value wins.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     # uvloop where installed, as Serve's replicas and vLLM's server run their event loops (on the default loop the
     # first token reached a client 36 ms later at one stream: load/results/capacity_single_process_asyncio_loop.json).
