@@ -129,11 +129,23 @@ def run(settings: AppSettings) -> int:
     # thread per core beside the worker's (docs/serving-path.md "One process without Ray"). Set before torch is
     # imported; an operator's own value wins.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # uvloop where installed, as Serve's replicas and vLLM's server run their event loops (on the default loop the
-    # first token reached a client 36 ms later at one stream: load/results/capacity_single_process_asyncio_loop.json).
+    # A SIGTERM while the engines start (a supervisor's stop) unwinds like Ctrl-C does, so the engines started so
+    # far and the one starting are stopped; by default it would end the process at once and leave their processes
+    # running. Once serving, the event loop's own handler takes over (`serve`).
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(serve(settings))
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(serve(settings))
+        # uvloop where installed, as Serve's replicas and vLLM's server run their event loops (on the default loop
+        # the first token reached a client 36 ms later at one stream:
+        # load/results/capacity_single_process_asyncio_loop.json).
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run(serve(settings))
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(serve(settings))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)

@@ -112,3 +112,37 @@ def test_ctrl_c_stops_the_server_and_its_engines(launched):
     proc, url, log = launched
     # A terminal's Ctrl-C reaches the whole foreground group: the engine processes get it too.
     interrupted_cleanly(proc, url, log, lambda: os.killpg(proc.pid, signal.SIGINT), timeout_s=120)
+
+
+def test_a_sigterm_during_start_up_leaves_no_engine_behind(without_session_server, tmp_path):
+    """A supervisor's stop (SIGTERM to the process alone) while the engines start: the process ends and takes every
+    engine process it started with it (by default the signal ended it at once and left them running)."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from tests.support.launched import ROOT, shipped_config_with_hooks
+
+    path, _ = shipped_config_with_hooks(tmp_path)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "serve_app", "run", str(path), "--single-process"], cwd=ROOT,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while "EngineCore" not in log.read_text():  # an engine core is starting
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        procs = tree(proc.pid)
+        assert len(procs) > 1, titles(procs)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 128 + signal.SIGTERM, log.read_text()[-3000:]
+        deadline = time.monotonic() + 60
+        while left := [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
+            assert time.monotonic() < deadline, f"left running: {titles(left)}"
+            time.sleep(1)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

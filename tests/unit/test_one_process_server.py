@@ -135,3 +135,27 @@ def test_a_dead_engine_stops_it_with_status_1(started, tmp_path):
     rc = asyncio.run(single_process.serve(_settings(free_port(), tmp_path), health_period_s=0.02))
     assert rc == 1
     assert started["engines"].checks == 3 and started["engines"].stopped
+
+
+def test_a_sigterm_while_the_engines_start_stops_them(monkeypatch, tmp_path):
+    """A supervisor's stop during start-up unwinds through the engine start (which stops what it started) instead
+    of ending the process at once with the engines' processes left running; the handler is restored after."""
+    from serve_app.engine.local_client import LocalEngineClient
+
+    cleaned = []
+
+    def start(cls, models, **kw):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while an engine is still starting
+            time.sleep(5)
+            raise AssertionError("SIGTERM did not interrupt the start")
+        except BaseException:
+            cleaned.append(True)  # LocalEngineClient.start stops the engines started so far here
+            raise
+
+    monkeypatch.setattr(LocalEngineClient, "start", classmethod(start))
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        single_process.run(_settings(free_port(), tmp_path))
+    assert stopped.value.code == 128 + signal.SIGTERM and cleaned == [True]
+    assert signal.getsignal(signal.SIGTERM) is before
