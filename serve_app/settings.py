@@ -236,6 +236,11 @@ class IngressConfig(_Strict):
     OVERLOAD_HEADROOM: ClassVar[int] = 64
     SERVE_GRACEFUL_SHUTDOWN_S: ClassVar[float] = 20.0  # Serve's default graceful_shutdown_timeout_s
 
+    @property
+    def tenants_limited(self) -> bool:
+        """Whether some tenant has limits (and so a limit state must run)."""
+        return any(t.limited for t in self.tenants.values())
+
     @model_validator(mode="after")
     def _keys_name_tenants(self) -> "IngressConfig":
         seen: set[str] = set()

@@ -50,7 +50,7 @@ def refusals(settings: AppSettings) -> list[str]:
 
 def _limit_state(settings: AppSettings) -> Any:
     """The tenants' limit state, kept in this process (the only one counting), or None without limits."""
-    if not any(t.limited for t in settings.ingress.tenants.values()):
+    if not settings.ingress.tenants_limited:
         return None
     from serve_app.limits import LimitState
 

@@ -30,6 +30,6 @@ class TenantLimits:
 
 def bind_limits(settings) -> Any | None:
     """The bound deployment when some tenant has limits, else None (nothing to run)."""
-    if not any(t.limited for t in settings.ingress.tenants.values()):
+    if not settings.ingress.tenants_limited:
         return None
     return TenantLimits.bind()

@@ -20,7 +20,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.support.launched import interrupted_cleanly, launch, titles, tree
+from tests.support.launched import interrupted_cleanly, kill_tree, launch, start, titles, tree
 
 pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
@@ -117,19 +117,11 @@ def test_ctrl_c_stops_the_server_and_its_engines(launched):
 def test_a_sigterm_during_start_up_leaves_no_engine_behind(without_session_server, tmp_path):
     """A supervisor's stop (SIGTERM to the process alone) while the engines start: the process ends and takes every
     engine process it started with it (by default the signal ended it at once and left them running)."""
-    import subprocess
-    import sys
     import time
 
     import psutil
 
-    from tests.support.launched import ROOT, shipped_config_with_hooks
-
-    path, _ = shipped_config_with_hooks(tmp_path)
-    log = tmp_path / "serve.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "serve_app", "run", str(path), "--single-process"], cwd=ROOT,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc, _, log = start(tmp_path, "--single-process")
     try:
         deadline = time.monotonic() + 300
         while "EngineCore" not in log.read_text():  # an engine core is starting
@@ -144,5 +136,4 @@ def test_a_sigterm_during_start_up_leaves_no_engine_behind(without_session_serve
             assert time.monotonic() < deadline, f"left running: {titles(left)}"
             time.sleep(1)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)

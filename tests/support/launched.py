@@ -50,16 +50,38 @@ def shipped_config_with_hooks(tmp: Path) -> tuple[Path, int]:
     return path, port
 
 
-def launch(tmp: Path, *extra: str, timeout_s: float = 600) -> Iterator[tuple[subprocess.Popen, str, Path]]:
-    """`python -m serve_app run <config> *extra` in its own session, yielded once healthy as (process, URL, log);
-    whatever is left of its process tree is killed afterwards."""
+def start(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str, Path]:
+    """`python -m serve_app run <config> *extra` started in its own session on config.yaml with the test hooks;
+    returns (process, URL, log) at once."""
     path, port = shipped_config_with_hooks(tmp)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USAGE_STATS_ENABLED")}
     log_path = tmp / "serve.log"
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "serve_app", "run", str(path), *extra], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "serve_app", "run", str(path), *extra], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return proc, f"http://127.0.0.1:{port}", log_path
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of `proc`'s process tree (its session and any child that left it)."""
+    if proc.poll() is not None:
+        return
+    try:
+        procs = tree(proc.pid)
+    except psutil.NoSuchProcess:
+        procs = []
+    os.killpg(proc.pid, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def launch(tmp: Path, *extra: str, timeout_s: float = 600) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+    """`start`, yielded once healthy as (process, URL, log); whatever is left of its process tree is killed
+    afterwards."""
+    proc, url, log_path = start(tmp, *extra)
     try:
         deadline = time.monotonic() + timeout_s
         while not healthy(url):
@@ -68,18 +90,7 @@ def launch(tmp: Path, *extra: str, timeout_s: float = 600) -> Iterator[tuple[sub
             time.sleep(1)
         yield proc, url, log_path
     finally:
-        if proc.poll() is None:
-            try:
-                procs = tree(proc.pid)
-            except psutil.NoSuchProcess:
-                procs = []
-            os.killpg(proc.pid, signal.SIGKILL)
-            for p in procs:
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-        log.close()
+        kill_tree(proc)
 
 
 def interrupted_cleanly(proc: subprocess.Popen, url: str, log: Path, interrupt, timeout_s: float) -> None:
