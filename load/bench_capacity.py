@@ -47,7 +47,7 @@ import aiohttp
 import psutil
 import yaml
 
-from load import provenance
+from load import client_priority, provenance
 from serve_app.serve_tuning import DIRECT_INGRESS, DRAIN_FLOOR
 from serve_app.settings import AppSettings, RouterConfig
 
@@ -452,6 +452,18 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def round_row(res: dict, client_waited_ms: float | None = None) -> dict:
+    """One round of one server at one level: its throughput and latency alone, to tell a tail that one round has
+    from one every round has (the level's row pools all rounds), and how long the load generator's thread waited
+    for a core meanwhile (load/client_priority.py)."""
+    gaps = [g for r in res["results"] for g in r["gaps"]]
+    return {"tokens_per_s": round(sum(r["tokens"] for r in res["results"]) / res["wall"]),
+            "ttft_p50_ms": round(1000 * pct([r["ttft"] for r in res["results"]], 0.5), 1),
+            "itl_p99_ms": round(1000 * pct(gaps, 0.99), 1),
+            "longest_gap_ms": round(1000 * max(gaps, default=0.0), 1),
+            "client_waited_ms": None if client_waited_ms is None else round(client_waited_ms, 1)}
+
+
 def summarize(acc: dict) -> dict:
     res = acc["results"]
     tokens = sum(r["tokens"] for r in res)
@@ -469,7 +481,11 @@ def summarize(acc: dict) -> dict:
         "chunks_per_token": (len(gaps) + len(res)) / max(tokens, 1),
         "cpu_s_per_1k_tokens": {k: round(1000 * v / max(tokens, 1), 4) for k, v in sorted(acc["cpu"].items())},
         "load_generator_cpu_s_per_1k_tokens": 1000 * acc["client_cpu"] / max(tokens, 1),
+        "per_round": acc.get("rounds", []),
     }
+    waits = [r["client_waited_ms"] for r in row["per_round"] if r.get("client_waited_ms") is not None]
+    # How long the load generator waited for a core over this level's rounds (load/client_priority.py)
+    row["load_generator_waited_ms"] = round(sum(waits), 1) if waits else None
     serving = [v for k, v in row["cpu_s_per_1k_tokens"].items() if k in ("proxy", "ingress", "router", "engine_replica", "api_server")]
     row["serving_path_cpu_s_per_1k_tokens"] = round(sum(serving), 4)
     # The issue's "our processes combined": every process of the server's tree but the engine core (the same
@@ -566,6 +582,9 @@ def main() -> None:
     ap.add_argument("--engine-threads", choices=("all", "auto"), default="all",
                     help="all: the engine's OpenMP threads on every CPU (this app's small-host default); auto: "
                          "vLLM's own binding, which leaves a core to the serving path (the GPU regime)")
+    ap.add_argument("--client-priority", action=argparse.BooleanOptionalAction, default=True,
+                    help="give the load generator precedence for a core over both servers (load/client_priority.py), "
+                         "so a latency tail is the server's and not the client's wait for a core on a small host")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
@@ -601,7 +620,10 @@ def main() -> None:
         if a.via == "replica" and "ours" in names:
             urls["ours"] = f"http://127.0.0.1:{replica_http_port(ports['ours'])}"
         meters = {n: CpuMeter(procs[n].pid, n) for n in names}
-        acc = {(n, c): {"results": [], "wall": 0.0, "cpu": {}, "client_cpu": 0.0, "windows": []}
+        # After the servers started (they must not inherit it): the client gets a core when it needs one.
+        priority = client_priority.prioritize() if a.client_priority else None
+        acc = {(n, c): {"results": [], "wall": 0.0, "cpu": {}, "client_cpu": 0.0, "windows": [],
+                   "rounds": []}
                for n in names for c in levels}
         for n in names:  # warm-up: first requests pay one-off costs on both sides
             asyncio.run(run_level(urls[n], 8, 8, 16, seed=-1))
@@ -611,6 +633,7 @@ def main() -> None:
                 for n in order:
                     time.sleep(SETTLE_S)
                     before, c0, w0 = meters[n].snapshot(), self_cpu(), time.time()
+                    q0 = client_priority.waited_ms()
                     res = asyncio.run(run_level(urls[n], c, requests_for(c, a.tokens, a.scale), a.tokens, seed=r * 1000 + c))
                     cpu = CpuMeter.delta(before, meters[n].snapshot())
                     s = acc[(n, c)]
@@ -620,8 +643,9 @@ def main() -> None:
                     s["client_cpu"] += self_cpu() - c0
                     for k, v in cpu.items():
                         s["cpu"][k] = s["cpu"].get(k, 0.0) + v
-                    print(f"round {r} c={c} {n}: {sum(x['tokens'] for x in res['results']) / res['wall']:.0f} tokens/s",
-                          flush=True)
+                    q1 = client_priority.waited_ms()
+                    s["rounds"].append(round_row(res, None if q0 is None or q1 is None else q1 - q0))
+                    print(f"round {r} c={c} {n}: {json.dumps(s['rounds'][-1])}", flush=True)
         out = {
             **provenance.header("load.bench_capacity", sys.argv[1:]),
             "model": "tiny-random-smollm2 (2 layers, hidden 128, SmolLM2 tokenizer, load_format dummy, fp32, eager)",
@@ -637,6 +661,7 @@ def main() -> None:
             "launcher": a.launcher,
             "engine_threads": a.engine_threads,
             "load_generator_ceiling": ceiling,
+            "load_generator_priority": priority,
             "levels": {},
         }
         time.sleep(3)  # Ray forwards the replicas' stdout (the request log) to serve run's with a short delay
