@@ -13,7 +13,11 @@ in machine load hits both alike. Per concurrency level and server:
   servers is instrumented;
 - the load generator's own CPU, and before anything else its ceiling: the same client against a trivial SSE
   server that streams chat chunks as fast as it can, so the report says how far below the client's limit the
-  servers were measured.
+  servers were measured;
+- each round's own throughput, TTFT p50, ITL p99 and longest gap (`per_round`), and how long the load generator
+  waited for a core meanwhile. Once both servers are up the client takes precedence for a core over both
+  (`load/client_priority.py`; `--no-client-priority` runs without): on a small host a latency tail otherwise
+  measures the client's own wait on the run queue as much as the server.
 
 Where the engine's compute threads run, the same for both servers (`--engine-threads`):
 - `all` (default): the binding this app picks on a small host (`vllm_engine.cpu_thread_env`), OpenMP on every
