@@ -186,8 +186,10 @@ class IngressConfig(_Strict):
     render_timeout_s: float = 30.0
     # Threads rendering and tokenizing prompts, per model. Templates run under the GIL and tokenizing is
     # serialised per model, so more threads add no parallelism, only contention with the event loop that streams
-    # tokens (docs/serving-path.md); more than one keeps renders going while one template is slow.
-    render_threads: int = Field(default=4, ge=1, le=64)
+    # tokens: at 128 requests arriving at once, one thread's render queue is ~30% shorter (p50) than four's and
+    # two's (docs/serving-path.md "The load generator's wait"), as vLLM's own renderer pool is one thread. More
+    # than one keeps short renders going while one template is slow (tokenizing waits on the encode lock anyway).
+    render_threads: int = Field(default=1, ge=1, le=64)
     max_inflight_requests: int = 256  # per ingress replica; beyond it: overloaded at once (529; OpenAI APIs 503)
     router_timeout_s: float = 0.5  # past this the ingress routes least-loaded without the Router
     # Signs thinking blocks / encrypts reasoning. A list is a key ring, newest first: new signatures use the

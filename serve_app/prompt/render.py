@@ -97,7 +97,7 @@ class PromptRenderer:
     once from the template); the piece memo is guarded by the encode lock."""
 
     def __init__(self, tokenizer, model, *, strip_preamble: bool = True, render_timeout_s: float = 30.0,
-                 render_threads: int = 4):
+                 render_threads: int = 1):
         self.tokenizer = tokenizer
         self.model = model
         self.strip_preamble = strip_preamble
