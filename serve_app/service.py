@@ -225,6 +225,7 @@ class GenerationService:
             strip_preamble=self.settings.ingress.strip_preamble,
             render_timeout_s=self.settings.ingress.render_timeout_s,
             render_threads=self.settings.ingress.render_threads,
+            inline_chars=self.settings.ingress.render_inline_chars,
         )
 
     async def readiness(self, timeout_s: float = 5.0) -> dict[str, str | None]:

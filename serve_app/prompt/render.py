@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,7 +15,9 @@ from typing import Any
 
 from serve_app.conversation import (
     Conversation,
+    DocumentPart,
     GenerationOptions,
+    ImagePart,
     Message,
     ReasoningPart,
     TextPart,
@@ -73,6 +76,58 @@ _MEMO_MIN_CHARS = 2048
 _MEMO_MAX_CHARS = 32 * 1024 * 1024
 
 
+# Rendering on the event loop (see PromptRenderer.render): conversations up to this size run their template there
+# (a template over them costs well under a millisecond); one inline step slower than _INLINE_MAX_S sends the
+# renderer's every later render to the pool after _INLINE_STRIKES of them (a template slower than its input's
+# size predicts).
+_INLINE_TEMPLATE_MAX_CHARS = 256 * 1024
+_INLINE_MAX_S = 0.02  # of the loop thread's CPU time (wall time would count the host preempting the process)
+_INLINE_STRIKES = 3  # slow inline steps before inlining stops (one could be a garbage collection)
+
+
+def conversation_chars(conv: Conversation, limit: int) -> int:
+    """The characters a template reads from `conv` (text, arguments, tool schemas), counted until past `limit`;
+    images and documents count as past it (their size is not the text's)."""
+    total = 0
+
+    def walk(value: Any) -> None:
+        nonlocal total
+        if total > limit:
+            return
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                total += len(k) + 4
+                walk(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                total += 2
+                walk(v)
+        else:
+            total += 8
+
+    for tool in conv.tools:
+        total += len(tool.name) + len(tool.description)
+        walk(tool.parameters)
+    for msg in conv.messages:
+        for part in msg.parts:
+            if total > limit:
+                return total
+            if isinstance(part, (ImagePart, DocumentPart)):
+                return limit + 1
+            if isinstance(part, ToolCallPart):
+                total += len(part.name) + len(part.arguments)
+            elif isinstance(part, ToolResultPart):
+                if isinstance(part.content, str):
+                    total += len(part.content)
+                else:
+                    total += conversation_chars(Conversation(messages=[Message("user", part.content)]), limit)
+            else:
+                total += len(getattr(part, "text", "") or "")
+    return total
+
+
 def _format_default(parser: str | None) -> bool:
     """Whether the reasoning format starts in reasoning when the prompt shows no marker (DeepSeek-R1 style)."""
     if not parser:
@@ -97,12 +152,15 @@ class PromptRenderer:
     once from the template); the piece memo is guarded by the encode lock."""
 
     def __init__(self, tokenizer, model, *, strip_preamble: bool = True, render_timeout_s: float = 30.0,
-                 render_threads: int = 1):
+                 render_threads: int = 1, inline_chars: int = 4096):
         self.tokenizer = tokenizer
         self.model = model
         self.strip_preamble = strip_preamble
         self.render_timeout_s = render_timeout_s
         self.render_threads = render_threads  # renders at once; tokenizing itself is serialised by the encode lock
+        self.inline_chars = inline_chars  # prompt characters not in the memo that may be tokenized on the loop
+        self._inline_off = inline_chars <= 0
+        self._inline_strikes = 0
         template = tokenizer.chat_template
         if isinstance(template, dict):  # named templates: the default one renders chat
             template = template.get("default") or next(iter(template.values()))
@@ -121,6 +179,7 @@ class PromptRenderer:
             # A tokenizer that adds something at the start of every call (SentencePiece's "▁" prefix) would
             # change the prompt if it were encoded in pieces: encode it whole.
             self.turn_starts, self._cut_before = (), []
+        self._backend = self._probe_backend()
         self._memo: OrderedDict[str, list[int]] = OrderedDict()
         self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
@@ -345,6 +404,12 @@ class PromptRenderer:
         tokenizer splits out first anyway, so the ids are the same) to memoise long repeated pieces: the
         system prompt and earlier turns are tokenized once, not on every turn.
         """
+        pieces = self._pieces(text)
+        with self._encode_lock:
+            return self._encode_pieces_locked(pieces)
+
+    def _pieces(self, text: str) -> list[str]:
+        """The pieces encode_prompt tokenizes `text` in (see there)."""
         cuts: set[int] = set()
         for start in self.turn_starts:
             at = text.find(start)
@@ -357,21 +422,56 @@ class PromptRenderer:
                 cuts.add(at)
                 at = text.find(special, at + 1)
         bounds = [0, *sorted(c for c in cuts if 0 < c < len(text)), len(text)]
+        return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+    def _encode_pieces_locked(self, pieces: list[str]) -> list[int]:
         ids: list[int] = []
-        with self._encode_lock:
-            for a, b in zip(bounds, bounds[1:]):
-                ids.extend(self._encode_piece(text[a:b]))
+        for piece in pieces:
+            ids.extend(self._encode_piece(piece))
         return ids
+
+    def _encode_pieces(self, pieces: list[str]) -> list[int]:
+        with self._encode_lock:
+            return self._encode_pieces_locked(pieces)
+
+    def _uncached_chars(self, pieces: list[str]) -> int:
+        """Characters of `pieces` the memo does not hold: what tokenizing them would cost."""
+        memo = self._memo
+        return sum(len(p) for p in pieces if len(p) < _MEMO_MIN_CHARS or p not in memo)
+
+    def _encode_text(self, text: str) -> list[int]:
+        if self._backend is not None:
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def _probe_backend(self):
+        """The fast tokenizer's own backend when it gives transformers' ids for the probes. transformers' encode
+        goes through the backend's batch encode, which releases the GIL (on the event loop, a chance for another
+        thread to take it and hold the loop up) and adds Python work on every piece; the backend's single encode
+        does neither."""
+        backend = getattr(self.tokenizer, "_tokenizer", None)
+        if backend is None or not callable(getattr(backend, "encode", None)):
+            return None
+        try:
+            probes = ["Probe text.\n", " two  spaces\tand a tab", "ünïcödé, 漢字 and 👋", *self._cut_before,
+                      *self.turn_starts, self._probe_render([{"role": "user", "content": "x"}], True, True)]
+            for text in probes:
+                if list(backend.encode(text, add_special_tokens=False).ids) != list(
+                        self.tokenizer.encode(text, add_special_tokens=False)):
+                    return None
+        except Exception:  # noqa: BLE001 - any doubt: transformers' own path
+            return None
+        return backend
 
     def _encode_piece(self, piece: str) -> list[int]:
         if len(piece) < _MEMO_MIN_CHARS:
-            return self.tokenizer.encode(piece, add_special_tokens=False)
+            return self._encode_text(piece)
         memo = self._memo
         hit = memo.get(piece)
         if hit is not None:
             memo.move_to_end(piece)
             return hit
-        out = list(self.tokenizer.encode(piece, add_special_tokens=False))
+        out = list(self._encode_text(piece))
         memo[piece] = out
         self._memo_chars += len(piece)
         while self._memo_chars > _MEMO_MAX_CHARS and memo:
@@ -424,6 +524,10 @@ class PromptRenderer:
                                 continue_final_message=continue_final_message)
         # The template writes BOS and other special tokens itself; adding them again would double them.
         ids = self.encode_prompt(text)
+        return self._rendered(text, ids, add_generation_prompt, continue_final_message)
+
+    def _rendered(self, text: str, ids: list[int], add_generation_prompt: bool,
+                  continue_final_message: bool) -> RenderedPrompt:
         starts = (self.reasoning_enabled and add_generation_prompt and not continue_final_message
                   and prompt_starts_in_reasoning(text, self.policy.markers, self.turn_starts,
                                                  self._format_starts_in_reasoning))
@@ -432,8 +536,51 @@ class PromptRenderer:
     def _new_pool(self) -> concurrent.futures.ThreadPoolExecutor:
         return concurrent.futures.ThreadPoolExecutor(max_workers=self.render_threads, thread_name_prefix="render")
 
-    async def render(self, conv: Conversation, opts: GenerationOptions, **kw) -> RenderedPrompt:
-        return await self.run(self.render_sync, conv, opts, **kw)
+    async def render(self, conv: Conversation, opts: GenerationOptions, *, add_generation_prompt: bool = True,
+                     continue_final_message: bool = False) -> RenderedPrompt:
+        """Render on the event loop when that is cheap, else in the render pool.
+
+        A thread beside a busy event loop waits for the GIL far longer than its work takes: the loop drops and
+        retakes the GIL around every poll, which wakes the waiting thread only to lose the race again, so its
+        wait never times out into a forced switch (docs/serving-path.md "The render thread's wait"). At 128
+        requests arriving at once that queue was most of the ingress's part of TTFT, for renders of ~0.2 ms
+        each. So a template over a conversation of bounded size runs here, and its tokens are encoded here when
+        the part of the prompt the memo does not hold is at most `inline_chars` (~1.5 ms at 4,096); anything
+        larger, or a render while a pool thread holds the tokenizer, goes to the pool as before. An inline step
+        slower than _INLINE_MAX_S is a strike; _INLINE_STRIKES of them turn inlining off for good.
+        """
+        kw = {"add_generation_prompt": add_generation_prompt, "continue_final_message": continue_final_message}
+        if self._inline_off or conversation_chars(conv, _INLINE_TEMPLATE_MAX_CHARS) > _INLINE_TEMPLATE_MAX_CHARS:
+            return await self.run(self.render_sync, conv, opts, **kw)
+        continue_final_message = continue_final_message or opts.continue_final
+        started = time.thread_time()
+        try:
+            text = self.render_text(conv, opts, add_generation_prompt=add_generation_prompt,
+                                    continue_final_message=continue_final_message)
+        finally:
+            self._check_inline(started, "template")
+        pieces = self._pieces(text)
+        if self._uncached_chars(pieces) <= self.inline_chars and self._encode_lock.acquire(blocking=False):
+            started = time.thread_time()
+            try:
+                ids = self._encode_pieces_locked(pieces)
+            finally:
+                self._encode_lock.release()
+                self._check_inline(started, "tokenizing")
+        else:
+            ids = await self.run(self._encode_pieces, pieces)
+        return self._rendered(text, ids, add_generation_prompt, continue_final_message)
+
+    def _check_inline(self, started: float, step: str) -> None:
+        took = time.thread_time() - started
+        if took <= _INLINE_MAX_S or self._inline_off:
+            return
+        self._inline_strikes += 1
+        log.warning("model %s: %s a prompt on the event loop took %.0f ms of CPU (%d of %d)", self.model.id, step,
+                    took * 1e3, self._inline_strikes, _INLINE_STRIKES)
+        if self._inline_strikes >= _INLINE_STRIKES:
+            self._inline_off = True
+            log.warning("model %s: its prompts render in the render pool from now on", self.model.id)
 
     async def run(self, fn, *args, **kw):
         """Run `fn` in the render pool under the render timeout; the event loop never blocks on a template."""

@@ -47,14 +47,14 @@ def tok():
 
 
 def renderer(tok, template: str | None, reasoning: str | None = "qwen3", tools: str | None = "hermes",
-             strip: bool = True, **model_kw) -> PromptRenderer:
+             strip: bool = True, inline_chars: int = 4096, **model_kw) -> PromptRenderer:
     import copy
 
     t = copy.copy(tok)  # the template override must not leak into other tests
     if template is not None:
         t.chat_template = (TEMPLATES / template).read_text()
     model = ModelConfig(id="m", reasoning_parser=reasoning, tool_parser=tools, **model_kw)
-    return PromptRenderer(t, model, strip_preamble=strip)
+    return PromptRenderer(t, model, strip_preamble=strip, inline_chars=inline_chars)
 
 
 def conv(*messages: Message, tools=()) -> Conversation:
@@ -336,8 +336,8 @@ def test_a_type_error_inside_the_template_is_a_400_too(tok):
         PromptRenderer(t, ModelConfig(id="m")).render_sync(conv(USER), GenerationOptions())
 
 
-def test_render_runs_off_the_event_loop_and_equals_render_sync(tok):
-    r = renderer(tok, "qwen3_like.jinja")
+def test_with_inlining_off_render_runs_off_the_event_loop_and_equals_render_sync(tok):
+    r = renderer(tok, "qwen3_like.jinja", inline_chars=0)
     c = history(answer("x", "y"))
 
     async def main():
@@ -362,7 +362,7 @@ def test_render_runs_off_the_event_loop_and_equals_render_sync(tok):
 
 
 def test_a_stuck_render_times_out_without_blocking_later_renders(tok):
-    r = renderer(tok, "qwen3_like.jinja")
+    r = renderer(tok, "qwen3_like.jinja", inline_chars=0)
     r.render_timeout_s = 0.2
     release = threading.Event()
     real = r.render_text
@@ -392,7 +392,7 @@ def test_a_stuck_render_times_out_without_blocking_later_renders(tok):
 
 def test_render_threads_bound_the_renders_running_at_once(tok):
     model = ModelConfig(id="m", reasoning_parser="qwen3", tool_parser="hermes")
-    r = PromptRenderer(tok, model, render_threads=2)
+    r = PromptRenderer(tok, model, render_threads=2, inline_chars=0)
     lock, running, peak = threading.Lock(), [0], [0]
     real = r.render_text
 
