@@ -5,7 +5,8 @@ template) renders N small prompts
 submitted at once, while a task on the same loop does bursts of Python work and yields (`await asyncio.sleep(0)`)
 between them, as a loop streaming many responses does. `pool`: `render_inline_chars` 0, every render in the
 one-thread render pool; `inline`: the default, small renders on the loop. Per mode: the time from submitting the
-burst to its renders' completions (p50 and last), the renders' own CPU, and the busy task's bursts meanwhile.
+burst to its renders' completions (p50 and last), the process's CPU meanwhile, and the busy task's bursts per
+second meanwhile (the loop kept running either way: the pool's renders wait for the GIL, not for the loop).
 
     .venv/bin/python load/probe_render_wait.py --json load/results/render_wait.json
 """
@@ -56,6 +57,7 @@ async def burst(renderer, n: int, burst_iterations: int, budget_s: float) -> dic
     task = asyncio.create_task(busy())
     await asyncio.sleep(0.05)
     done: list[float] = []
+    bursts = 0
     t0 = time.perf_counter()
     cpu0 = time.process_time()
 
