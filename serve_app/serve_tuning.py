@@ -9,7 +9,8 @@ the per-item cost of Serve's defaults is what bounded the path.
 
 - User code on the replica's own event loop: by default Serve runs it on a second thread and hands every
   yielded item across threads (`call_soon_threadsafe`) to the loop that reports it to Ray. All of this app's
-  deployment code is async and never blocks its loop (tokenization and template rendering run in threads).
+  deployment code is async and never blocks its loop for long (a long prompt's tokenizing runs in a thread; small
+  renders run on the loop, PromptRenderer.render).
 - The handle's request router on the same loop, for the same reason: each engine call otherwise crosses threads.
 - Request-path logs buffered (flushed when full or on an error line) rather than flushed per request.
 """

@@ -583,7 +583,7 @@ class PromptRenderer:
             log.warning("model %s: its prompts render in the render pool from now on", self.model.id)
 
     async def run(self, fn, *args, **kw):
-        """Run `fn` in the render pool under the render timeout; the event loop never blocks on a template."""
+        """Run `fn` in the render pool under the render timeout (the renders `render` does not run inline)."""
         loop = asyncio.get_running_loop()
         pool = self._pool
         fut = loop.run_in_executor(pool, lambda: fn(*args, **kw))
