@@ -29,7 +29,8 @@ from load.bench_capacity import (ROOT, CpuMeter, add_engine_placement_arg, add_f
 PY = sys.executable
 
 
-def config(port: int, model_path: str, engine_placement: str = "deployment", front: str = "haproxy") -> dict:
+def config(port: int, model_path: str, engine_placement: str = "deployment", front: str = "haproxy",
+           ingress_set: dict | None = None) -> dict:
     served = yaml.safe_load((ROOT / "config.yaml").read_text())
     model = {
         "id": "tiny",
@@ -50,7 +51,8 @@ def config(port: int, model_path: str, engine_placement: str = "deployment", fro
         "applications": [{"name": "default", "route_prefix": "/", "import_path": "serve_app.app:build_app",
                           "args": {"models": [model], "testing": {"forced_scripts": True},
                                    "engine_placement": engine_placement,
-                                   "ingress": {"api_keys": ["sk-load-test"], "strip_preamble": True}}}],
+                                   "ingress": {"api_keys": ["sk-load-test"], "strip_preamble": True,
+                                               **(ingress_set or {})}}}],
     }, front)
 
 
@@ -62,15 +64,18 @@ def main() -> None:
     add_engine_placement_arg(ap)
     add_front_arg(ap)
     add_launcher_arg(ap)
+    ap.add_argument("--ingress-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="an ingress setting for this run (YAML value), e.g. render_inline_chars=0; repeatable")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    ingress_set = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in a.ingress_set)}
 
     from load.tiny_model import ensure_tiny_model
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     port = free_port()
     cfg = Path(tempfile.mkdtemp()) / "locust_capacity.yaml"
-    cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model(), a.engine_placement, a.front)))
+    cfg.write_text(yaml.safe_dump(config(port, ensure_tiny_model(), a.engine_placement, a.front, ingress_set)))
     log = open(tempfile.mkstemp(prefix="locust_capacity_", suffix=".log")[1], "w")
     server = start_server(cfg, a.launcher, log)
     summary_path = Path(tempfile.mkdtemp()) / "summary.json"
@@ -98,6 +103,7 @@ def main() -> None:
             "engine_placement": a.engine_placement,
             "front": a.front,
             "launcher": a.launcher,
+            "ingress_set": ingress_set,
             "users": a.users,
             "run_time_s": a.run_time,
             "wall_s": round(wall, 1),
