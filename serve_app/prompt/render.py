@@ -74,6 +74,9 @@ def load_tokenizer(path_or_id: str, chat_template: str | None = None):
 # Memoised prompt pieces (per renderer, per process): long pieces only, bounded by their total length.
 _MEMO_MIN_CHARS = 2048
 _MEMO_MAX_CHARS = 32 * 1024 * 1024
+# In the render pool a piece this long is tokenized with the GIL released (the loop streams meanwhile); a shorter
+# one keeps it: releasing costs the pool thread a fresh wait for the GIL beside a busy loop (PromptRenderer.render).
+_RELEASE_GIL_CHARS = 2048
 
 
 # Rendering on the event loop (see PromptRenderer.render): conversations up to this size run their template there
@@ -406,7 +409,7 @@ class PromptRenderer:
         """
         pieces = self._pieces(text)
         with self._encode_lock:
-            return self._encode_pieces_locked(pieces)
+            return self._encode_pieces_locked(pieces, release_gil=True)
 
     def _pieces(self, text: str) -> list[str]:
         """The pieces encode_prompt tokenizes `text` in (see there)."""
@@ -424,25 +427,28 @@ class PromptRenderer:
         bounds = [0, *sorted(c for c in cuts if 0 < c < len(text)), len(text)]
         return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
-    def _encode_pieces_locked(self, pieces: list[str]) -> list[int]:
+    def _encode_pieces_locked(self, pieces: list[str], release_gil: bool) -> list[int]:
+        """`release_gil`: off the event loop, where a long piece should let the loop run while it is tokenized."""
         ids: list[int] = []
         for piece in pieces:
-            ids.extend(self._encode_piece(piece))
+            ids.extend(self._encode_piece(piece, release_gil))
         return ids
 
     def _encode_pieces(self, pieces: list[str]) -> list[int]:
         with self._encode_lock:
-            return self._encode_pieces_locked(pieces)
+            return self._encode_pieces_locked(pieces, release_gil=True)
 
     def _uncached_chars(self, pieces: list[str]) -> int:
         """Characters of `pieces` the memo does not hold: what tokenizing them would cost."""
         memo = self._memo
         return sum(len(p) for p in pieces if len(p) < _MEMO_MIN_CHARS or p not in memo)
 
-    def _encode_text(self, text: str) -> list[int]:
-        if self._backend is not None:
-            return self._backend.encode(text, add_special_tokens=False).ids
-        return self.tokenizer.encode(text, add_special_tokens=False)
+    def _encode_text(self, text: str, release_gil: bool = False) -> list[int]:
+        if self._backend is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        if release_gil and len(text) >= _RELEASE_GIL_CHARS:
+            return self._backend.encode_batch([text], add_special_tokens=False)[0].ids  # releases the GIL
+        return self._backend.encode(text, add_special_tokens=False).ids
 
     def _probe_backend(self):
         """The fast tokenizer's own backend when it gives transformers' ids for the probes. transformers' encode
@@ -463,15 +469,15 @@ class PromptRenderer:
             return None
         return backend
 
-    def _encode_piece(self, piece: str) -> list[int]:
+    def _encode_piece(self, piece: str, release_gil: bool = False) -> list[int]:
         if len(piece) < _MEMO_MIN_CHARS:
-            return self._encode_text(piece)
+            return self._encode_text(piece, release_gil)
         memo = self._memo
         hit = memo.get(piece)
         if hit is not None:
             memo.move_to_end(piece)
             return hit
-        out = list(self._encode_text(piece))
+        out = list(self._encode_text(piece, release_gil))
         memo[piece] = out
         self._memo_chars += len(piece)
         while self._memo_chars > _MEMO_MAX_CHARS and memo:
@@ -563,7 +569,7 @@ class PromptRenderer:
         if self._uncached_chars(pieces) <= self.inline_chars and self._encode_lock.acquire(blocking=False):
             started = time.thread_time()
             try:
-                ids = self._encode_pieces_locked(pieces)
+                ids = self._encode_pieces_locked(pieces, release_gil=False)
             finally:
                 self._encode_lock.release()
                 self._check_inline(started, "tokenizing")

@@ -204,3 +204,28 @@ def test_the_backend_encode_gives_transformers_ids(tok):
     for _ in range(50):
         text = words(rng, rng.randint(0, 60))
         assert r._encode_text(text) == tok.encode(text, add_special_tokens=False)
+    long = words(rng, 2000)  # past the length the pool tokenizes with the GIL released
+    assert r._encode_text(long, release_gil=True) == r._encode_text(long) == tok.encode(long, add_special_tokens=False)
+
+
+def test_the_pool_releases_the_gil_while_it_tokenizes_a_long_piece(tok):
+    r = make(tok, inline_chars=0)
+    calls: list[str] = []
+    backend = r._backend
+
+    class Spy:
+        def encode(self, *a, **k):
+            calls.append("encode")
+            return backend.encode(*a, **k)
+
+        def encode_batch(self, *a, **k):
+            calls.append("encode_batch")  # the binding that releases the GIL
+            return backend.encode_batch(*a, **k)
+
+    r._backend = Spy()
+    conv = Conversation(messages=[Message("system", [TextPart(words(random.Random(7), 1500))]),
+                                  Message("user", [TextPart("hi")])])
+    out, _ = render_on_loop(r, conv)
+    assert "encode_batch" in calls
+    r._backend = backend
+    assert out == r.render_sync(conv, GenerationOptions())
