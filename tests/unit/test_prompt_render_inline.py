@@ -12,17 +12,8 @@ import time
 
 import pytest
 
-from serve_app.conversation import (
-    Conversation,
-    GenerationOptions,
-    ImagePart,
-    Message,
-    ReasoningPart,
-    TextPart,
-    ToolCallPart,
-    ToolResultPart,
-    ToolSpec,
-)
+from serve_app.conversation import (Conversation, GenerationOptions, ImagePart, Message, ReasoningPart, TextPart,
+                                    ToolCallPart, ToolResultPart, ToolSpec)
 from serve_app.prompt import PromptRenderer, load_tokenizer
 from serve_app.prompt import render as render_mod
 from serve_app.prompt.render import conversation_chars
