@@ -80,9 +80,8 @@ _RELEASE_GIL_CHARS = 2048
 
 
 # Rendering on the event loop (see PromptRenderer.render): conversations up to this size run their template there
-# (a template over them costs well under a millisecond); one inline step slower than _INLINE_MAX_S sends the
-# renderer's every later render to the pool after _INLINE_STRIKES of them (a template slower than its input's
-# size predicts).
+# (a template over them costs well under a millisecond). An inline step slower than _INLINE_MAX_S is a strike;
+# after _INLINE_STRIKES of them (a template slower than its input's size predicts) the renderer uses the pool only.
 _INLINE_TEMPLATE_MAX_CHARS = 256 * 1024
 _INLINE_MAX_S = 0.02  # of the loop thread's CPU time (wall time would count the host preempting the process)
 _INLINE_STRIKES = 3  # slow inline steps before inlining stops (one could be a garbage collection)
@@ -407,9 +406,7 @@ class PromptRenderer:
         tokenizer splits out first anyway, so the ids are the same) to memoise long repeated pieces: the
         system prompt and earlier turns are tokenized once, not on every turn.
         """
-        pieces = self._pieces(text)
-        with self._encode_lock:
-            return self._encode_pieces_locked(pieces, release_gil=True)
+        return self._encode_pieces(self._pieces(text))
 
     def _pieces(self, text: str) -> list[str]:
         """The pieces encode_prompt tokenizes `text` in (see there)."""
