@@ -10,7 +10,7 @@ Events are small slotted dataclasses because the parsers create one per delta on
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Union
 
 # --------------------------------------------------------------------------------------------------------------
@@ -167,6 +167,14 @@ class TextDelta:
 
 
 @dataclass(slots=True)
+class AnswerFromReasoning(TextDelta):
+    """The turn's reasoning given again as its answer, at the end of a turn that had reasoning and nothing else, when
+    the request asked for a non-empty answer (`parsers.answer_required`). Streaming, it is text like any other (the
+    client has already seen the reasoning, as from vLLM); a complete answer carries it once, as the answer
+    (`complete_answer`)."""
+
+
+@dataclass(slots=True)
 class ToolCallStart:
     index: int
     id: str
@@ -223,6 +231,24 @@ def drop_abandoned_calls(events: list[Event]) -> list[Event]:
     or malformed after it began streaming; its raw text follows as TextDelta). A complete answer never has them."""
     ended = {ev.index for ev in events if isinstance(ev, ToolCallEnd)}
     return [ev for ev in events if not isinstance(ev, (ToolCallStart, ToolCallArgsDelta)) or ev.index in ended]
+
+
+def complete_answer(events: list[Event]) -> list[Event]:
+    """What a complete (non-streaming) answer carries of a stream: no abandoned calls, and where the reasoning was
+    given again as the answer (AnswerFromReasoning), the answer alone: the reasoning, the whitespace-only text beside
+    it and its token count move into the answer, as vLLM's non-streaming path swaps them."""
+    events = drop_abandoned_calls(events)
+    if not any(isinstance(ev, AnswerFromReasoning) for ev in events):
+        return events
+    out: list[Event] = []
+    for ev in events:
+        if isinstance(ev, AnswerFromReasoning):
+            out.append(TextDelta(ev.text))
+        elif isinstance(ev, Usage) and not ev.estimated:
+            out.append(replace(ev, reasoning_tokens=0))
+        elif not isinstance(ev, ReasoningDelta) and not (isinstance(ev, TextDelta) and not ev.text.strip()):
+            out.append(ev)
+    return out
 
 
 def fold_events(events: list[Event]) -> list[Part]:

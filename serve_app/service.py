@@ -41,12 +41,12 @@ from serve_app.conversation import (
     ToolResultPart,
     ToolSpec,
     Usage,
-    drop_abandoned_calls,
+    complete_answer,
 )
 from serve_app.engine.provision import ensure_model
 from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.errors import InvalidRequest, ModelNotFound, Overloaded, PromptTooLong, ServiceError, replica_gone
-from serve_app.parsers import make_stream_parser, needs_special_tokens
+from serve_app.parsers import answer_required, make_stream_parser, needs_special_tokens
 from serve_app.parsers import tool_grammar
 from serve_app.prompt import PromptRenderer, load_tokenizer
 from serve_app.routing.hashing import block_hashes
@@ -459,6 +459,8 @@ class GenerationService:
                     tools=model.tool_parser if prepared.conversation.tools or model.tool_parser else None,
                     tool_schemas=prepared.tool_schemas,
                     starts_in_reasoning=prepared.starts_in_reasoning,
+                    answer_required=answer_required(model.reasoning_parser, prepared.options.chat_template_kwargs,
+                                                    prepared.options.thinking),
                 )
                 reasoning_tokens = cached = completion = 0
                 saw_tool = False
@@ -616,7 +618,7 @@ class GenerationService:
                 events.clear()
             else:
                 events.append(ev)
-        return drop_abandoned_calls(events)
+        return complete_answer(events)
 
 
 async def _close(chunks: AsyncIterator[EngineChunk]) -> None:

@@ -46,6 +46,9 @@ class ReasoningFormat:
     # Gemma 4 opens its block as `<|channel>thought\n`: the role label right after the start marker is markup,
     # dropped when it is there whole (vLLM's gemma4 parser strips it too); text that only begins like it is kept
     start_label: str = ""
+    # thinking off, a turn that is only reasoning gives it again as the answer (parsers/answer.py; vLLM's
+    # nemotron_v3 parser does this), as a request's force_nonempty_content does for every format
+    answer_when_thinking_off: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +72,7 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
         ReasoningFormat("deepseek_r1", *_THINK, starts_in_reasoning=True),
         ReasoningFormat("deepseek_v3", *_THINK),
         ReasoningFormat("nemotron_deci", *_THINK),
-        ReasoningFormat("nemotron_v3", *_THINK, starts_in_reasoning=True),
+        ReasoningFormat("nemotron_v3", *_THINK, starts_in_reasoning=True, answer_when_thinking_off=True),
         ReasoningFormat("glm45", *_THINK, special_tokens=True),
         ReasoningFormat("glm47", *_THINK, special_tokens=True),
         ReasoningFormat("kimi_k2", *_THINK, tool_ends_reasoning=True, special_tokens=True, ends_at=_KIMI_SECTION),

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from serve_app.conversation import drop_abandoned_calls, fold_events
+from serve_app.conversation import complete_answer, fold_events
+from serve_app.parsers.answer import AnswerRequired
 from serve_app.parsers.formats import REASONING_PARSERS, TOOL_PARSERS, ReasoningFormat
 from serve_app.parsers.harmony import HarmonyParser
 from serve_app.parsers.markers import Matcher
@@ -266,26 +267,32 @@ class StreamParser:
 
 
 def make_stream_parser(reasoning: str | None = None, tools: str | None = None,
-                       tool_schemas: list[dict] | None = None, starts_in_reasoning: bool | None = None):
+                       tool_schemas: list[dict] | None = None, starts_in_reasoning: bool | None = None,
+                       answer_required: bool = False):
     """One parser per request. `starts_in_reasoning`: True when the prompt ended inside the think block (e.g. the
     template appended `<think>`), False when it did not (e.g. thinking disabled), None for the format's default.
+    `answer_required`: a turn that is only reasoning gives it again as its answer (parsers/answer.py).
     Unknown names raise KeyError (a misconfiguration, caught at startup by the caller)."""
     rfmt = REASONING_PARSERS[reasoning] if reasoning else None
     tfmt = TOOL_PARSERS[tools] if tools else None
     want_reasoning = rfmt is not None and rfmt.harmony
     want_tools = tfmt is not None and tfmt.harmony
     if want_reasoning or want_tools:  # Harmony's channels carry both: it parses the whole stream
-        return HarmonyParser(want_reasoning=want_reasoning, want_tools=want_tools)
-    return StreamParser(rfmt, tfmt, tool_schemas, starts_in_reasoning)
+        parser = HarmonyParser(want_reasoning=want_reasoning, want_tools=want_tools)
+    else:
+        parser = StreamParser(rfmt, tfmt, tool_schemas, starts_in_reasoning)
+    return AnswerRequired(parser) if answer_required else parser
 
 
 def parse_complete(text: str, reasoning: str | None = None, tools: str | None = None,
-                   tool_schemas: list[dict] | None = None, starts_in_reasoning: bool | None = None) -> list:
+                   tool_schemas: list[dict] | None = None, starts_in_reasoning: bool | None = None,
+                   answer_required: bool = False) -> list:
     """The events of a whole text: exactly what pushing it in one piece and finishing gives."""
-    p = make_stream_parser(reasoning, tools, tool_schemas, starts_in_reasoning)
+    p = make_stream_parser(reasoning, tools, tool_schemas, starts_in_reasoning, answer_required)
     return p.push(text) + p.finish()
 
 
 def fold_complete(events: list) -> list:
-    """`fold_events` without abandoned calls (a ToolCallStart with no ToolCallEnd): the non-streaming result."""
-    return fold_events(drop_abandoned_calls(events))
+    """The non-streaming result: `fold_events` of `complete_answer` (no abandoned calls; a reasoning given again
+    as the answer is the answer alone)."""
+    return fold_events(complete_answer(events))

@@ -211,3 +211,41 @@ def test_family_tool_loop_through_the_engine(outcomes, name):
     failure = outcomes[name]
     if failure is not None:
         raise failure
+
+
+def _reasoning_of(d: dict) -> str:
+    return d.get("reasoning_content") or d.get("reasoning") or ""
+
+
+def test_nemotron_answers_with_its_reasoning_when_asked(serve_url):
+    """vLLM's force_nonempty_content (OpenClaw's vLLM plugin sends it for Nemotron 3 with thinking off) and thinking
+    off on nemotron_v3: a turn that is only reasoning comes back with its reasoning as the answer (complete: the
+    answer alone; streamed: the reasoning, then the same text as content). Without either it stays reasoning."""
+    thought = "The user asks for 2 + 2, which is 4."
+    client = openai.OpenAI(base_url=serve_url + "/v1", api_key="test", max_retries=0, timeout=600)
+    body = {"model": "family-nemotron-3", "max_tokens": 64, "messages": [{"role": "user", "content": "2 + 2?"}]}
+    forced = {"nvext": {"forced_script": thought}}  # thinking on: the prompt opens the block, the model never closes it
+    asked = {**forced, "chat_template_kwargs": {"force_nonempty_content": True}}
+
+    plain = client.chat.completions.create(**body, extra_body=forced).to_dict()["choices"][0]
+    assert (plain["message"].get("content") or "", _reasoning_of(plain["message"])) == ("", thought)
+
+    done = client.chat.completions.create(**body, extra_body=asked).to_dict()["choices"][0]
+    assert (done["message"]["content"], _reasoning_of(done["message"])) == (thought, "")
+    assert done["finish_reason"] == "stop"
+
+    deltas = [c.to_dict()["choices"][0]["delta"] for c in client.chat.completions.create(
+        **body, extra_body=asked, stream=True) if c.choices]
+    assert "".join(_reasoning_of(d) for d in deltas) == thought
+    assert "".join(d.get("content") or "" for d in deltas) == thought
+    first_text = next(i for i, d in enumerate(deltas) if d.get("content"))
+    assert all(not _reasoning_of(d) for d in deltas[first_text:])  # the answer comes after all the reasoning
+
+    # Thinking off (Anthropic without `thinking`): the prompt closes the block; a model that opens one anyway and
+    # never closes it answers with that text, as vLLM's nemotron_v3 parser does with thinking off.
+    claude = anthropic.Anthropic(base_url=serve_url, api_key="test", max_retries=0, timeout=600)
+    msg = claude.messages.create(model="family-nemotron-3", max_tokens=64,
+                                 messages=[{"role": "user", "content": "2 + 2?"}],
+                                 extra_body={"nvext": {"forced_script": "<think>" + thought}}).to_dict()
+    assert [(b["type"], b.get("text")) for b in msg["content"]] == [("text", thought)]
+    assert msg["stop_reason"] == "end_turn"

@@ -234,6 +234,8 @@ def test_cli_prints_the_catalog_as_json():
     assert (nem["reasoning_parser"], nem["tool_parser"], nem["thinking_replay"]) == (
         "nemotron_v3", "qwen3_coder", "keeps_all")
     assert "truncate_history_thinking" in nem["chat_template_kwargs"]
+    assert "thinking off" in nem["parser_kwargs"]["force_nonempty_content"]
+    assert data["qwen3-coder"]["parser_kwargs"] == {}  # no reasoning, nothing to give
 
 
 # -- what the template does, against what the catalog says -------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from serve_app.conversation import ReasoningPart, TextPart, ToolCallPart
-from serve_app.parsers import fold_complete, parse_complete
+from serve_app.parsers import answer_required, fold_complete, parse_complete
 from test_parsers_formats import check_events, stream
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,7 +45,10 @@ def documented_exceptions() -> set[str]:
 
 def kwargs(v: dict) -> dict:
     return {"reasoning": v["reasoning_parser"], "tools": v["tool_parser"], "tool_schemas": v.get("tools"),
-            "starts_in_reasoning": v["prompt_opens_think"]}
+            "starts_in_reasoning": v["prompt_opens_think"],
+            # the request's force_nonempty_content; thinking off is recorded as a prompt that does not open the block
+            "answer_required": answer_required(v["reasoning_parser"], v.get("chat_template_kwargs"),
+                                               False if v["prompt_opens_think"] is False else None)}
 
 
 def outcome(parts) -> dict:
@@ -204,12 +207,12 @@ def test_pass_rate_and_exact_exceptions():
     documented = documented_exceptions()
     assert set(failing) == documented, {"undocumented failures": {k: failing[k] for k in set(failing) - documented},
                                         "documented but passing": sorted(documented - set(failing))}
-    # Issue 15 asks for 98%; the intentional differences (docs/parser-conformance.md) leave 95.8% of all vectors and
-    # 96.6% of the first 440 (the formats the issue named). These floors keep what is reached; raising them needs a
+    # Issue 15 asks for 98%; the intentional differences (docs/parser-conformance.md) leave 96.0% of all vectors and
+    # 96.9% of the first 446 (the formats the issue named). These floors keep what is reached; raising them needs a
     # decision to change a documented rule (more vectors bring the same kinds of difference).
-    assert len(VECTORS) - len(failing) >= 0.955 * len(VECTORS), f"{len(failing)} of {len(VECTORS)} vectors differ"
+    assert len(VECTORS) - len(failing) >= 0.959 * len(VECTORS), f"{len(failing)} of {len(VECTORS)} vectors differ"
     first = [v for v in VECTORS if v["source"].split("::")[0] in FIRST_FILES]
-    assert sum(v["id"] not in failing for v in first) >= 0.965 * len(first)
+    assert sum(v["id"] not in failing for v in first) >= 0.968 * len(first)
 
 
 @pytest.mark.parametrize("v", VECTORS, ids=[v["id"] for v in VECTORS])

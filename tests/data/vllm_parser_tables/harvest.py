@@ -372,9 +372,11 @@ import itertools
 
 
 class Vec:
-    def __init__(self, text: str, tools, thinking_off: bool = False, thinking_on: bool = False):
+    def __init__(self, text: str, tools, thinking_off: bool = False, thinking_on: bool = False,
+                 answer_required: bool = False):
         self.text, self.tools, self.checks, self.thinking_off = text, tools, [], thinking_off
         self.thinking_on = thinking_on
+        self.answer_required = answer_required  # the request's force_nonempty_content
 
 
 class P:
@@ -603,7 +605,7 @@ class Recording:
                 effort = kw.get("reasoning_effort")
                 off = kw.get("enable_thinking") is False or kw.get("thinking") is False or effort == "no_think"
                 on = kw.get("enable_thinking") is True or kw.get("thinking") is True or bool(effort) and not off
-                v = Vec(text, _tools_of(request) or self.tools, off, on)
+                v = Vec(text, _tools_of(request) or self.tools, off, on, kw.get("force_nonempty_content") is True)
                 v.parser_name = getattr(type(self), "vllm_name", None)
                 rec.vectors.append(v)
                 return v
@@ -1120,6 +1122,8 @@ def harvest(root: Path) -> list[dict]:
                     print(f"  {vec['id']}: current_text is not previous_text + delta_text", file=sys.stderr)
             if v.tools:
                 vec["tools"] = v.tools
+            if v.answer_required:
+                vec["chat_template_kwargs"] = {"force_nonempty_content": True}
             vectors.append(vec)
     seen, unique = set(), []
     for v in vectors:  # the same vector listed twice (streaming / non-streaming variants) counts once
