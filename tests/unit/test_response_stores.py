@@ -484,7 +484,8 @@ def test_an_in_memory_store_cannot_live_in_the_ingress():
 
 async def test_ingress_replicas_with_their_own_store_share_one_sqlite_file(tmp_path):
     """Two replicas' stores (two processes in production; two connections here) on the file of one host: a
-    response stored through one is found, and deleted, through the other, off the event loop."""
+    response stored through one is found, and deleted, through the other. A call that would wait for the other's
+    write lock waits in a worker thread, never on the event loop."""
     from serve_app.ingress.responses.store import AsyncStore, open_local_store
 
     cfg = _ingress_settings(response_store_placement="ingress", response_store_path=str(tmp_path / "r.db")).ingress
@@ -493,12 +494,21 @@ async def test_ingress_replicas_with_their_own_store_share_one_sqlite_file(tmp_p
     loop_thread = threading.get_ident()
     seen = []
     put = a.core.put
-    a.core.put = lambda *args: seen.append(threading.get_ident()) or put(*args)
+    a.core.put = lambda *args, **kw: seen.append((threading.get_ident(), kw.get("wait", True))) or put(*args, **kw)
     client_a, client_b = StoreClient(a, cfg.response_store_timeout_s), StoreClient(b, cfg.response_store_timeout_s)
     assert await client_a.put("resp_1", {"response": {"id": "resp_1"}, "items": []})
-    assert seen and loop_thread not in seen
+    assert seen == [(loop_thread, False)]  # free: made on the loop, never waiting
     assert await client_b.get("resp_1") == {"response": {"id": "resp_1"}, "items": []}
     assert await client_b.delete("resp_1") and await client_a.get("resp_1") is None
+
+    seen.clear()
+    other = sqlite3.connect(cfg.response_store_path, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # b's process, mid-write
+    asyncio.get_running_loop().call_later(0.3, other.rollback)
+    assert await client_a.put("resp_2", {"response": {"id": "resp_2"}, "items": []})
+    other.close()
+    assert seen[0] == (loop_thread, False) and seen[1][0] != loop_thread and seen[1][1] is True, seen
+    assert await client_b.get("resp_2") == {"response": {"id": "resp_2"}, "items": []}
 
 
 async def test_a_store_in_the_ingress_that_stops_answering_is_a_503_not_a_hang(tmp_path):
@@ -509,9 +519,15 @@ async def test_a_store_in_the_ingress_that_stops_answering_is_a_503_not_a_hang(t
     cfg = _ingress_settings(response_store_placement="ingress", response_store_path=str(tmp_path / "r.db"),
                             response_store_timeout_s=0.2).ingress
     store = open_local_store(cfg)
-    release = threading.Event()
-    get = store.core.get
-    store.core.get = lambda key: release.wait(30) and get(key)
+    release, held = threading.Event(), threading.Event()
+
+    def stuck() -> None:  # a call stuck in the database holds the store's connection
+        with store.core._lock:
+            held.set()
+            release.wait(30)
+
+    threading.Thread(target=stuck, daemon=True).start()
+    held.wait(5)
     app = create_app(IngressContext(settings=SETTINGS, service=StubService(), secret=b"s",
                                     response_store=StoreClient(store, cfg.response_store_timeout_s)))
     try:
@@ -522,3 +538,88 @@ async def test_a_store_in_the_ingress_that_stops_answering_is_a_503_not_a_hang(t
     assert r.status_code == 503, r.text
     err = r.json()["error"]
     assert err["code"] == "store_unavailable" and "did not answer within 0.2 s" in err["message"]
+
+
+# -- SQLite on the event loop: made there when it would not wait, else in a worker thread -----------------------
+
+
+def test_a_sqlite_call_that_would_wait_does_nothing_and_says_so(tmp_path):
+    from serve_app.ingress.responses.store import WouldWait
+
+    s = SqliteResponseStore(str(tmp_path / "r.db"), timeout_s=5.0)
+    assert s.put("a", 1, wait=False) and s.get("a", wait=False) == 1
+    with _WriteLock("sqlite", type("O", (), {"path": s.path})()):
+        with pytest.raises(WouldWait):  # another process's write lock: at once, not after the busy timeout
+            s.put("b", 2, wait=False)
+        with pytest.raises(WouldWait):
+            s.delete("a", wait=False)
+        assert s.get("a", wait=False) == 1  # WAL: readers do not wait for the writer
+    assert s.get("b") is None and s.get("a") == 1  # nothing was done, the connection still serves
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with s._lock:
+            held.set()
+            release.wait(5)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(5)
+    with pytest.raises(WouldWait):  # the connection in use by a worker thread
+        s.get("a", wait=False)
+    release.set()
+    t.join()
+    # the busy timeout is back for calls that may wait: a write lock released within it is waited for
+    other = sqlite3.connect(s.path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    threading.Timer(0.3, other.rollback).start()
+    assert s.put("b", 2) and s.get("b") == 2
+    other.close()
+    s.close()
+
+
+async def test_sqlite_puts_beside_a_busy_loop_do_not_wait_for_a_thread(tmp_path):
+    """The failure this replaces: beside a loop that is never idle, a worker thread waits for the GIL (a burst of
+    32 puts timed out at 5 s, load/probe_store_wait.py). Made on the loop, every put finishes."""
+    from serve_app.ingress.responses.store import AsyncStore
+
+    store = AsyncStore(1000, 3600, backend="sqlite", path=str(tmp_path / "r.db"), timeout_s=5.0)
+    stop = False
+
+    async def busy() -> None:
+        while not stop:
+            sum(range(20000))
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(busy())
+    try:
+        results = await asyncio.gather(*(store.put(f"k{i}", {"items": ["x" * 2000] * 10}) for i in range(32)))
+    finally:
+        stop = True
+        await task
+    assert results == [True] * 32
+    assert [await store.get(f"k{i}") for i in (0, 31)] == [{"items": ["x" * 2000] * 10}] * 2
+
+
+async def test_the_wal_checkpoint_runs_in_a_thread_once_enough_is_written(tmp_path):
+    from serve_app.ingress.responses.store import AsyncStore
+
+    store = AsyncStore(10_000, 3600, backend="sqlite", path=str(tmp_path / "r.db"))
+    ran = []
+    checkpoint = store.core.checkpoint
+    store.core.checkpoint = lambda: ran.append(threading.get_ident()) or checkpoint()
+    record = {"items": ["y" * 100_000]}
+    for i in range(30):  # ~3 MB: under the 4 MB bound
+        await store.put(f"k{i}", record)
+    assert not ran
+    for i in range(30, 45):
+        await store.put(f"k{i}", record)
+    await asyncio.wait_for(store._checkpoint, 10)
+    assert ran and threading.get_ident() not in ran
+    assert store.core.written < 4_096_000
+    wal = Path(str(tmp_path / "r.db") + "-wal")
+    probe = sqlite3.connect(tmp_path / "r.db", isolation_level=None)
+    busy, frames, done = probe.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    probe.close()
+    assert wal.exists() and busy == 0 and done == frames  # everything written so far is in the database file
+    assert await store.get("k0") == record and await store.get("k44") == record

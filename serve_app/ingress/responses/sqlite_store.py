@@ -2,8 +2,11 @@
 
 Same interface and bounds as `ResponseStoreCore` (put/get/delete; a TTL; past the item or byte cap the oldest
 stored entries go first), on a file on the local disk of the node running the ResponseStore replica. Expiry uses
-wall-clock time, which, unlike a monotonic clock, means the same thing after a restart. Calls are blocking; the
-deployment runs them in a worker thread (one connection, serialised by a lock).
+wall-clock time, which, unlike a monotonic clock, means the same thing after a restart. Calls are blocking (one
+connection, serialised by a lock). `AsyncStore` makes each call on its event loop first with `wait=False`: the call
+runs only if the connection is free and no other process holds the write lock, else it raises `WouldWait` having done
+nothing, and is made again in a worker thread. The WAL checkpoint (the step that syncs the disk) is left to
+`checkpoint`, on a connection of its own, which `AsyncStore` runs in a thread once enough has been written.
 
 A database that cannot be used (a file that is not a database, a directory it cannot write, a write lock another
 process holds past `timeout_s`) raises `StoreUnavailable`, as the PostgreSQL store does when its server is down,
@@ -21,11 +24,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from serve_app.ingress.responses.store import StoreUnavailable, encode_record
+from serve_app.ingress.responses.store import StoreUnavailable, WouldWait, encode_record
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PATH = "~/.cache/serve_app/responses.sqlite3"
+_CHECKPOINT_PAGES = 1000  # SQLite's default auto-checkpoint size (pages of 4 KiB)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -51,6 +55,9 @@ class SqliteResponseStore:
         self.timeout_s = timeout_s  # how long a write waits for another process's write lock
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_db: sqlite3.Connection | None = None
+        self.written = 0  # bytes of records put since the last checkpoint began (what the WAL has grown by, about)
         try:
             self._run(lambda db: None)  # open now, so a bad path shows in the log at start
         except StoreUnavailable:
@@ -66,22 +73,59 @@ class SqliteResponseStore:
         try:
             db.execute("PRAGMA journal_mode=WAL")  # readers do not wait for the writer
             db.execute("PRAGMA synchronous=NORMAL")  # durable across a process crash (not a power cut), faster
+            # Commits do not checkpoint until the log is 4x SQLite's default: `checkpoint` (in a thread) does it
+            # first; this bound only holds when nobody calls it.
+            db.execute(f"PRAGMA wal_autocheckpoint={4 * _CHECKPOINT_PAGES}")
             db.executescript(_SCHEMA)
         except BaseException:
             db.close()
             raise
         return db
 
-    def _run(self, work: Callable[[sqlite3.Connection], Any]) -> Any:
-        with self._lock:
-            try:
-                if self._db is None:
-                    self._db = self._open()
+    def _run(self, work: Callable[[sqlite3.Connection], Any], wait: bool = True) -> Any:
+        """`work` on the connection. `wait=False`: raise WouldWait, having done nothing, where the call would wait
+        (the lock held by another thread, no connection yet, another process's write lock)."""
+        if not self._lock.acquire(blocking=wait):
+            raise WouldWait
+        try:
+            if self._db is None:
+                if not wait:
+                    raise WouldWait  # opening writes the schema, which may wait for the write lock
+                self._db = self._open()
+            if wait:
                 return work(self._db)
+            self._db.execute("PRAGMA busy_timeout=0")
+            try:
+                return work(self._db)
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout={round(self.timeout_s * 1000)}")
+        except (sqlite3.Error, OSError) as err:
+            if not wait and getattr(err, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise WouldWait from None
+            if self._db is not None:  # reopened on the next call: a replaced or repaired file is seen afresh
+                self._db.close()
+                self._db = None
+            raise self._unavailable(err) from None
+        finally:
+            self._lock.release()
+
+    def checkpoint_due(self) -> bool:
+        return self.written >= _CHECKPOINT_PAGES * 4096
+
+    def checkpoint(self) -> None:
+        """Copy the write-ahead log into the database (PASSIVE: waits for nobody, and nobody waits for it), on a
+        connection of its own so that calls go on meanwhile."""
+        self.written = 0
+        with self._checkpoint_lock:
+            try:
+                if self._checkpoint_db is None:
+                    self._checkpoint_db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None,
+                                                          timeout=self.timeout_s)
+                self._checkpoint_db.execute("PRAGMA wal_checkpoint(PASSIVE)")
             except (sqlite3.Error, OSError) as err:
-                if self._db is not None:  # reopened on the next call: a replaced or repaired file is seen afresh
-                    self._db.close()
-                    self._db = None
+                if self._checkpoint_db is not None:
+                    self._checkpoint_db.close()
+                    self._checkpoint_db = None
                 raise self._unavailable(err) from None
 
     def __len__(self) -> int:
@@ -91,7 +135,7 @@ class SqliteResponseStore:
 
         return self._run(count)
 
-    def put(self, key: str, record: Any, size: int | None = None) -> bool:
+    def put(self, key: str, record: Any, size: int | None = None, wait: bool = True) -> bool:
         """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
         encoded = encode_record(record, size, self.max_bytes)
         if encoded is None:
@@ -116,20 +160,25 @@ class SqliteResponseStore:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+            self.written += len(text)
             return True
 
-        return self._run(put)
+        return self._run(put, wait)
 
-    def get(self, key: str) -> Any | None:
+    def get(self, key: str, wait: bool = True) -> Any | None:
         row = self._run(lambda db: db.execute("SELECT record FROM responses WHERE id = ? AND expires > ?",
-                                              (key, self.clock())).fetchone())
+                                              (key, self.clock())).fetchone(), wait)
         return None if row is None else json.loads(row[0])
 
-    def delete(self, key: str) -> bool:
-        return self._run(lambda db: db.execute("DELETE FROM responses WHERE id = ?", (key,)).rowcount > 0)
+    def delete(self, key: str, wait: bool = True) -> bool:
+        return self._run(lambda db: db.execute("DELETE FROM responses WHERE id = ?", (key,)).rowcount > 0, wait)
 
     def close(self) -> None:
         with self._lock:
             if self._db is not None:
                 self._db.close()
                 self._db = None
+        with self._checkpoint_lock:
+            if self._checkpoint_db is not None:
+                self._checkpoint_db.close()
+                self._checkpoint_db = None

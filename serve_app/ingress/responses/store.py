@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -37,11 +38,18 @@ from ray import serve
 from serve_app.errors import ServiceError, replica_gone
 from serve_app.serve_tuning import with_replica_env
 
+log = logging.getLogger(__name__)
+
 DSN_ENV = "SERVE_APP_RESPONSE_STORE_DSN"
 
 
 class StoreUnavailable(Exception):
     """The store's database cannot be reached. Plain (one message argument) so it crosses Ray intact."""
+
+
+class WouldWait(Exception):
+    """A store call made with `wait=False` found its store busy (the connection in use by a worker thread, or
+    another process's write lock): nothing was done; make the call again with waiting allowed."""
 
 
 def encode_record(record: Any, size: int | None, max_bytes: int) -> tuple[str, int] | None:
@@ -135,22 +143,53 @@ class AsyncStore:
     def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
                  path: str | None = None, dsn: str | None = None, timeout_s: float = 5.0):
         self.core = make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s)
-        # SQLite blocks on disk and PostgreSQL on the network: off the event loop. The in-memory core is cheap
-        # enough to call inline.
+        # PostgreSQL waits on the network: always in a worker thread. The in-memory core is cheap enough to call
+        # inline. SQLite is tried inline first (below).
         self._blocking = backend != "memory"
+        self._now_first = backend == "sqlite"
         self.timeout_s = timeout_s
+        self._checkpoint: asyncio.Task | None = None
 
     async def _call(self, fn, *args):
         if not self._blocking:
             return fn(*args)
+        if self._now_first:
+            # A worker thread beside a busy event loop can wait seconds for the GIL (docs/serving-path.md, "The
+            # render thread's wait"; load/probe_store_wait.py: most puts of a burst timed out that way). A SQLite
+            # call is CPU work under the GIL wherever it runs (encoding the record: ~0.1 ms for 4 KB, ~3 ms for
+            # 400 KB here) and writes the OS buffers: so it is made here, unless it would wait for the connection
+            # or another process's write lock (then as before, in a thread). The WAL checkpoint, the one step
+            # that syncs the disk, stays off the loop (`_after`).
+            try:
+                out = fn(*args, wait=False)
+            except WouldWait:
+                pass
+            else:
+                self._after()
+                return out
         # The databases bound their own waits (SQLite's busy timeout, PostgreSQL's statement_timeout), but a server
         # that stops answering cannot cancel a statement: past the bound the caller gets its 503 while the worker
         # thread waits on (the call completes or fails there, unobserved).
         try:
-            return await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s)
+            out = await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s)
         except asyncio.TimeoutError:
             raise StoreUnavailable(f"the Responses store did not answer within {self.timeout_s:g} s; "
                                    f"retry shortly") from None
+        if self._now_first:
+            self._after()
+        return out
+
+    def _after(self) -> None:
+        """Start a WAL checkpoint in a worker thread when the log has grown past its bound (one at a time; it
+        uses its own connection, so calls go on meanwhile)."""
+        if (self._checkpoint is None or self._checkpoint.done()) and self.core.checkpoint_due():
+            self._checkpoint = asyncio.get_running_loop().create_task(asyncio.to_thread(self.core.checkpoint))
+            self._checkpoint.add_done_callback(self._checkpointed)
+
+    @staticmethod
+    def _checkpointed(task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("Responses store: WAL checkpoint failed: %s", task.exception())
 
     async def put(self, key: str, record: Any) -> bool:
         return await self._call(self.core.put, key, record)
