@@ -65,7 +65,7 @@ async def _tokenize_prompt(ctx: IngressContext, body: dict[str, Any]) -> tuple[A
         raise InvalidRequest("prompt: must be a string", param="prompt")
     add_special = _flag(body, "add_special_tokens", True)
     renderer, model = await ctx.service.renderer_for(body.get("model"))
-    ids = await renderer.run(renderer.encode, prompt, add_special_tokens=add_special)
+    ids = await renderer.tokenize(prompt, add_special_tokens=add_special)
     return renderer, model, ids
 
 
@@ -97,5 +97,5 @@ async def detokenize(request: Request, ctx: IngressContext = Depends(get_ctx)) -
     bad = next((t for t in tokens if t < 0 or t >= vocab), None)
     if bad is not None:
         raise InvalidRequest(f"tokens: {bad} is not a token id of this model (0..{vocab - 1})", param="tokens")
-    text = await renderer.run(renderer.decode, tokens)
+    text = await renderer.detokenize(tokens)
     return {"prompt": text}

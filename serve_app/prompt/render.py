@@ -574,6 +574,23 @@ class PromptRenderer:
             ids = await self.run(self._encode_pieces, pieces)
         return self._rendered(text, ids, add_generation_prompt, continue_final_message)
 
+    async def tokenize(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        """`/v1/tokenize` of a plain prompt: on the loop up to `inline_chars` (the pool's wait, as for `render`),
+        else in the pool."""
+        if not self._inline_off and len(text) <= self.inline_chars and self._encode_lock.acquire(blocking=False):
+            try:
+                return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+            finally:
+                self._encode_lock.release()
+        return await self.run(self.encode, text, add_special_tokens=add_special_tokens)
+
+    async def detokenize(self, ids: list[int]) -> str:
+        """`/v1/detokenize`: on the loop up to a quarter of `inline_chars` tokens (about as many characters), else
+        in the pool."""
+        if not self._inline_off and len(ids) <= self.inline_chars // 4:
+            return self.decode(ids)
+        return await self.run(self.decode, ids)
+
     def _check_inline(self, started: float, step: str) -> None:
         took = time.thread_time() - started
         if took <= _INLINE_MAX_S or self._inline_off:

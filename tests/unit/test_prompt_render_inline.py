@@ -220,3 +220,28 @@ def test_the_pool_releases_the_gil_while_it_tokenizes_a_long_piece(tok):
     assert "encode_batch" in calls
     r._backend = backend
     assert out == r.render_sync(conv, GenerationOptions())
+
+
+def test_tokenize_and_detokenize_of_a_short_text_run_on_the_loop_and_equal_the_pools(tok):
+    """`/v1/tokenize` of a plain prompt and `/v1/detokenize`: the same waits as a render, the same bounds."""
+    inline, pooled = make(tok, inline_chars=256), make(tok, inline_chars=0)
+    seen: list[int] = []
+    for r in (inline, pooled):
+        real_enc, real_dec = r.tokenizer.encode, r.tokenizer.decode
+        r.tokenizer.encode = lambda *a, _f=real_enc, **k: seen.append(threading.get_ident()) or _f(*a, **k)
+        r.tokenizer.decode = lambda *a, _f=real_dec, **k: seen.append(threading.get_ident()) or _f(*a, **k)
+    short, long = words(random.Random(3), 20)[:200], words(random.Random(4), 200)
+
+    async def both(r, text):
+        ids = await r.tokenize(text, add_special_tokens=True)
+        return ids, await r.detokenize(ids), threading.get_ident()
+
+    for text in (short, long):
+        seen.clear()
+        ids, back, loop_thread = asyncio.run(both(inline, text))
+        assert ids == tok.encode(text, add_special_tokens=True) and back == tok.decode(ids)
+        on_loop = len(text) <= 256
+        assert (seen[0] == loop_thread) is on_loop and (seen[1] == loop_thread) is (len(ids) <= 64), (text, ids)
+        seen.clear()
+        assert asyncio.run(both(pooled, text))[:2] == (ids, back)
+        assert loop_thread not in seen
