@@ -108,6 +108,9 @@ class ChatCompletionRequest(OpenModel):
     reasoning_effort: str | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # Qwen's cloud API (DashScope) takes the thinking switch at the top level; OpenClaw sends it there for Qwen
+    # models with `qwenThinkingFormat: "top-level"`. chat_template_kwargs.enable_thinking wins where both are set.
+    enable_thinking: bool | None = None
     prompt_cache_key: str | None = None
     user: str | None = None
     nvext: NvExt | None = None

@@ -69,6 +69,23 @@ def test_history_maps_to_the_ir():
     assert opts.thinking is False
 
 
+@pytest.mark.parametrize("fields, thinking", [
+    ({}, None),
+    ({"enable_thinking": False}, False),  # DashScope's top-level switch (OpenClaw's qwenThinkingFormat top-level)
+    ({"enable_thinking": True, "reasoning_effort": "none"}, True),
+    ({"enable_thinking": True, "chat_template_kwargs": {"enable_thinking": False}}, False),  # the kwargs win
+    ({"reasoning_effort": "minimal"}, False),
+])
+def test_the_thinking_switch_and_its_precedence(fields, thinking):
+    assert chat_request_to_conversation(body(**fields))[2].thinking is thinking
+
+
+def test_a_top_level_enable_thinking_that_is_not_a_boolean_is_a_400():
+    with pytest.raises(InvalidRequest) as e:
+        chat_request_to_conversation(body(enable_thinking={"on": 1}))
+    assert e.value.param == "enable_thinking"
+
+
 def parse_sse(frames: list[bytes]):
     events = []
     for f in b"".join(frames).decode().split("\n\n"):

@@ -189,6 +189,8 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
     thinking: bool | None = None
     if "enable_thinking" in kwargs:
         thinking = bool(kwargs["enable_thinking"])
+    elif req.enable_thinking is not None:
+        thinking = req.enable_thinking
     elif req.reasoning_effort is not None:
         thinking = req.reasoning_effort not in ("none", "minimal")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
