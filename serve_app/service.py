@@ -370,7 +370,7 @@ class GenerationService:
         if testing.script_rules:
             last = _last_input_text(prepared.conversation)
             for rule in testing.script_rules:
-                if re.search(rule.match, last):
+                if (rule.model is None or rule.model == prepared.model_id) and re.search(rule.match, last):
                     return rule.script
         return None
 

