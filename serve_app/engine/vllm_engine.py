@@ -262,8 +262,11 @@ class VLLMEngine:
         )
         self.reasoning_gate = bool(getattr(args, "reasoning_parser", None))
         before = reaper.children()
-        self.engine = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
-        self._reaper = reaper.guard(reaper.children() - before)
+        guard = reaper.Guard(before)  # watching from now: a replica killed mid-start leaves no engine behind
+        try:
+            self.engine = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
+        finally:
+            self._reaper = guard.arm(reaper.children() - before)
         # vLLM reads its settings from the environment through a module __getattr__ on every access, several
         # times per output on the output path (a tenth of the replica's output thread, profiled); its engine core
         # freezes them after start-up and so does this process now that the engine is up.

@@ -121,3 +121,69 @@ def test_child_ignoring_sigterm_is_killed(monkeypatch):
 
 def test_guard_without_children_starts_nothing():
     assert reaper.guard([]) is None
+
+
+# A replica whose engine is still starting: the watcher runs before the engine's children exist.
+STARTING = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    from serve_app.engine import reaper
+    before = reaper.children()
+    guard = reaper.Guard(before)
+    time.sleep(0.3)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(child.pid, guard.proc.pid, flush=True)
+    if sys.argv[1] == "arm":
+        print(guard.arm(reaper.children() - before).pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def _starting(mode: str):
+    proc = subprocess.Popen([sys.executable, "-c", STARTING, mode], stdout=subprocess.PIPE, text=True)
+    child, watcher = map(int, proc.stdout.readline().split())
+    return proc, child, watcher
+
+
+def _cleanup(*pids: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_a_replica_killed_while_its_engine_starts_takes_the_started_children_with_it():
+    proc, child, watcher = _starting("pending")
+    try:
+        time.sleep(3 * reaper.PENDING_POLL_S + 0.2)  # the watcher has seen the new child
+        assert not _wait_gone(child, 0.3) and not _wait_gone(watcher, 0.1)
+        proc.kill()  # before `arm`: the engine was still starting
+        proc.wait()
+        assert _wait_gone(child, 30), "a half-started engine outlived its replica"
+        assert _wait_gone(watcher, 30)
+    finally:
+        _cleanup(proc.pid, child, watcher)
+        proc.wait()
+
+
+def test_an_armed_guard_watches_exactly_the_engines_children():
+    proc, child, watcher = _starting("arm")
+    try:
+        assert int(proc.stdout.readline()) == watcher  # the same watcher, now armed
+        assert not _wait_gone(watcher, 1.0), "armed, it waits for the replica"
+        os.kill(child, signal.SIGTERM)  # the engine stops cleanly: nothing left to guard
+        assert _wait_gone(watcher, 30)
+        assert proc.poll() is None and psutil.Process(proc.pid).is_running()  # the watcher never signals itself
+    finally:
+        _cleanup(proc.pid, child, watcher)
+        proc.wait()
+
+
+def test_arming_with_no_children_ends_the_watcher():
+    before = reaper.children()
+    guard = reaper.Guard(before)
+    watcher = guard.proc
+    assert guard.arm(reaper.children() - before) is None  # only the watcher itself is new: nothing to guard
+    assert watcher.wait(timeout=30) == 0
