@@ -222,6 +222,9 @@ def freeze_vllm_envs() -> None:
     envs.enable_envs_cache()
 
 
+_CPU_STOP_GRACE_S = 1.0
+
+
 class VLLMEngine:
     """Owns one AsyncLLM. `start()` builds it; `generate()` streams `EngineChunk`s."""
 
@@ -378,5 +381,9 @@ class VLLMEngine:
 
     def shutdown(self) -> None:
         if self.engine is not None:
-            self.engine.shutdown()
+            # vLLM gives EngineCore 5 s after SIGTERM before it kills it, and on a CPU it takes them all: its worker's
+            # and its own final garbage collection over the model's objects (py-spy). A CPU has no device state to
+            # release properly, so EngineCore gets 1 s there (its worker exits on its own when its parent is gone);
+            # a GPU keeps vLLM's grace.
+            self.engine.shutdown(timeout=_CPU_STOP_GRACE_S if _on_cpu_platform() else None)
             self.engine = None
