@@ -2,15 +2,15 @@
 
 vLLM runs its EngineCore in a child process that waits on a socket and never notices its parent is gone. When Ray
 kills an Engine replica (a crash, `ray stop --force`, an actor kill) no Python shutdown code runs, so the child
-would keep its memory and threads forever. `guard()` starts a small watcher process that waits (no polling) for
-the replica's process to exit and then stops the children that `start()` created; it exits by itself when those
-children exit first. Linux only (pidfds); elsewhere it does nothing.
+would keep its memory and threads forever. A small watcher process waits (no polling) for the replica's process to
+exit and then stops the children that `start()` created; it exits by itself when those children exit first. Linux
+only (pidfds); elsewhere it does nothing.
 
 Starting an engine takes seconds on a CPU and minutes on a GPU (weights, compilation), and vLLM starts EngineCore
 at the beginning of it: a replica killed meanwhile would leave a half-started engine holding its memory (on a GPU,
-the next start then finds none free). `Guard`, made before the engine is created, starts the watcher at once; until
-`Guard.arm` names the engine's children it notes every new child of the replica's process (`PENDING_POLL_S`) and,
-if the replica dies first, stops those.
+the next start then finds none free). So `Guard()`, made before the engine is created, starts the watcher at once;
+until `Guard.arm` names the engine's children it notes every new child of the replica's process (`PENDING_POLL_S`)
+and, if the replica dies first, stops those; armed, it watches exactly the named ones.
 """
 
 from __future__ import annotations
@@ -37,19 +37,6 @@ def children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=False)}
 
 
-def guard(child_pids: Iterable[int]) -> subprocess.Popen | None:
-    """Start the watcher for `child_pids` on behalf of this process; None where pidfds are missing."""
-    pids = sorted(set(child_pids))
-    if not pids or not hasattr(os, "pidfd_open"):
-        return None
-    # Its own session: a signal sent to the replica's process group must not take the watcher with it.
-    return subprocess.Popen(
-        [sys.executable, "-m", "serve_app.engine.reaper", str(os.getpid()), *map(str, pids)],
-        stdin=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-
-
 class Guard:
     """The watcher for an engine about to start: `Guard()` before creating it, `arm(new children)` after (also
     when creating it failed). Does nothing where pidfds are missing."""
@@ -60,7 +47,8 @@ class Guard:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "serve_app.engine.reaper", "--pending", str(os.getpid()),
                  *map(str, sorted(set(existing)))],
-                stdin=subprocess.PIPE, text=True, start_new_session=True)  # own session: see `guard`
+                # Its own session: a signal sent to the replica's process group must not take the watcher with it.
+                stdin=subprocess.PIPE, text=True, start_new_session=True)
 
     def arm(self, child_pids: Iterable[int]) -> subprocess.Popen | None:
         """Hand the watcher the engine's children (it then watches exactly those); with none it exits."""
@@ -183,7 +171,5 @@ def _signal(fd: int, sig: int) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="reaper: %(message)s")
-    if sys.argv[1] == "--pending":
-        watch_pending(int(sys.argv[2]), {int(a) for a in sys.argv[3:]})
-    else:
-        watch(int(sys.argv[1]), [int(a) for a in sys.argv[2:]])
+    assert sys.argv[1] == "--pending", sys.argv
+    watch_pending(int(sys.argv[2]), {int(a) for a in sys.argv[3:]})

@@ -25,8 +25,9 @@ REPLICA = textwrap.dedent(
     import subprocess, sys, time
     from serve_app.engine import reaper
     before = reaper.children()
+    guard = reaper.Guard(before)
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    watcher = reaper.guard(reaper.children() - before)
+    watcher = guard.arm(reaper.children() - before)
     print(child.pid, watcher.pid, flush=True)
     time.sleep(600)
     """
@@ -117,10 +118,6 @@ def test_child_ignoring_sigterm_is_killed(monkeypatch):
     # Its pid is reaped, so pidfd_open fails: the watcher treats a missing parent as a dead one.
     reaper.watch(parent.pid, [stubborn.pid])
     assert stubborn.wait(timeout=30) == -signal.SIGKILL
-
-
-def test_guard_without_children_starts_nothing():
-    assert reaper.guard([]) is None
 
 
 # A replica whose engine is still starting: the watcher runs before the engine's children exist.
