@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from load import provenance  # noqa: E402
+from load.busy_loop import BusyLoop  # noqa: E402
 from serve_app.conversation import Conversation, GenerationOptions, Message, TextPart  # noqa: E402
 
 
@@ -42,41 +43,25 @@ def conversation(i: int) -> Conversation:
 
 
 async def burst(renderer, n: int, burst_iterations: int, budget_s: float) -> dict:
-    stop = False
-    bursts = 0
+    async with BusyLoop(burst_iterations) as busy:
+        done: list[float] = []
+        t0 = time.perf_counter()
+        cpu0 = time.process_time()
 
-    async def busy() -> None:
-        nonlocal bursts
-        while not stop:
-            x = 0
-            for i in range(burst_iterations):
-                x += i
-            bursts += 1
-            await asyncio.sleep(0)
+        async def one(i: int) -> None:
+            await renderer.render(conversation(i), GenerationOptions())
+            done.append(time.perf_counter() - t0)
 
-    task = asyncio.create_task(busy())
-    await asyncio.sleep(0.05)
-    done: list[float] = []
-    bursts = 0
-    t0 = time.perf_counter()
-    cpu0 = time.process_time()
-
-    async def one(i: int) -> None:
-        await renderer.render(conversation(i), GenerationOptions())
-        done.append(time.perf_counter() - t0)
-
-    waiting = [asyncio.create_task(one(i)) for i in range(n)]
-    finished, pending = await asyncio.wait(waiting, timeout=budget_s)
-    for p in pending:
-        p.cancel()
-    elapsed = time.perf_counter() - t0
-    stop = True
-    await task
+        waiting = [asyncio.create_task(one(i)) for i in range(n)]
+        finished, pending = await asyncio.wait(waiting, timeout=budget_s)
+        for p in pending:
+            p.cancel()
+        rate = busy.rate()
     return {"renders": n, "finished": len(done),
             "p50_ms": round(statistics.median(done) * 1e3, 1) if done else None,
             "last_ms": round(max(done) * 1e3, 1) if len(done) == n else None,
             "gave_up_after_s": budget_s if pending else None,
-            "loop_bursts_per_s": round(bursts / elapsed),
+            "loop_bursts_per_s": rate,
             "process_cpu_ms": round((time.process_time() - cpu0) * 1e3, 1)}
 
 

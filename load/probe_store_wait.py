@@ -24,42 +24,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from load import provenance  # noqa: E402
+from load.busy_loop import BusyLoop  # noqa: E402
 from serve_app.ingress.responses.store import AsyncStore  # noqa: E402
 
 
 async def burst(store: AsyncStore, n: int, record: dict, burst_iterations: int, tag: str) -> dict:
-    stop = False
-    bursts = 0
+    async with BusyLoop(burst_iterations) as busy:
+        done: list[float] = []
+        t0 = time.perf_counter()
 
-    async def busy() -> None:
-        nonlocal bursts
-        while not stop:
-            x = 0
-            for i in range(burst_iterations):
-                x += i
-            bursts += 1
-            await asyncio.sleep(0)
+        async def one(i: int) -> None:
+            await store.put(f"{tag}-{i}", record)
+            done.append(time.perf_counter() - t0)
 
-    task = asyncio.create_task(busy())
-    await asyncio.sleep(0.05)
-    done: list[float] = []
-    bursts = 0
-    t0 = time.perf_counter()
-
-    async def one(i: int) -> None:
-        await store.put(f"{tag}-{i}", record)
-        done.append(time.perf_counter() - t0)
-
-    results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
-    elapsed = time.perf_counter() - t0
-    stop = True
-    await task
+        results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+        rate = busy.rate()
     failed = [r for r in results if isinstance(r, Exception)]
     return {"puts": n, "finished": len(done), "failed": len(failed),
             "failure": type(failed[0]).__name__ if failed else None,
             "p50_ms": round(statistics.median(done) * 1e3, 1) if done else None,
             "last_ms": round(max(done) * 1e3, 1) if done else None,
-            "loop_bursts_per_s": round(bursts / elapsed)}
+            "loop_bursts_per_s": rate}
 
 
 def main() -> None:
@@ -71,22 +56,24 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="store_wait_")
-    out: dict[str, list[dict]] = {}
-    for kb in args.record_kb:
-        record = {"response": {"id": "r"}, "items": [{"type": "message", "content": "x" * 1000}] * kb}
-        for mode in ("thread", "loop"):
-            store = AsyncStore(100_000, 3600, 1 << 40, backend="sqlite", path=f"{folder}/{mode}-{kb}.db")
-            store._now_first = mode == "loop"  # thread: how every call ran before
-            rows = out.setdefault(f"{mode}_{kb}kb", [])
-            for r in range(args.repeats):
-                row = asyncio.run(burst(store, args.puts, record, args.burst_iterations, f"{r}"))
-                rows.append(row)
-                print(mode, f"{kb} KB", row, flush=True)
-            store.core.close()
+    out = {f"{mode}_{kb}kb": run_mode(args, f"{folder}/{mode}-{kb}.db", mode, kb)
+           for kb in args.record_kb for mode in ("thread", "loop")}
     if args.json:
-        doc = {**provenance.header("load/probe_store_wait.py", sys.argv[1:]), "puts": args.puts,
-               "burst_iterations": args.burst_iterations, "modes": out}
-        provenance.write(args.json, doc)
+        provenance.write(args.json, {**provenance.header("load/probe_store_wait.py", sys.argv[1:]),
+                                     "puts": args.puts, "burst_iterations": args.burst_iterations, "modes": out})
+
+
+def run_mode(args, path: str, mode: str, kb: int) -> list[dict]:
+    """`args.repeats` bursts of puts of ~`kb` KB records into a fresh store, its calls made as `mode` says."""
+    record = {"response": {"id": "r"}, "items": [{"type": "message", "content": "x" * 1000}] * kb}
+    store = AsyncStore(100_000, 3600, 1 << 40, backend="sqlite", path=path)
+    store._now_first = mode == "loop"  # thread: how every call ran before
+    rows = []
+    for r in range(args.repeats):
+        rows.append(asyncio.run(burst(store, args.puts, record, args.burst_iterations, f"{r}")))
+        print(mode, f"{kb} KB", rows[-1], flush=True)
+    store.core.close()
+    return rows
 
 
 if __name__ == "__main__":
