@@ -204,6 +204,9 @@ class ResponsesRequest(OpenModel):
     user: str | None = None
     truncation: str | None = None
     service_tier: str | None = None
+    # vLLM's extension, as on Chat Completions: kwargs for the chat template (enable_thinking over reasoning.effort)
+    # and for the parsers (force_nonempty_content)
+    chat_template_kwargs: dict[str, Any] | None = None
     nvext: NvExt | None = None
 
     def wants_encrypted_reasoning(self) -> bool:

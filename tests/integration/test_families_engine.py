@@ -241,6 +241,12 @@ def test_nemotron_answers_with_its_reasoning_when_asked(serve_url):
     first_text = next(i for i, d in enumerate(deltas) if d.get("content"))
     assert all(not _reasoning_of(d) for d in deltas[first_text:])  # the answer comes after all the reasoning
 
+    # Responses takes the option in chat_template_kwargs too (vLLM's extension there): one message, no reasoning item
+    resp = client.responses.create(model="family-nemotron-3", input="2 + 2?", max_output_tokens=64, store=False,
+                                   extra_body=asked).to_dict()
+    assert [i["type"] for i in resp["output"]] == ["message"]
+    assert resp["output"][0]["content"][0]["text"] == thought
+
     # Thinking off (Anthropic without `thinking`): the prompt closes the block; a model that opens one anyway and
     # never closes it answers with that text, as vLLM's nemotron_v3 parser does with thinking off.
     claude = anthropic.Anthropic(base_url=serve_url, api_key="test", max_retries=0, timeout=600)

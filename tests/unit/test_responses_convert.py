@@ -103,6 +103,18 @@ def test_string_input_and_options():
     assert opts.forced_script == "ok" and opts.hints.priority == 3 and opts.hints.osl == 40
 
 
+@pytest.mark.parametrize("fields, thinking", [
+    ({}, None),
+    ({"reasoning": {"effort": "low"}}, True),
+    ({"reasoning": {"effort": "high"}, "chat_template_kwargs": {"enable_thinking": False}}, False),  # vLLM's order
+    ({"chat_template_kwargs": {"enable_thinking": True}}, True),
+])
+def test_chat_template_kwargs_reach_the_template_and_switch_thinking(fields, thinking):
+    _, _, opts = convert({"model": "m", "input": "hi", **fields})
+    assert opts.thinking is thinking
+    assert opts.chat_template_kwargs == fields.get("chat_template_kwargs", {})
+
+
 def test_adjacent_assistant_items_after_assistant_message_merge():
     _, conv, _ = convert({"model": "m", "input": [
         {"type": "message", "role": "user", "content": "q"},

@@ -345,7 +345,10 @@ def responses_to_conversation(
     conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, tools))
 
     effort = req.reasoning.effort if req.reasoning else None
+    kwargs = dict(req.chat_template_kwargs or {})
     thinking = None if effort is None else effort != "none"
+    if "enable_thinking" in kwargs:  # vLLM's precedence: the explicit template switch wins
+        thinking = bool(kwargs["enable_thinking"])
     nvext = req.nvext
     opts = GenerationOptions(
         max_tokens=req.max_output_tokens,
@@ -353,6 +356,7 @@ def responses_to_conversation(
         top_p=req.top_p,
         thinking=thinking,
         reasoning_effort=effort,
+        chat_template_kwargs=kwargs,
         session_key=req.prompt_cache_key or req.user,
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
