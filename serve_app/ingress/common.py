@@ -68,3 +68,14 @@ def agent_hints(raw: Any) -> AgentHints:
         speculative_prefill=bool(get("speculative_prefill", False)),
         latency_sensitivity=get("latency_sensitivity"),
     )
+
+
+def thinking_switch(chat_template_kwargs: dict[str, Any], otherwise: bool | None) -> bool | None:
+    """The request's thinking switch: the chat template kwargs' `enable_thinking`, else their `thinking` (what
+    DeepSeek's and Kimi's templates read, and what vLLM's parsers for them switch on), else `otherwise` (the API's
+    own field)."""
+    for key in ("enable_thinking", "thinking"):
+        value = chat_template_kwargs.get(key)
+        if isinstance(value, bool):
+            return value
+    return otherwise

@@ -75,6 +75,9 @@ def test_history_maps_to_the_ir():
     ({"enable_thinking": True, "reasoning_effort": "none"}, True),
     ({"enable_thinking": True, "chat_template_kwargs": {"enable_thinking": False}}, False),  # the kwargs win
     ({"reasoning_effort": "minimal"}, False),
+    ({"chat_template_kwargs": {"thinking": False}, "reasoning_effort": "high"}, False),  # DeepSeek/Kimi's switch
+    ({"chat_template_kwargs": {"thinking": True, "enable_thinking": False}}, False),  # enable_thinking first
+    ({"chat_template_kwargs": {"thinking": {"type": "enabled"}}}, None),  # not a switch: left to the template
 ])
 def test_the_thinking_switch_and_its_precedence(fields, thinking):
     assert chat_request_to_conversation(body(**fields))[2].thinking is thinking

@@ -108,6 +108,7 @@ def test_string_input_and_options():
     ({"reasoning": {"effort": "low"}}, True),
     ({"reasoning": {"effort": "high"}, "chat_template_kwargs": {"enable_thinking": False}}, False),  # vLLM's order
     ({"chat_template_kwargs": {"enable_thinking": True}}, True),
+    ({"reasoning": {"effort": "high"}, "chat_template_kwargs": {"thinking": False}}, False),
 ])
 def test_chat_template_kwargs_reach_the_template_and_switch_thinking(fields, thinking):
     _, _, opts = convert({"model": "m", "input": "hi", **fields})

@@ -19,7 +19,7 @@ from serve_app.conversation import (
 )
 from serve_app.errors import InvalidRequest
 from serve_app.ingress import output_format
-from serve_app.ingress.common import agent_hints, parse_model
+from serve_app.ingress.common import agent_hints, parse_model, thinking_switch
 from serve_app.protocols.chat import ChatCompletionRequest, ChatMessage
 
 
@@ -186,13 +186,8 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
     tools = _tools(req)
     conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, tools))
     kwargs = dict(req.chat_template_kwargs or {})
-    thinking: bool | None = None
-    if "enable_thinking" in kwargs:
-        thinking = bool(kwargs["enable_thinking"])
-    elif req.enable_thinking is not None:
-        thinking = req.enable_thinking
-    elif req.reasoning_effort is not None:
-        thinking = req.reasoning_effort not in ("none", "minimal")
+    thinking = thinking_switch(kwargs, req.enable_thinking if req.enable_thinking is not None else
+                               None if req.reasoning_effort is None else req.reasoning_effort not in ("none", "minimal"))
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     nvext = req.nvext
     opts = GenerationOptions(

@@ -28,7 +28,7 @@ from serve_app.conversation import (
 )
 from serve_app.errors import InvalidRequest
 from serve_app.ingress import output_format
-from serve_app.ingress.common import agent_hints, parse_model
+from serve_app.ingress.common import agent_hints, parse_model, thinking_switch
 from serve_app.protocols.responses import (
     CustomTool,
     CustomToolCallItem,
@@ -346,9 +346,7 @@ def responses_to_conversation(
 
     effort = req.reasoning.effort if req.reasoning else None
     kwargs = dict(req.chat_template_kwargs or {})
-    thinking = None if effort is None else effort != "none"
-    if "enable_thinking" in kwargs:  # vLLM's precedence: the explicit template switch wins
-        thinking = bool(kwargs["enable_thinking"])
+    thinking = thinking_switch(kwargs, None if effort is None else effort != "none")  # vLLM's order
     nvext = req.nvext
     opts = GenerationOptions(
         max_tokens=req.max_output_tokens,
