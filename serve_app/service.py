@@ -452,6 +452,8 @@ class GenerationService:
             warm = prepared.options.hints.speculative_prefill
             predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
             restarts = 0
+            wants_answer = answer_required(model.reasoning_parser, prepared.options.chat_template_kwargs,
+                                           prepared.options.thinking)
             lost: Exception | None = None  # what ended the last attempt, when it runs again
             while True:
                 parser = make_stream_parser(
@@ -459,8 +461,7 @@ class GenerationService:
                     tools=model.tool_parser if prepared.conversation.tools or model.tool_parser else None,
                     tool_schemas=prepared.tool_schemas,
                     starts_in_reasoning=prepared.starts_in_reasoning,
-                    answer_required=answer_required(model.reasoning_parser, prepared.options.chat_template_kwargs,
-                                                    prepared.options.thinking),
+                    answer_required=wants_answer,
                 )
                 reasoning_tokens = cached = completion = 0
                 saw_tool = False

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.parsers.formats import REASONING_PARSERS
+from serve_app.parsers.answer import understood_kwargs
 
 CATALOG = Path(__file__).resolve().parent / "catalog.yaml"
 TEMPLATES = CATALOG.parent / "templates"
@@ -75,17 +75,7 @@ class Family(_Strict):
     def summary(self) -> dict[str, Any]:
         """What `families --json` prints: the entry, and the request kwargs its parsers read (not the template)."""
         return self.model_dump(mode="json") | {"template_path": str(self.template_path),
-                                               "parser_kwargs": parser_kwargs(self.reasoning_parser)}
-
-
-def parser_kwargs(reasoning: str | None) -> dict[str, str]:
-    """chat_template_kwargs the service's parsers read for a reasoning format (kwarg → what it does)."""
-    if not reasoning:
-        return {}
-    what = "bool: a turn that ends with only reasoning gives it again as the answer (vLLM's option)"
-    if REASONING_PARSERS[reasoning].answer_when_thinking_off:
-        what += "; thinking off does this without it"
-    return {"force_nonempty_content": what}
+                                               "parser_kwargs": understood_kwargs(self.reasoning_parser)}
 
 
 @lru_cache(maxsize=1)

@@ -70,12 +70,12 @@ def agent_hints(raw: Any) -> AgentHints:
     )
 
 
-def thinking_switch(chat_template_kwargs: dict[str, Any], otherwise: bool | None) -> bool | None:
+def thinking_switch(chat_template_kwargs: dict[str, Any], *otherwise: bool | None) -> bool | None:
     """The request's thinking switch: the chat template kwargs' `enable_thinking`, else their `thinking` (what
-    DeepSeek's and Kimi's templates read, and what vLLM's parsers for them switch on), else `otherwise` (the API's
-    own field)."""
+    DeepSeek's and Kimi's templates read, and what vLLM's parsers for them switch on), else the first of
+    `otherwise` (the API's own fields, in precedence order) that is set."""
     for key in ("enable_thinking", "thinking"):
         value = chat_template_kwargs.get(key)
         if isinstance(value, bool):
             return value
-    return otherwise
+    return next((v for v in otherwise if v is not None), None)

@@ -16,6 +16,17 @@ from serve_app.conversation import AnswerFromReasoning, ReasoningDelta, TextDelt
 from serve_app.parsers.formats import REASONING_PARSERS
 
 
+def understood_kwargs(reasoning: str | None) -> dict[str, str]:
+    """The chat_template_kwargs this module reads for a reasoning format (kwarg → what it does): what
+    `families --json` lists as a family's `parser_kwargs`."""
+    if not reasoning:
+        return {}
+    what = "bool: a turn that ends with only reasoning gives it again as the answer (vLLM's option)"
+    if REASONING_PARSERS[reasoning].answer_when_thinking_off:
+        what += "; thinking off does this without it"
+    return {"force_nonempty_content": what}
+
+
 def answer_required(reasoning: str | None, chat_template_kwargs: dict[str, Any] | None,
                     thinking: bool | None) -> bool:
     """Whether a turn that is only reasoning gives it again as its answer (`thinking`: the request's thinking

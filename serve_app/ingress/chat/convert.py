@@ -186,8 +186,8 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
     tools = _tools(req)
     conv = Conversation(messages=messages, tools=tools, tool_choice=_tool_choice(req, tools))
     kwargs = dict(req.chat_template_kwargs or {})
-    thinking = thinking_switch(kwargs, req.enable_thinking if req.enable_thinking is not None else
-                               None if req.reasoning_effort is None else req.reasoning_effort not in ("none", "minimal"))
+    effort_on = None if req.reasoning_effort is None else req.reasoning_effort not in ("none", "minimal")
+    thinking = thinking_switch(kwargs, req.enable_thinking, effort_on)
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     nvext = req.nvext
     opts = GenerationOptions(

@@ -16,7 +16,8 @@ With `ingress.response_store_placement: ingress` there is no such deployment: ea
 database itself (`open_local_store`), which SQLite's file locking shares between the replicas of one host and
 PostgreSQL between any. A one-host service saves a whole Ray worker process, idle about 0.01 of a core
 (docs/serving-path.md "What the idle service costs"), and a store call is made in the ingress itself instead of
-an actor call (SQLite's on the event loop when it would not wait, else in a thread; `AsyncStore._call`). The in-memory store has no such placement: each replica would keep its own.
+an actor call (SQLite's on the event loop when it would not wait, else in a thread; `AsyncStore._call`). The
+in-memory store has no such placement: each replica would keep its own.
 
 A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
 follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
