@@ -3,7 +3,9 @@ listening on a Unix socket only. Each test that needs an empty database gets a f
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import threading
 from pathlib import Path
 
 import psycopg
@@ -24,3 +26,40 @@ def fresh_database(server, prefix: str = "t") -> str:
     with psycopg.connect(server.get_uri(), autocommit=True) as conn:
         conn.execute(f"CREATE DATABASE {name}")
     return server.get_uri(name)
+
+
+class Blocking:
+    """A `PostgresResponseStore` (whose calls are coroutines) called from plain test code, as the other stores
+    are: its calls run on an event loop of its own in a thread, the one loop its connections belong to, and
+    callers in several threads share it as concurrent requests share an ingress's loop."""
+
+    def __init__(self, store):
+        self.store = store
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def put(self, key, record, size=None):
+        return self.run(self.store.put(key, record, size))
+
+    def get(self, key):
+        return self.run(self.store.get(key))
+
+    def delete(self, key):
+        return self.run(self.store.delete(key))
+
+    def __len__(self):
+        return self.run(self.store.count())
+
+    def close(self):
+        self.run(self.store.close())
+
+    def stop(self):
+        """Close the store and end its loop's thread."""
+        self.close()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()

@@ -8,6 +8,7 @@ database (503 in the API's envelope, the DSN's password nowhere)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import os
 import signal
@@ -27,7 +28,7 @@ from serve_app.ingress.responses.sqlite_store import SqliteResponseStore
 from serve_app.ingress.responses.store import DSN_ENV, ResponseStore, ResponseStoreCore, StoreClient, \
     StoreUnavailable, make_store
 from serve_app.ingress.server import create_app
-from tests.support.postgres import fresh_database
+from tests.support.postgres import Blocking, fresh_database
 from test_responses_routes import SETTINGS, StubService
 
 
@@ -59,8 +60,8 @@ def open_store(backend, request, tmp_path):
             s = SqliteResponseStore(open_.path, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes,
                                     clock=clock, timeout_s=timeout_s)
         else:
-            s = PostgresResponseStore(open_.dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes, clock=clock,
-                                      timeout_s=timeout_s)
+            s = Blocking(PostgresResponseStore(open_.dsn, max_items=max_items, ttl_s=ttl_s, max_bytes=max_bytes,
+                                               clock=clock, timeout_s=timeout_s))
         opened.append(s)
         return s
 
@@ -68,7 +69,7 @@ def open_store(backend, request, tmp_path):
     open_.path = str(tmp_path / "r.db")
     yield open_
     for s in opened:
-        getattr(s, "close", lambda: None)()
+        getattr(s, "stop", getattr(s, "close", lambda: None))()
 
 
 persistent = pytest.mark.parametrize("backend", ["sqlite", "postgres"])
@@ -258,15 +259,15 @@ def test_sqlite_store_recovers_once_its_file_is_usable(tmp_path):
     s.close()
 
 
-def test_postgres_connections_carry_the_statement_timeout_unless_the_dsn_sets_its_own(postgres):
+async def test_postgres_connections_carry_the_statement_timeout_unless_the_dsn_sets_its_own(postgres):
     dsn = fresh_database(postgres)
     for store_dsn, expected in ((dsn, "3s"), (make_conninfo(dsn, options="-c statement_timeout=99"), "99ms")):
         s = PostgresResponseStore(store_dsn, timeout_s=3)
-        conn, _ = s._take()
+        conn, _ = await s._take()
         try:
-            assert conn.execute("SHOW statement_timeout").fetchone()[0] == expected
+            assert (await (await conn.execute("SHOW statement_timeout")).fetchone())[0] == expected
         finally:
-            conn.close()
+            await conn.close()
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------------------------
@@ -299,9 +300,9 @@ def test_replicas_starting_at_once_create_the_schema_once(open_store):
 def test_a_connection_the_server_dropped_is_replaced(open_store):
     s = open_store()
     s.put("a", 1)
-    held = [s._take()[0] for _ in range(3)]  # three connections in the pool, as concurrent calls leave it
-    for conn in held:
-        s._give(conn)
+    held = [s.run(s.store._take())[0] for _ in range(3)]  # three connections in the pool, as concurrent calls
+    for conn in held:  # leave it
+        s.run(s.store._give(conn))
     with psycopg.connect(open_store.dsn, autocommit=True) as conn:  # what a database restart does to the pool
         killed = conn.execute("SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity "
                               "WHERE application_name = 'serve_app-response-store' "
@@ -316,14 +317,15 @@ DOWN = "postgresql://agent:hunter2-secret@127.0.0.1:1/responses"  # nothing list
 
 
 def test_unreachable_database_raises_store_unavailable_without_the_password(caplog):
-    s = PostgresResponseStore(DOWN, connect_timeout_s=2)
+    s = Blocking(PostgresResponseStore(DOWN, connect_timeout_s=2))
     with caplog.at_level(logging.DEBUG):
         for call in (lambda: s.get("a"), lambda: s.put("a", 1), lambda: s.delete("a"), lambda: len(s)):
             with pytest.raises(StoreUnavailable) as err:
                 call()
             assert "unreachable" in str(err.value) and "hunter2" not in str(err.value)
     assert "Connection refused" in caplog.text  # the operator sees why
-    assert "hunter2" not in caplog.text and "hunter2" not in repr(s)
+    assert "hunter2" not in caplog.text and "hunter2" not in repr(s.store)
+    s.stop()
 
 
 def test_malformed_dsn_fails_at_start_without_echoing_it():
@@ -349,13 +351,18 @@ def failing_store(request, tmp_path):
     if backend == "sqlite":
         where.path = str(tmp_path / "r.db")
         store = SqliteResponseStore(where.path, timeout_s=0.2)
+        store.put("resp_1", {"response": {"id": "resp_1"}, "items": []})
     else:
         where.dsn = fresh_database(request.getfixturevalue("postgres"))
-        store = PostgresResponseStore(where.dsn, timeout_s=0.2)
-    store.put("resp_1", {"response": {"id": "resp_1"}, "items": []})
+        writer = Blocking(PostgresResponseStore(where.dsn))
+        writer.put("resp_1", {"response": {"id": "resp_1"}, "items": []})
+        writer.stop()
+        store = PostgresResponseStore(where.dsn, timeout_s=0.2)  # its connections open on the test's own loop
     with _WriteLock(backend, where):
         yield kind, store
-    store.close()
+    close = store.close()
+    if inspect.isawaitable(close):
+        asyncio.run(close)
 
 
 async def test_a_failing_database_answers_503_in_the_openai_envelope(failing_store):
@@ -390,21 +397,41 @@ def test_postgres_dsn_from_config_else_from_the_environment(postgres):
     dsn = fresh_database(postgres)
     with pytest.raises(ValueError, match=f"response_store_dsn or the {DSN_ENV}"):
         make_store("postgres", None, 10, 60, 1000, None, environ={})
-    from_env = make_store("postgres", None, 10, 60, 1000, None, environ={DSN_ENV: dsn})
-    from_config = make_store("postgres", None, 10, 60, 1000, dsn, environ={DSN_ENV: DOWN})  # config wins
+    from_env = Blocking(make_store("postgres", None, 10, 60, 1000, None, environ={DSN_ENV: dsn}))
+    from_config = Blocking(make_store("postgres", None, 10, 60, 1000, dsn, environ={DSN_ENV: DOWN}))  # config wins
     from_env.put("a", 1)
     assert from_config.get("a") == 1
+    from_env.stop()
+    from_config.stop()
 
 
-async def test_the_deployment_runs_the_postgres_store_off_the_event_loop(postgres):
+async def test_the_postgres_store_waits_on_the_event_loop_and_the_loop_runs_on(postgres, monkeypatch):
+    """No worker thread (beside a busy loop one waits seconds for the GIL: load/probe_store_wait.py), and a call
+    that waits for the server (here for another client's table lock) leaves the loop free meanwhile."""
     store = ResponseStore.func_or_class(10, 60, 10_000, "postgres", None, fresh_database(postgres))
-    loop_thread = threading.get_ident()
-    seen = []
-    put = store.core.put
-    store.core.put = lambda *a: seen.append(threading.get_ident()) or put(*a)
-    assert await store.put("a", {"v": 1}) and await store.get("a") == {"v": 1}
-    assert seen and loop_thread not in seen
+    threads = []
+    to_thread = asyncio.to_thread
+    monkeypatch.setattr(asyncio, "to_thread", lambda *a, **k: threads.append(a) or to_thread(*a, **k))
+    assert await store.put("a", {"v": 1})
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    open_ = type("Where", (), {"dsn": store.core._dsn})()
+    ticking = asyncio.create_task(ticker())
+    with _WriteLock("postgres", open_):
+        waiting = asyncio.create_task(store.get("a"))
+        await asyncio.sleep(0.5)
+        assert not waiting.done() and ticks >= 10  # a blocked loop would not have ticked at all
+    assert await waiting == {"v": 1}  # the lock released: the call that waited for it answers
+    ticking.cancel()
     assert await store.delete("a") and await store.get("a") is None
+    assert threads == []
+    await store.core.close()
 
 
 async def test_the_deployment_bounds_a_call_to_a_database_that_stops_answering(postgres):

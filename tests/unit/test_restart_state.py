@@ -5,6 +5,7 @@ the same file or database, behind fresh ingress apps (the real routes; a stand-i
 
 from __future__ import annotations
 
+import inspect
 import logging
 import pickle
 
@@ -108,7 +109,8 @@ async def test_previous_response_id_and_sealed_reasoning_continue_after_a_restar
                                             extra_body={"nvext": {"forced_script": "think_call"}})
     reasoning = first.output[0]
     assert reasoning.encrypted_content
-    store.close()
+    if inspect.isawaitable(closed := store.close()):
+        await closed
 
     # Restarted, with a new key rotated in front of the old one.
     app2, svc2, _ = start_app(open_store, {keyring.ENV: "k2,k1"})

@@ -7,24 +7,26 @@ oldest stored entries go first). The DSN comes from `ingress.response_store_dsn`
 environment variable (a Kubernetes Secret in kuberay/); it may hold a password, so it is never logged or echoed.
 The schema is created on first use, under an advisory lock, so replicas that start at once do not race on it.
 Puts take a second advisory lock: the caps are counted over the whole table, and two writers evicting at once
-would each see the other's rows half-applied. Calls are blocking (psycopg's sync API on a small pool of
-connections); the deployment runs them in worker threads, as it does the SQLite store's.
+would each see the other's rows half-applied. Calls are coroutines (psycopg's async API on a small pool of
+connections, all on the event loop that makes the calls): they wait for the server on the loop, never in a worker
+thread, which beside a busy ingress loop could wait seconds for the GIL at every step of a statement
+(docs/serving-path.md, "The Responses store beside a busy loop"; load/probe_store_wait.py).
 
 An unreachable database raises `StoreUnavailable` (the routes answer 503 in the API's envelope); pooled connections
 the server dropped (a database restart) are replaced once before a call gives up. So does a database that answers
 too slowly: every statement runs under a `statement_timeout` of `timeout_s` (set in the connection's options, from
 its first statement on; a DSN that sets its own keeps it), so a call stuck behind a lock or on an overloaded server
 is cancelled by the server and answers 503. A server that stops answering altogether cannot cancel anything: the
-ResponseStore deployment bounds each call on the client side too (store.py).
+store bounds each call on the client side too (`AsyncStore._bounded`, store.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import threading
 import time
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -63,7 +65,7 @@ DELETE FROM {TABLE} WHERE id IN (
 
 class PostgresResponseStore:
     def __init__(self, dsn: str, max_items: int = 10_000, ttl_s: float = 3600.0, max_bytes: int = 512 * 1024 * 1024,
-                 clock: Callable[[], float] = time.time, pool_size: int = 4, connect_timeout_s: float | None = None,
+                 clock: Callable[[], float] = time.time, pool_size: int = 8, connect_timeout_s: float | None = None,
                  timeout_s: float = 5.0):
         try:
             params = conninfo_to_dict(dsn)
@@ -86,8 +88,10 @@ class PostgresResponseStore:
         self.max_bytes = max_bytes
         self.clock = clock
         self.pool_size = pool_size
-        self._idle: list[psycopg.Connection] = []
-        self._lock = threading.Lock()
+        self._idle: list[psycopg.AsyncConnection] = []
+        # At most pool_size calls hold a connection; the rest queue here (within the caller's bound). Without it a
+        # burst of calls would open a connection each, past the server's max_connections (100 by default).
+        self._slots = asyncio.Semaphore(pool_size)
         self._schema_ready = False
 
     def __repr__(self) -> str:  # never the DSN
@@ -107,70 +111,75 @@ class PostgresResponseStore:
                                     f"{self.timeout_s:g} s; retry shortly")
         return StoreUnavailable("the Responses store's PostgreSQL database is unreachable; retry shortly")
 
-    def _connect(self) -> psycopg.Connection:
-        conn = psycopg.connect(self._dsn, autocommit=True, application_name="serve_app-response-store",
-                               **self._connect_kwargs)
+    async def _connect(self) -> psycopg.AsyncConnection:
+        conn = await psycopg.AsyncConnection.connect(self._dsn, autocommit=True,
+                                                     application_name="serve_app-response-store",
+                                                     **self._connect_kwargs)
         if not self._schema_ready:
             try:
-                with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
-                    conn.execute(_SCHEMA)
+                async with conn.transaction():
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+                    await conn.execute(_SCHEMA)
             except BaseException:
-                conn.close()
+                await conn.close()
                 raise
             self._schema_ready = True
         return conn
 
-    def _take(self) -> tuple[psycopg.Connection, bool]:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self._connect(), False
+    async def _take(self) -> tuple[psycopg.AsyncConnection, bool]:
+        if self._idle:
+            return self._idle.pop(), True
+        return await self._connect(), False
 
-    def _give(self, conn: psycopg.Connection) -> None:
-        if conn.closed or conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-            conn.close()
-            return
-        with self._lock:
-            if len(self._idle) < self.pool_size:
-                self._idle.append(conn)
-                return
-        conn.close()
+    async def _give(self, conn: psycopg.AsyncConnection) -> None:
+        if (not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                and len(self._idle) < self.pool_size):
+            self._idle.append(conn)
+        else:
+            await conn.close()
 
-    def _run(self, work: Callable[[psycopg.Connection], Any]) -> Any:
+    async def _run(self, work: Callable[[psycopg.AsyncConnection], Awaitable[Any]]) -> Any:
+        async with self._slots:
+            return await self._run_on_a_connection(work)
+
+    async def _run_on_a_connection(self, work: Callable[[psycopg.AsyncConnection], Awaitable[Any]]) -> Any:
         for attempt in range(2):
             try:
-                conn, pooled = self._take()
+                conn, pooled = await self._take()
             except psycopg.OperationalError as err:
                 raise self._unavailable(err) from None
             try:
-                result = work(conn)
+                result = await work(conn)
             except psycopg.errors.QueryCanceled as err:  # statement_timeout: the server is there, retrying would
-                conn.close()  # only wait as long again
+                await conn.close()  # only wait as long again
                 raise self._unavailable(err) from None
             except psycopg.OperationalError as err:
-                conn.close()
+                await conn.close()
                 if pooled and attempt == 0:  # the server dropped idle connections (a restart): drop the rest of
-                    self.close()  # the pool too, and try once more on a fresh one
+                    await self.close()  # the pool too, and try once more on a fresh one
                     continue
                 raise self._unavailable(err) from None
-            except BaseException:
-                self._give(conn)
+            except asyncio.CancelledError:  # the caller's bound ran out: the connection's state is unknown
+                await conn.close()
                 raise
-            self._give(conn)
+            except BaseException:
+                await self._give(conn)
+                raise
+            await self._give(conn)
             return result
         raise AssertionError("unreachable")
 
     # -- the store -------------------------------------------------------------------------------------------
 
-    def __len__(self) -> int:
-        def count(conn):
-            conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (self.clock(),))
-            return conn.execute(f"SELECT COUNT(*) FROM {TABLE}").fetchone()[0]
+    async def count(self) -> int:
+        """How many unexpired records are stored (tests; the other stores' `len`)."""
+        async def count(conn):
+            await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (self.clock(),))
+            return (await (await conn.execute(f"SELECT COUNT(*) FROM {TABLE}")).fetchone())[0]
 
-        return self._run(count)
+        return await self._run(count)
 
-    def put(self, key: str, record: Any, size: int | None = None) -> bool:
+    async def put(self, key: str, record: Any, size: int | None = None) -> bool:
         """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
         encoded = encode_record(record, size, self.max_bytes)
         if encoded is None:
@@ -178,33 +187,40 @@ class PostgresResponseStore:
         text, size = encoded
         now = self.clock()
 
-        def put(conn):
-            with conn.transaction():
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
-                conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
+        async def put(conn):
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
+                await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
                 # A new seq on overwrite too: a refreshed entry is the newest, as in the other stores.
-                conn.execute(f"INSERT INTO {TABLE} (id, expires, size, record) VALUES (%s, %s, %s, %s) "
-                             f"ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, expires = EXCLUDED.expires, "
-                             f"size = EXCLUDED.size, record = EXCLUDED.record",
-                             (key, now + self.ttl_s, size, text))
-                count, total = conn.execute(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE}").fetchone()
+                await conn.execute(f"INSERT INTO {TABLE} (id, expires, size, record) VALUES (%s, %s, %s, %s) "
+                                   f"ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, expires = EXCLUDED.expires, "
+                                   f"size = EXCLUDED.size, record = EXCLUDED.record",
+                                   (key, now + self.ttl_s, size, text))
+                cur = await conn.execute(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE}")
+                count, total = await cur.fetchone()
                 if count > self.max_items or total > self.max_bytes:
-                    conn.execute(_EVICT, {"max_items": self.max_items, "max_bytes": self.max_bytes})
+                    await conn.execute(_EVICT, {"max_items": self.max_items, "max_bytes": self.max_bytes})
             return True
 
-        return self._run(put)
+        return await self._run(put)
 
-    def get(self, key: str) -> Any | None:
+    async def get(self, key: str) -> Any | None:
         now = self.clock()
-        row = self._run(lambda conn: conn.execute(f"SELECT record FROM {TABLE} WHERE id = %s AND expires > %s",
-                                                  (key, now)).fetchone())
+
+        async def get(conn):
+            cur = await conn.execute(f"SELECT record FROM {TABLE} WHERE id = %s AND expires > %s", (key, now))
+            return await cur.fetchone()
+
+        row = await self._run(get)
         return None if row is None else json.loads(row[0])
 
-    def delete(self, key: str) -> bool:
-        return self._run(lambda conn: conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,)).rowcount > 0)
+    async def delete(self, key: str) -> bool:
+        async def delete(conn):
+            return (await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))).rowcount > 0
 
-    def close(self) -> None:
-        with self._lock:
-            idle, self._idle = self._idle, []
+        return await self._run(delete)
+
+    async def close(self) -> None:
+        idle, self._idle = self._idle, []
         for conn in idle:
-            conn.close()
+            await conn.close()

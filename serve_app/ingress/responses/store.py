@@ -16,8 +16,8 @@ With `ingress.response_store_placement: ingress` there is no such deployment: ea
 database itself (`open_local_store`), which SQLite's file locking shares between the replicas of one host and
 PostgreSQL between any. A one-host service saves a whole Ray worker process, idle about 0.01 of a core
 (docs/serving-path.md "What the idle service costs"), and a store call is made in the ingress itself instead of
-an actor call (SQLite's on the event loop when it would not wait, else in a thread; `AsyncStore._call`). The
-in-memory store has no such placement: each replica would keep its own.
+an actor call (SQLite's on the event loop when it would not wait, else in a thread; PostgreSQL's awaited on the
+loop; `AsyncStore._call`). The in-memory store has no such placement: each replica would keep its own.
 
 A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
 follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
@@ -144,23 +144,26 @@ class AsyncStore:
     def __init__(self, max_items: int, ttl_s: float, max_bytes: int = 512 * 1024 * 1024, backend: str = "memory",
                  path: str | None = None, dsn: str | None = None, timeout_s: float = 5.0):
         self.core = make_store(backend, path, max_items, ttl_s, max_bytes, dsn, timeout_s=timeout_s)
-        # PostgreSQL waits on the network: always in a worker thread. The in-memory core is cheap enough to call
-        # inline. SQLite is tried inline first (below).
-        self._blocking = backend != "memory"
-        self._now_first = backend == "sqlite"
+        # How a call is made: PostgreSQL's are coroutines (psycopg's async API: they wait for the network on this
+        # loop); the in-memory core is cheap enough to call inline; SQLite's are tried inline first (below).
+        # "thread" (every call in a worker thread) is how SQLite's ran before (load/probe_store_wait.py).
+        self.calls = {"postgres": "await", "memory": "inline", "sqlite": "inline_first"}[backend]
+        self._checkpoints = backend == "sqlite"
         self.timeout_s = timeout_s
         self._checkpoint: asyncio.Task | None = None
 
     async def _call(self, fn, *args):
-        if not self._blocking:
+        if self.calls == "await":
+            return await self._bounded(fn(*args))
+        if self.calls == "inline":
             return fn(*args)
-        if self._now_first:
+        if self.calls == "inline_first":
             # A worker thread beside a busy event loop can wait seconds for the GIL (docs/serving-path.md, "The
             # render thread's wait"; load/probe_store_wait.py: most puts of a burst timed out that way). A SQLite
             # call is CPU work under the GIL wherever it runs (encoding the record: ~0.1 ms for 4 KB, ~3 ms for
             # 400 KB here) and writes the OS buffers: so it is made here, unless it would wait for the connection
-            # or another process's write lock (then as before, in a thread). The WAL checkpoint, the one step
-            # that syncs the disk, stays off the loop (`_after`).
+            # or another process's write lock (then in a thread). The WAL checkpoint, the one step that syncs the
+            # disk, stays off the loop (`_after`).
             try:
                 out = fn(*args, wait=False)
             except WouldWait:
@@ -168,17 +171,27 @@ class AsyncStore:
             else:
                 self._after()
                 return out
-        # The databases bound their own waits (SQLite's busy timeout, PostgreSQL's statement_timeout), but a server
-        # that stops answering cannot cancel a statement: past the bound the caller gets its 503 while the worker
-        # thread waits on (the call completes or fails there, unobserved).
-        try:
-            out = await asyncio.wait_for(asyncio.to_thread(fn, *args), self.timeout_s)
-        except asyncio.TimeoutError:
-            raise StoreUnavailable(f"the Responses store did not answer within {self.timeout_s:g} s; "
-                                   f"retry shortly") from None
-        if self._now_first:
+        out = await self._bounded(asyncio.to_thread(fn, *args))
+        if self._checkpoints:
             self._after()
         return out
+
+    async def _bounded(self, call) -> Any:
+        """`call`'s result within `timeout_s`. The databases bound their own waits (SQLite's busy timeout,
+        PostgreSQL's statement_timeout), but a server that stops answering cannot cancel a statement: past the
+        bound the caller gets its 503 at once, while the call is cancelled behind it without being waited for (a
+        thread's runs on; psycopg gives a hung statement up to 10 s to cancel, then drops its connection)."""
+        task = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=self.timeout_s)
+        except asyncio.CancelledError:  # the request went away: so does its call
+            task.cancel()
+            raise
+        if done:
+            return task.result()
+        task.cancel()
+        task.add_done_callback(_unobserved)
+        raise StoreUnavailable(f"the Responses store did not answer within {self.timeout_s:g} s; retry shortly")
 
     def _after(self) -> None:
         """Start a WAL checkpoint in a worker thread when the log has grown past its bound (one at a time; it
@@ -202,8 +215,15 @@ class AsyncStore:
         return await self._call(self.core.delete, key)
 
 
+def _unobserved(task: asyncio.Task) -> None:
+    """Retrieve a call's outcome that nobody waits for any more (asyncio would log it as never retrieved)."""
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("Responses store: a call past its bound ended with %r", task.exception())
+
+
 # Serve's replica settings as on every replica of this app: its methods are async and never block the loop (the
-# databases are called in a thread), so they run on the replica's own loop, with no second thread.
+# databases are waited for on it, or called in a thread), so they run on the replica's own loop, with no second
+# thread.
 @serve.deployment(name="ResponseStore", num_replicas=1, ray_actor_options=with_replica_env({"num_cpus": 0}))
 class ResponseStore(AsyncStore):
     """One replica on purpose: with SQLite or in memory it is the single owner of the records (no cross-replica
