@@ -10,7 +10,7 @@ Puts take a second advisory lock: the caps are counted over the whole table, and
 would each see the other's rows half-applied. Calls are coroutines (psycopg's async API on a small pool of
 connections, all on the event loop that makes the calls): they wait for the server on the loop, never in a worker
 thread, which beside a busy ingress loop could wait seconds for the GIL at every step of a statement
-(docs/serving-path.md, "The Responses store beside a busy loop"; load/probe_store_wait.py).
+(docs/serving-path.md, "The render thread's wait"; load/probe_store_wait.py --backend postgres).
 
 An unreachable database raises `StoreUnavailable` (the routes answer 503 in the API's envelope); pooled connections
 the server dropped (a database restart) are replaced once before a call gives up. So does a database that answers
