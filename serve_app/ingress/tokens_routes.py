@@ -30,6 +30,8 @@ async def _body(request: Request, ctx: IngressContext) -> dict[str, Any]:
     # vLLM makes `model` optional on these routes: the first configured model answers then.
     if body.get("model") is None and ctx.settings.models:
         body["model"] = ctx.settings.models[0].id
+    if not isinstance(body.get("model"), str):
+        raise InvalidRequest("model: must be a string (a served model id)", param="model")
     return body
 
 

@@ -26,12 +26,12 @@ def _types_of(prop: Any) -> frozenset[str]:
     elif isinstance(t, list):
         out.update(str(x).lower() for x in t)
     for key in ("anyOf", "oneOf"):
-        for sub in prop.get(key) or ():
+        subs = prop.get(key)
+        for sub in subs if isinstance(subs, list) else ():
             out |= _types_of(sub)
-    if not out and "enum" in prop:
-        vals = prop["enum"]
-        if all(isinstance(v, str) for v in vals):
-            out.add("string")
+    vals = prop.get("enum")
+    if not out and isinstance(vals, list) and all(isinstance(v, str) for v in vals):
+        out.add("string")
     if not out and ("properties" in prop):
         out.add("object")
     return frozenset(out)
@@ -50,11 +50,13 @@ class ToolSchemas:
             if not isinstance(spec, dict):  # the IR's ToolSpec (or anything with .name / .parameters)
                 spec = {"name": getattr(spec, "name", None), "parameters": getattr(spec, "parameters", None)}
             fn = spec.get("function", spec)
-            if not isinstance(fn, dict) or not fn.get("name"):
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
                 continue
             params = fn.get("parameters") or fn.get("input_schema") or {}
             props = params.get("properties") if isinstance(params, dict) else None
-            self._params[fn["name"]] = {k: _types_of(v) for k, v in (props or {}).items()}
+            # A schema is the client's and only a hint here: one of the wrong shape types nothing, never fails
+            self._params[fn["name"]] = ({k: _types_of(v) for k, v in props.items()} if isinstance(props, dict)
+                                        else {})
 
     def streams_as_string(self, tool: str, param: str) -> bool:
         """True when the value may be streamed as a JSON string: the schema allows a string."""

@@ -139,6 +139,8 @@ def test_detokenize_round_trip(client):
     ("/v1/tokenize", {"model": "smollm2-135m-instruct"}, 400, "prompt"),
     ("/v1/tokenize", {"model": "smollm2-135m-instruct", "prompt": 5}, 400, "prompt"),
     ("/v1/tokenize", {"model": "nope", "prompt": "x"}, 404, "nope"),
+    ("/v1/tokenize", {"model": ["smollm2-135m-instruct"], "prompt": "x"}, 400, "model: must be a string"),
+    ("/v1/detokenize", {"model": 7, "tokens": [1]}, 400, "model: must be a string"),
     ("/v1/tokenize", {"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}, 400, "image"),
     ("/v1/tokenize", {"model": "strict", "messages": [{"role": "system", "content": "s"},
