@@ -11,7 +11,7 @@ Events are small slotted dataclasses because the parsers create one per delta on
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal, Union
 
 # --------------------------------------------------------------------------------------------------------------
 # Conversation parts
@@ -231,6 +231,36 @@ def drop_abandoned_calls(events: list[Event]) -> list[Event]:
     or malformed after it began streaming; its raw text follows as TextDelta). A complete answer never has them."""
     ended = {ev.index for ev in events if isinstance(ev, ToolCallEnd)}
     return [ev for ev in events if not isinstance(ev, (ToolCallStart, ToolCallArgsDelta)) or ev.index in ended]
+
+
+class HeldCalls:
+    """Holds a tool call back until it ends, for an encoder whose client must not see a call it would run before
+    the call is complete: `push(ev)` gives the events to encode in place of `ev` — nothing while a held call
+    streams, then the whole call at its `ToolCallEnd` (start, all its arguments as one fragment, end). Any other
+    event while a call is held means the parser abandoned it (cut off, or malformed; its raw text follows as
+    text): the call is dropped unsent, so the stream encodes exactly what `drop_abandoned_calls` leaves."""
+
+    __slots__ = ("held", "_start", "_args")
+
+    def __init__(self, held: Callable[[str], bool] = lambda name: True):
+        self.held = held  # which tools' calls are held (by name)
+        self._start: ToolCallStart | None = None
+        self._args: list[str] = []
+
+    def push(self, ev: Event) -> list[Event]:
+        start = self._start
+        if start is not None and not isinstance(ev, Usage):  # usage is not the model's output
+            if isinstance(ev, ToolCallArgsDelta) and ev.index == start.index:
+                self._args.append(ev.arguments)
+                return []
+            self._start = None
+            if isinstance(ev, ToolCallEnd) and ev.index == start.index:
+                args = "".join(self._args)
+                return [start, ToolCallArgsDelta(start.index, args), ev] if args else [start, ev]
+        if isinstance(ev, ToolCallStart) and self.held(ev.name):
+            self._start, self._args = ev, []
+            return []
+        return [ev]
 
 
 def complete_answer(events: list[Event]) -> list[Event]:

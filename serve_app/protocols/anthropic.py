@@ -174,6 +174,7 @@ class Tool(OpenModel):
     input_schema: dict[str, Any] | None = None  # absent on server tools (web_search_…), refused with a clear 400
     type: str | None = None  # "custom" or absent for client tools; a dated type for server tools
     cache_control: CacheControl | None = None
+    eager_input_streaming: bool | None = None  # stream this tool's input as generated (fine-grained streaming)
 
 
 class ToolChoiceSpec(OpenModel):

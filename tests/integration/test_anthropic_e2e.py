@@ -112,10 +112,12 @@ def test_parallel_tool_calls(client):
 
 def test_20kb_tool_argument_streams_in_many_fragments(client, serve_url):
     # ~21 KB in ~450 tokens: a run of 64 "=" is one token, so the forced decode (about 8 tokens/s on two CPU
-    # cores) stays short while the argument still arrives in hundreds of fragments.
+    # cores) stays short while the argument still arrives in hundreds of fragments. The tool asks for its input
+    # as generated (`eager_input_streaming`); without it the call goes out whole once complete
+    # (tests/unit/test_anthropic_encode.py).
     content = "".join(f"section {i} " + "=" * 1024 + "\n" for i in range(20))
     assert len(content) > 20_000
-    write = {"name": "Write", "input_schema": {"type": "object", "properties": {
+    write = {"name": "Write", "eager_input_streaming": True, "input_schema": {"type": "object", "properties": {
         "path": {"type": "string"}, "content": {"type": "string"}}}}
     script = call("Write", {"path": "big.txt", "content": content})
     body = {"model": PLAIN, "max_tokens": 2048, "stream": True, "messages": USER, "tools": [write], **forced(script)}

@@ -521,3 +521,17 @@ def test_thinking_with_a_forced_tool_is_refused_as_the_api_does(tc):
         conv_of({**body, "thinking": {"type": "enabled", "budget_tokens": 1024}})
     assert e.value.status == 400 and e.value.message == "Thinking may not be enabled when tool_choice forces tool use."
     assert conv_of({**body, "tool_choice": {"type": "auto"}, "thinking": {"type": "enabled", "budget_tokens": 1024}})
+
+
+def test_eager_tools_are_those_that_ask_or_all_under_the_fine_grained_beta():
+    from serve_app.ingress.anthropic.convert import FINE_GRAINED_BETA, eager_tools
+
+    body = {"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "Write", "input_schema": {"type": "object"}, "eager_input_streaming": True},
+                      {"name": "Bash", "input_schema": {"type": "object"}},
+                      {"name": "Read", "input_schema": {"type": "object"}, "eager_input_streaming": False}]}
+    assert eager_tools(messages_request(body)) == {"Write"}
+    assert eager_tools(messages_request(body), {"anthropic-beta": f"interleaved-thinking-2025-05-14,{FINE_GRAINED_BETA}"}) is None
+    assert eager_tools(messages_request({**body, "betas": [FINE_GRAINED_BETA]})) is None
+    assert eager_tools(messages_request({**body, "betas": 7})) == {"Write"}  # not a list: no beta named
+    assert eager_tools(messages_request({**body, "tools": None})) == frozenset()

@@ -135,6 +135,52 @@ def test_tool_without_end_is_closed_at_finish_and_empty_args_are_an_empty_object
     assert fold(s)["content"][0]["input"] == {}
 
 
+def held(events, eager=frozenset(), thinking=True):
+    enc = MessageEncoder("m", "msg_1", thinking=thinking, secret=SECRET, prompt_tokens=100, eager_tools=eager)
+    return [[se for se in enc.event(ev)] for ev in events]
+
+
+def test_a_call_of_a_tool_without_eager_streaming_goes_out_whole_when_it_ends():
+    """As the API validates such a tool's input before streaming it: nothing of the call before its end, then the
+    block with its whole input at once (the call is still dispatched the moment it is complete)."""
+    evs = [u0(), TextDelta("Running."), ToolCallStart(0, "call_1", "Bash"), ToolCallArgsDelta(0, '{"command": '),
+           ToolCallArgsDelta(0, '"ls"}'), ToolCallEnd(0), ToolCallStart(1, "call_2", "Write"),
+           ToolCallArgsDelta(1, '{"path": "a"}'), ToolCallEnd(1), *tail("tool_calls")]
+    per_event = held(evs, eager=frozenset({"Write"}))
+    assert per_event[2] == per_event[3] == per_event[4] == []  # Bash held: not even the open text block closes
+    names = [n for n, _ in per_event[5]]
+    assert names == ["content_block_stop", "content_block_start", "content_block_delta", "content_block_stop"]
+    assert per_event[5][2][1]["delta"] == {"type": "input_json_delta", "partial_json": '{"command": "ls"}'}
+    assert [n for n, _ in per_event[6]] == ["content_block_start"]  # Write streams as generated
+    assert [n for n, _ in per_event[7]] == ["content_block_delta"]
+    s = [se for out in per_event for se in out]
+    check_lifecycle(s)
+    assert fold(s) == fold(run(evs))  # the same message as streaming every call as generated
+
+
+@pytest.mark.parametrize("abandoned", [
+    # cut off by the end of the stream: the parser gives the raw markup back as text
+    [ToolCallStart(0, "call_1", "Bash"), ToolCallArgsDelta(0, '{"command": "rm -rf /tmp/bu'),
+     TextDelta('<tool_call>{"name": "Bash", "arguments": {"command": "rm -rf /tmp/bu')],
+    # malformed mid-stream, then more text and a good call
+    [ToolCallStart(0, "call_1", "Bash"), ToolCallArgsDelta(0, '{"command": "ls"'), TextDelta("<tool_call>{oops}"),
+     TextDelta(" then"), ToolCallStart(1, "call_2", "Bash"), ToolCallArgsDelta(1, '{"command": "pwd"}'),
+     ToolCallEnd(1)],
+    # abandoned with nothing after it
+    [ToolCallStart(0, "call_1", "Bash"), ToolCallArgsDelta(0, '{"comm')],
+])
+def test_an_abandoned_call_of_a_held_tool_is_never_sent_so_the_stream_folds_to_the_complete_answer(abandoned):
+    from serve_app.conversation import drop_abandoned_calls
+
+    evs = [u0(), TextDelta("I will."), *abandoned, *tail("length")]
+    streamed = fold([se for out in held(evs) for se in out])
+    complete = fold([se for out in held(drop_abandoned_calls(evs)) for se in out])
+    assert streamed == complete
+    assert all(b["input"] == {"command": "pwd"} for b in streamed["content"] if b["type"] == "tool_use")
+    eager = fold(run(evs))  # streamed as generated (the beta, or the tool's flag): the half call went out
+    assert any(b["type"] == "tool_use" and b["input"] != {"command": "pwd"} for b in eager["content"])
+
+
 def test_no_empty_or_whitespace_only_text_blocks():
     s = run([u0(), TextDelta(""), ReasoningDelta("x"), TextDelta("\n\n"), ToolCallStart(0, "call_1", "A"),
              ToolCallEnd(0), TextDelta("  "), *tail("tool_calls")])

@@ -161,7 +161,8 @@ def app():
         "models": [{"id": "m", "aliases": ["claude-sonnet-4-6", "gpt-5.5"], "max_model_len": 8192,
                     "max_output_tokens": 1024, "tool_parser": "hermes",
                     "chat_template": "serve_app/templates/smollm2_tools.jinja"}]
-        + [{"id": f, "family": f, "max_model_len": 8192, "max_output_tokens": 1024} for f in FAMILIES]})
+        + [{"id": f, "family": f, "family_template": True, "max_model_len": 8192, "max_output_tokens": 1024}
+           for f in FAMILIES]})
     path = ensure_model("smollm2-135m-instruct")
     service = GenerationService(cfg, Engines(), model_paths={m: path for m in MODELS})
     return create_app(IngressContext(settings=cfg, service=service, secret=b"s" * 32))

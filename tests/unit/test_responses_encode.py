@@ -16,6 +16,7 @@ from openai.types.responses import Response, ResponseError
 
 from serve_app.conversation import (
     Finish,
+    drop_abandoned_calls,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
@@ -256,12 +257,40 @@ def test_a_token_limit_leaves_the_cut_item_and_the_response_incomplete(reason):
     assert folded["status"] == "incomplete" and folded["incomplete_details"] == streamed["incomplete_details"]
 
 
-def test_reasoning_and_a_call_cut_off_by_the_limit_are_incomplete():
+def test_reasoning_cut_off_by_the_limit_is_incomplete_and_a_cut_off_call_is_never_sent():
     raw = raw_events(encode([ReasoningDelta("hmm"), *usage(), Finish("length")]))
     assert raw[-1]["response"]["output"][0]["status"] == "incomplete"
-    raw = raw_events(encode([ToolCallStart(0, "c", "f"), ToolCallArgsDelta(0, '{"a": '), *usage(),
+    # The parser gives back the raw text of a call the end cut off; the call itself was never an item a client
+    # could run (clients run calls from output_item.done): the message holds what the model wrote.
+    raw = raw_events(encode([TextDelta("Let me look."), ToolCallStart(0, "c", "f"), ToolCallArgsDelta(0, '{"a": '),
+                             TextDelta('<tool_call>{"name": "f", "arguments": {"a": '), *usage(),
                              Finish("context_window")]))
-    assert [(i["type"], i["status"]) for i in raw[-1]["response"]["output"]] == [("function_call", "incomplete")]
+    assert not any(e["type"].startswith("response.function_call") or e.get("item", {}).get("type") == "function_call"
+                   for e in raw)
+    out = raw[-1]["response"]["output"]
+    assert [(i["type"], i["status"]) for i in out] == [("message", "incomplete")]
+    assert out[0]["content"][0]["text"] == 'Let me look.<tool_call>{"name": "f", "arguments": {"a": '
+
+
+def test_a_call_is_sent_whole_when_it_ends_and_one_abandoned_mid_stream_never():
+    evs = [TextDelta("a"), ToolCallStart(0, "c0", "f"), ToolCallArgsDelta(0, '{"x": 1'), TextDelta("<bad call>"),
+           ToolCallStart(1, "c1", "f"), ToolCallArgsDelta(1, '{"x": '), ToolCallArgsDelta(1, "2}"), ToolCallEnd(1),
+           *usage(), Finish("tool_calls")]
+    enc = ResponsesEncoder(response_id="resp_x", model="m", echo=ECHO, created_at=1)
+    per_event = [raw_events(b"".join(enc.event(ev))) for ev in evs]
+    assert per_event[1] == per_event[2] == per_event[5] == per_event[6] == []  # held while they stream
+    assert [e["type"] for e in per_event[7]] == [  # the message before it ends, then the whole call
+        "response.output_text.done", "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done"]
+    assert per_event[7][4]["delta"] == '{"x": 2}'
+    final = per_event[-1][-1]["response"]
+    assert [(i["type"], i.get("arguments")) for i in final["output"]] == [("message", None), ("function_call", '{"x": 2}')]
+    assert final["output"][0]["content"][0]["text"] == "a<bad call>"
+    folded = fold(ResponsesEncoder(response_id="resp_x", model="m", echo=ECHO, created_at=1),
+                  drop_abandoned_calls(list(evs)))
+    assert [{k: v for k, v in i.items() if k != "id"} for i in folded["output"]] == \
+        [{k: v for k, v in i.items() if k != "id"} for i in final["output"]]
 
 
 def test_fold_equals_streamed_final_response():

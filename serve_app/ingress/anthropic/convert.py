@@ -461,6 +461,20 @@ def thinking_omitted(req: wire.CountTokensRequest) -> bool:
     return thinking_on(req) and req.thinking is not None and req.thinking.display == "omitted"
 
 
+FINE_GRAINED_BETA = "fine-grained-tool-streaming-2025-05-14"
+
+
+def eager_tools(req: wire.CountTokensRequest, headers: Mapping[str, str] | None = None) -> frozenset[str] | None:
+    """The tools whose input streams as it is generated: each with `eager_input_streaming: true`, or every one
+    (None) under the fine-grained tool streaming beta (header or `betas`). The API validates the input of the others
+    before it streams it, and so does MessageEncoder: it holds such a call back until it is complete."""
+    listed = (req.model_extra or {}).get("betas")
+    betas = ",".join([(headers or {}).get("anthropic-beta", ""), *map(str, listed if isinstance(listed, list) else [])])
+    if FINE_GRAINED_BETA in betas:
+        return None
+    return frozenset(t.name for t in req.tools or () if t.eager_input_streaming)
+
+
 def prewarming(req: wire.CountTokensRequest) -> bool:
     """`max_tokens: 0`: the API's cache pre-warming: the prompt is processed and cached, nothing is generated."""
     return isinstance(req, wire.MessagesRequest) and req.max_tokens == 0

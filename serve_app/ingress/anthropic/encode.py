@@ -16,6 +16,7 @@ from typing import Any
 from serve_app.conversation import (
     Event,
     Finish,
+    HeldCalls,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
@@ -64,8 +65,13 @@ def usage_dict(prompt_tokens: int, cached_tokens: int, output_tokens: int) -> di
 
 class MessageEncoder:
     def __init__(self, model: str, message_id: str, *, thinking: bool, secret: bytes, prompt_tokens: int = 0,
-                 prewarm: bool = False, omit_thinking: bool = False):
+                 prewarm: bool = False, omit_thinking: bool = False, eager_tools: frozenset[str] | None = None):
         self.model = model
+        # The tools whose calls stream as generated (None: all; convert.eager_tools). Any other call is held
+        # until it ends and then goes out whole: a call the parser abandons (cut off, or malformed mid-stream) is
+        # never sent, so the stream folds to exactly the non-streaming message, as the API validates such input
+        # before streaming it. Sent, a half call would be run by the client with whatever input it had.
+        self._held = None if eager_tools is None else HeldCalls(lambda name: name not in eager_tools)
         self.omit_thinking = omit_thinking  # `display: "omitted"`: no thinking text, a signature that seals it
         # `max_tokens: 0`: the engine prefills the prompt and makes one token (it cannot make none), which the
         # answer does not show: no content, no output tokens, stopped by max_tokens.
@@ -150,6 +156,14 @@ class MessageEncoder:
         self._ensure_started(out)
         if self.prewarm and not isinstance(ev, Finish):
             return out
+        if self._held is not None:
+            for now in self._held.push(ev):
+                self._event(now, out)
+            return out
+        self._event(ev, out)
+        return out
+
+    def _event(self, ev: Event, out: list[StreamEvent]) -> None:
         if isinstance(ev, TextDelta):
             self._text(out, ev.text)
         elif isinstance(ev, ReasoningDelta):
@@ -177,7 +191,6 @@ class MessageEncoder:
                 self._close(out)
         elif isinstance(ev, Finish):
             out.extend(self._finish(ev))
-        return out
 
     def _text(self, out: list[StreamEvent], text: str) -> None:
         if not text:

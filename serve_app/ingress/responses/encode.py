@@ -35,6 +35,7 @@ from typing import Any, Callable
 from serve_app.conversation import (
     Event,
     Finish,
+    HeldCalls,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
@@ -199,6 +200,11 @@ class ResponsesEncoder:
         self._items: list[dict[str, Any] | None] = []  # by output_index: the finished item (None while open)
         self._open: dict[str, Any] | None = None  # the open message/reasoning item
         self._calls: dict[int, dict[str, Any]] = {}  # open tool calls by parser index
+        # Every call is held until it ends and then goes out whole (added, its arguments, done): clients run a call
+        # from its `output_item.done` (Codex reads nothing else of a call), so one the parser abandons (cut off, or
+        # malformed mid-stream) must never get one; held, it is never sent at all, and the stream folds to exactly
+        # the non-streaming response.
+        self._held = HeldCalls()
         self.usage: Usage | None = None
         self.finished = False
         self.error_kind: str | None = None  # the serve_app.errors kind of a failed response
@@ -302,9 +308,14 @@ class ResponsesEncoder:
 
     def event(self, ev: Event) -> list[bytes]:
         out: list[bytes] = []
+        for now in self._held.push(ev):
+            self._event(now, out)
+        return out
+
+    def _event(self, ev: Event, out: list[bytes]) -> None:
         if isinstance(ev, TextDelta):
             if not ev.text:
-                return out
+                return
             if self._open is None or self._open["kind"] != "message":
                 self._close_open(out)
                 self._open = self._open_message(out)
@@ -314,7 +325,7 @@ class ResponsesEncoder:
                                 content_index=0, delta=ev.text, logprobs=[]))
         elif isinstance(ev, ReasoningDelta):
             if not ev.text:
-                return out
+                return
             if self._open is None or self._open["kind"] != "reasoning":
                 self._close_open(out)
                 self._open = self._open_reasoning(out)
@@ -344,7 +355,7 @@ class ResponsesEncoder:
         elif isinstance(ev, ToolCallArgsDelta):
             call = self._calls.get(ev.index)
             if call is None or not ev.arguments:
-                return out
+                return
             call["args"].append(ev.arguments)
             if call["custom"] is not None:
                 delta = call["custom"].push(ev.arguments)
@@ -361,7 +372,6 @@ class ResponsesEncoder:
                 self.usage = ev
         elif isinstance(ev, Finish):
             out.extend(self.finish(ev))
-        return out
 
     def _end_call(self, index: int, out: list[bytes], status: str = "completed") -> None:
         call = self._calls.pop(index, None)
