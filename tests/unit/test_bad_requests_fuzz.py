@@ -6,7 +6,7 @@ routes) have random parts replaced, removed or added: nulls, wrong types, huge n
 lone surrogates, NUL and bidi characters, unknown fields and block types, and forced tool choices. Each goes
 through the real app, the real GenerationService and each model family's real template and parsers (SmolLM2's
 tokenizer under the family's template, as tests/unit/test_families_engine.py serves it); only the engine is a stub
-that answers text or a hermes tool call. The exploration that led here found a tool schema whose `properties` is
+that answers text or a hermes tool call (tests/support/scripted_engines.py). The exploration that led here found a tool schema whose `properties` is
 a list failing every parser construction with a 500 (serve_app/parsers/schema.py).
 """
 
@@ -22,54 +22,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from serve_app.engine.types import EngineChunk
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.server import create_app
 from serve_app.parsers.schema import ToolSchemas
-from serve_app.routing.types import Decision
 from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
+from tests.support.scripted_engines import ScriptedEngines
 from test_sdk_params import ANTHROPIC, ANTHROPIC_REFUSED, CHAT, CHAT_REFUSED, RESPONSES, RESPONSES_REFUSED
 
 FAMILIES = ["nemotron-3", "qwen3-coder", "qwen3", "glm-4.6", "glm-4.7", "kimi-k2", "deepseek-v3.1", "gpt-oss",
             "minimax-m2", "gemma-4"]
 MODELS = ["m", *FAMILIES]
 ANSWERS = ["Sure.", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "plain \U0001F600 text"]
-
-
-class Engines:
-    """The engine client: answers each request with the next of ANSWERS, in two deltas."""
-
-    def __init__(self):
-        self.n = 0
-
-    async def block_size(self, key):
-        return 16
-
-    async def reasoning_gate(self, key):
-        return False
-
-    async def choose(self, key, req):
-        return Decision("local", "in-process")
-
-    def prefilled(self, *args, **kwargs):
-        pass
-
-    def release(self, *args, **kwargs):
-        pass
-
-    def settle(self, *args, **kwargs):
-        pass
-
-    async def open(self, key, req):
-        self.n += 1
-        text = ANSWERS[self.n % len(ANSWERS)]
-
-        async def chunks():
-            yield EngineChunk(text[:len(text) // 2], [1], num_cached_tokens=0)
-            yield EngineChunk(text[len(text) // 2:], [2], finish_reason="stop")
-
-        return chunks()
 
 
 BASH = {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}
@@ -153,7 +117,7 @@ def mutate(body: dict, rng: random.Random) -> dict:
 
 
 @pytest.fixture(scope="module")
-def app():
+def served():
     from serve_app.engine.provision import ensure_model
 
     cfg = AppSettings.model_validate({
@@ -164,8 +128,9 @@ def app():
         + [{"id": f, "family": f, "family_template": True, "max_model_len": 8192, "max_output_tokens": 1024}
            for f in FAMILIES]})
     path = ensure_model("smollm2-135m-instruct")
-    service = GenerationService(cfg, Engines(), model_paths={m: path for m in MODELS})
-    return create_app(IngressContext(settings=cfg, service=service, secret=b"s" * 32))
+    engines = ScriptedEngines()
+    service = GenerationService(cfg, engines, model_paths={m: path for m in MODELS})
+    return create_app(IngressContext(settings=cfg, service=service, secret=b"s" * 32)), engines
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +140,10 @@ def loop():
     loop.close()
 
 
-def post(app, loop, path: str, body) -> httpx.Response:
+def post(served, loop, path: str, body, answer: int = 0) -> httpx.Response:
+    app, engines = served
+    engines.script, engines.split_seed = ANSWERS[answer % len(ANSWERS)], answer
+
     async def go():
         transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as c:
@@ -201,7 +169,7 @@ def check(path: str, body, r: httpx.Response) -> None:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.integers(0, 2 ** 32 - 1))
-def test_any_mutated_request_is_answered_or_refused_in_the_apis_envelope(app, loop, seed):
+def test_any_mutated_request_is_answered_or_refused_in_the_apis_envelope(served, loop, seed):
     rng = random.Random(seed)
     path, seed_body = rng.choice(SEEDS)
     body = mutate(seed_body, rng)
@@ -209,14 +177,14 @@ def test_any_mutated_request_is_answered_or_refused_in_the_apis_envelope(app, lo
         body["model"] = rng.choice(MODELS)
     if path in FORCED and "tools" in seed_body and rng.random() < 0.3:
         body["tool_choice"] = copy.deepcopy(rng.choice(FORCED[path]))
-    check(path, body, post(app, loop, path, body))
+    check(path, body, post(served, loop, path, body, seed))
 
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("schema", [{"type": "object", "properties": [{"role": "user"}]},
                                     {"type": "object", "properties": {"a": {"anyOf": 3, "enum": 7}}},
                                     {"type": "object", "properties": {"a": {"enum": 7}}, "required": 5}])
-def test_a_malformed_tool_schema_is_no_server_error(app, loop, model, schema):
+def test_a_malformed_tool_schema_is_no_server_error(served, loop, model, schema):
     """Tool schemas are the client's: one of the wrong shape types nothing for the parsers and never fails the
     request on the server's side (it once was a 500 on every API)."""
     for path, body in (
@@ -228,7 +196,7 @@ def test_a_malformed_tool_schema_is_no_server_error(app, loop, model, schema):
             ("/v1/responses", {"model": model, "input": "hi", "store": False,
                                "tools": [{"type": "function", "name": "f", "parameters": schema}]})):
         for stream in (False, True):
-            check(path, body, post(app, loop, path, {**body, "stream": stream}))
+            check(path, body, post(served, loop, path, {**body, "stream": stream}))
 
 
 def test_tool_schemas_of_any_shape_type_what_they_can():

@@ -23,15 +23,14 @@ import httpx2
 import openai
 import pytest
 
-from serve_app.engine.types import EngineChunk
 from serve_app.families import load_catalog
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.server import create_app
 from serve_app.parsers import TOOL_PARSERS
 from serve_app.parsers.formats import tool_start_markers
-from serve_app.routing.types import Decision
 from serve_app.service import GenerationService
 from serve_app.settings import AppSettings
+from tests.support.scripted_engines import ScriptedEngines
 from tests.support.family_sessions import HEADER, SECRET, SYSTEM, TOOLS, USER, family_renderer, thinking_cases, \
     turn_parts
 from tests.support.stability import agent_request, api_conversation, emitted_text
@@ -40,45 +39,6 @@ CATALOG = load_catalog()
 FAMILIES = sorted(CATALOG)
 CASES_PER_FAMILY = 9
 CHARS = list("aZ \n\"\\'<>{}[]:,=&/*-01\t") + ["é", "λ", "😀"]
-
-
-class ScriptedEngines:
-    """The engine client: streams `script` in the random pieces `split_seed` gives, ending with `finish`."""
-
-    def __init__(self):
-        self.script, self.finish, self.split_seed = "", "stop", 0
-
-    async def block_size(self, key):
-        return 16
-
-    async def reasoning_gate(self, key):
-        return False
-
-    async def choose(self, key, req):
-        return Decision("local", "in-process")
-
-    def prefilled(self, *args, **kwargs):
-        pass
-
-    def release(self, *args, **kwargs):
-        pass
-
-    def settle(self, *args, **kwargs):
-        pass
-
-    async def open(self, key, req):
-        text, rng = self.script, random.Random(self.split_seed)
-        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 12)))) if len(text) > 1 else []
-        pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])] or [""]
-        finish = self.finish
-
-        async def chunks():
-            for i, piece in enumerate(pieces):
-                yield EngineChunk(piece, [1] * max(1, len(piece) // 4),
-                                  finish_reason=finish if i == len(pieces) - 1 else None,
-                                  num_cached_tokens=0 if i == 0 else None)
-
-        return chunks()
 
 
 def _text(rng: random.Random, n: int) -> str:
