@@ -32,6 +32,24 @@ def reasoning_markers(parser: str | None) -> tuple[str, str] | None:
     return (fmt.start, fmt.end) if fmt is not None else _DEFAULT_MARKERS
 
 
+def unwritten_markers(template: str, reasoning_parser: str | None, tool_parser: str | None) -> list[str]:
+    """The parsers' markers a chat template never writes: the reasoning parser's end marker, or every start marker
+    of the tool parser. A model trained on that template does not write them either, so the parsers belong to
+    another family than the template (a `family` entry served with a checkpoint whose own template differs, or a
+    parser name set by hand) and its answers would be parsed wrongly."""
+    from serve_app.parsers import TOOL_PARSERS
+    from serve_app.parsers.formats import tool_start_markers
+
+    out = []
+    markers = reasoning_markers(reasoning_parser)
+    if markers and markers[1] not in template:
+        out.append(f"{markers[1]!r} ({reasoning_parser} reasoning)")
+    starts = tool_start_markers(TOOL_PARSERS[tool_parser]) if tool_parser in TOOL_PARSERS else ()
+    if starts and not any(m in template for m in starts):
+        out.append(" / ".join(map(repr, starts)) + f" ({tool_parser} tool calls)")
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayPolicy:
     mode: ReplayMode

@@ -27,7 +27,13 @@ from serve_app.conversation import (
 from serve_app.errors import InvalidRequest, ServiceError
 from serve_app.parsers import REASONING_PARSERS
 from serve_app.prompt.messages import to_template_messages, to_template_tools
-from serve_app.prompt.policy import ReplayPolicy, closed_empty_block, decide_policy, prompt_starts_in_reasoning
+from serve_app.prompt.policy import (
+    ReplayPolicy,
+    closed_empty_block,
+    decide_policy,
+    prompt_starts_in_reasoning,
+    unwritten_markers,
+)
 from serve_app.prompt.preamble import strip_preamble
 
 log = logging.getLogger(__name__)
@@ -169,6 +175,10 @@ class PromptRenderer:
         if not template:
             raise ValueError(f"model {model.id!r}: the tokenizer has no chat template and none is configured")
         self.template: str = template
+        if unwritten := unwritten_markers(template, model.reasoning_parser, model.tool_parser):
+            log.warning("model %s: its chat template never writes %s; the parsers may be another family's than the "
+                        "template (with `family:`, set `family_template: true` unless the checkpoint's own template "
+                        "is that family's)", model.id, ", ".join(unwritten))
         self.reasoning_enabled = bool(model.reasoning_parser)
         probe = self._probe_generation_tail(model, thinking=True)
         self.policy: ReplayPolicy = self._probe_empty_replay(

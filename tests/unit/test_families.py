@@ -33,6 +33,7 @@ from serve_app.conversation import (
 from serve_app.errors import InvalidRequest
 from serve_app.families import Family, apply_family, get_family, load_catalog
 from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS, fold_complete, make_stream_parser, parse_complete
+from serve_app.parsers.formats import tool_start_markers
 from serve_app.prompt import PromptRenderer, load_tokenizer
 from serve_app.settings import ModelConfig
 from tests.support.stability import unreplayed_empty_block
@@ -253,6 +254,21 @@ def test_thinking_in_prompt_is_what_the_template_renders(tokenizer_path, name):
         assert off.starts_in_reasoning is fam.thinking_in_prompt
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_a_family_served_with_another_template_is_reported_and_its_own_is_not(tokenizer_path, name, caplog):
+    """A `family` entry whose checkpoint's own template is another family's (here SmolLM2's, which writes no think
+    or call markup) gets a warning naming the markers; with the family's template, none."""
+    fam = get_family(name)
+    with caplog.at_level("WARNING", logger="serve_app.prompt.render"):
+        PromptRenderer(load_tokenizer(tokenizer_path), ModelConfig(id="other", family=name))
+        renderer(tokenizer_path, name)
+    warned = [rec.getMessage() for rec in caplog.records if "never writes" in rec.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("model other:"), warned
+    if fam.reasoning_parser:
+        assert fam.reasoning_parser in warned[0]
+    assert f"{fam.tool_parser} tool calls" in warned[0] or not tool_start_markers(TOOL_PARSERS[fam.tool_parser])
+
+
 def _replay_probe(r: PromptRenderer, fam: Family) -> str:
     """Render a two-query history whose assistant turns each carry a distinct thought, as the service does."""
     def a(i: int, call: bool) -> Message:
@@ -266,9 +282,9 @@ def _replay_probe(r: PromptRenderer, fam: Family) -> str:
     from serve_app.conversation import ToolResultPart
 
     msgs = [Message("user", [TextPart("first query")]), a(0, True),
-            Message("user", [ToolResultPart(f"functions.refresh:0", "ok")]), a(1, False),
+            Message("user", [ToolResultPart("functions.refresh:0", "ok")]), a(1, False),
             Message("user", [TextPart("second query")]), a(2, True),
-            Message("user", [ToolResultPart(f"functions.refresh:2", "ok")])]
+            Message("user", [ToolResultPart("functions.refresh:2", "ok")])]
     text = r.render_text(Conversation(messages=msgs, tools=SCHEMAS), GenerationOptions(thinking=True))
     kept = [i for i in range(3) if f"thought number {i} here" in text]
     return {(0, 1, 2): "keeps_all", (2,): "last_turn", (): "drops"}.get(tuple(kept), f"kept {kept}")
@@ -398,7 +414,6 @@ def test_template_drops_the_reasoning_of_an_answer(tokenizer_path, name):
 
 @pytest.mark.parametrize("name", [n for n in FAMILIES if not get_family(n).empty_thought_replayed])
 def test_template_drops_the_empty_think_block_of_a_thinking_off_prompt(tokenizer_path, name):
-    fam = get_family(name)
     r = renderer(tokenizer_path, name)
     opts = GenerationOptions(thinking=False)
     prompt = r.render_sync(base_conv(), opts).text
