@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from serve_app.parsers import REASONING_PARSERS
+from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS
+from serve_app.parsers.formats import tool_start_markers
 
 _DEFAULT_MARKERS = ("<think>", "</think>")  # for a reasoning parser name the registry does not know
 
@@ -37,9 +38,6 @@ def unwritten_markers(template: str, reasoning_parser: str | None, tool_parser: 
     of the tool parser. A model trained on that template does not write them either, so the parsers belong to
     another family than the template (a `family` entry served with a checkpoint whose own template differs, or a
     parser name set by hand) and its answers would be parsed wrongly."""
-    from serve_app.parsers import TOOL_PARSERS
-    from serve_app.parsers.formats import tool_start_markers
-
     out = []
     markers = reasoning_markers(reasoning_parser)
     if markers and markers[1] not in template:

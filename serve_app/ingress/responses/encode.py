@@ -373,7 +373,7 @@ class ResponsesEncoder:
         elif isinstance(ev, Finish):
             out.extend(self.finish(ev))
 
-    def _end_call(self, index: int, out: list[bytes], status: str = "completed") -> None:
+    def _end_call(self, index: int, out: list[bytes]) -> None:
         call = self._calls.pop(index, None)
         if call is None:
             return
@@ -383,24 +383,23 @@ class ResponsesEncoder:
             out.append(self._ev("response.custom_tool_call_input.done", item_id=call["id"],
                                 output_index=call["index"], input=raw))
             item = {"type": "custom_tool_call", "id": call["id"], "call_id": call["call_id"], "name": call["name"],
-                    "input": raw, "status": status}
+                    "input": raw, "status": "completed"}
         else:
             out.append(self._ev("response.function_call_arguments.done", item_id=call["id"],
                                 output_index=call["index"], name=call["name"], arguments=args))
             item = {"type": "function_call", "id": call["id"], "call_id": call["call_id"], "name": call["name"],
-                    "arguments": args, "status": status}
+                    "arguments": args, "status": "completed"}
         out.append(self._done_item(call["index"], item))
 
     def _end(self, status: str = "completed") -> list[bytes] | None:
-        """Close every open item with `status` and fill in the output and usage; None if the response had already
-        ended. An item still open at the end was cut off unless the generation finished on its own."""
+        """Close the open message or reasoning item with `status` and fill in the output and usage; None if the
+        response had already ended. An item still open at the end was cut off unless the generation finished on
+        its own. No call is ever open here: each goes out whole at its end (HeldCalls), an abandoned one never."""
         if self.finished:
             return None
         self.finished = True
         out: list[bytes] = []
         self._close_open(out, status)
-        for index in sorted(self._calls):  # a call cut off by EOF still ends as an item the client can pair
-            self._end_call(index, out, status)
         self.response["output"] = [it for it in self._items if it is not None]
         self.response["usage"] = usage_object(self.usage)
         return out
