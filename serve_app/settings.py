@@ -182,6 +182,11 @@ class IngressConfig(_Strict):
     max_decompressed_bytes: int = 64 * 1024 * 1024
     strip_preamble: bool = True
     tool_dispatch: bool = False  # Chat Completions `event: tool_call_dispatch` side channel, to requests with nvext.tool_dispatch
+    # How Chat Completions streams a tool call: `stream` sends its arguments as generated (as OpenAI and vLLM do;
+    # clients that render a file being written see it grow), `hold` sends each call whole once it is complete, so a
+    # call the parser abandons (cut off by the limit, or malformed mid-stream) never reaches the client — one that
+    # runs calls from partially parsed arguments would run it. A request's `nvext.hold_tool_calls` chooses for itself.
+    chat_tool_calls: Literal["stream", "hold"] = "stream"
     ping_interval_s: float = 10.0
     render_timeout_s: float = 30.0
     # Threads rendering and tokenizing prompts, per model. Templates run under the GIL and tokenizing is

@@ -84,6 +84,8 @@ class NvExt(OpenModel):
     agent_hints: AgentHintsIn | None = None
     forced_script: str | None = None
     tool_dispatch: bool = False  # this client reads the `event: tool_call_dispatch` side channel
+    # Each tool call sent whole once complete, never one the parser abandons (None: `ingress.chat_tool_calls`).
+    hold_tool_calls: bool | None = None
 
 
 class ChatCompletionRequest(OpenModel):

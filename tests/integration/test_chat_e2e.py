@@ -140,6 +140,37 @@ def test_forced_tool_call_streams_arguments_and_dispatches(client, serve_url):
     assert events[final_i][1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+@pytest.mark.parametrize("max_tokens", [400, 30])
+def test_held_tool_calls_through_the_engine_fold_to_the_complete_answer(client, max_tokens):
+    """`nvext.hold_tool_calls`: the call goes out whole once complete; cut off by max_tokens (30 tokens end inside
+    its arguments) it never goes out, only its text, exactly as the non-streaming answer has it."""
+    args = {"path": "notes.txt", "content": "hello " * 20}
+    script = 'Writing.<tool_call>\n{"name": "write_file", "arguments": ' + json.dumps(args) + "}\n</tool_call>"
+    tools = [{"type": "function", "function": {"name": "write_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}}}}]
+    kw = {"model": MODEL, "messages": [{"role": "user", "content": "write"}], "tools": tools,
+          "max_tokens": max_tokens, "extra_body": {"nvext": {"forced_script": script, "hold_tool_calls": True}}}
+    whole = client.chat.completions.create(**kw).choices[0]
+    content, fragments, calls, finish = "", [], {}, None
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for tc in choice.delta.tool_calls or []:
+                call = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                call["name"] += tc.function.name or ""
+                call["arguments"] += tc.function.arguments or ""
+                fragments += [tc.function.arguments] if tc.function.arguments else []
+            finish = choice.finish_reason or finish
+    assert finish == whole.finish_reason == ("tool_calls" if max_tokens == 400 else "length")
+    assert content == (whole.message.content or "")
+    assert list(calls.values()) == [{"name": t.function.name, "arguments": t.function.arguments}
+                                    for t in whole.message.tool_calls or []]
+    if max_tokens == 400:
+        assert content == "Writing." and len(fragments) == 1 and json.loads(fragments[0]) == args
+    else:
+        assert calls == {} and content.startswith("Writing.<tool_call>") and len(content) < len(script)
+
+
 def test_errors_in_openai_envelope(client, serve_url):
     with pytest.raises(openai.NotFoundError) as e:
         ask(client, "hi", model="no-such-model")

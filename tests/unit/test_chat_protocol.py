@@ -318,3 +318,54 @@ def test_continue_final_message_is_vllms_prefill():
     with pytest.raises(InvalidRequest) as e:
         chat_request_to_conversation({"model": "m", "messages": msgs[:1], "continue_final_message": True})
     assert e.value.param == "continue_final_message"
+
+
+def _call_deltas(events):
+    return [tc for name, d in events if name is None and d != "[DONE]" for ch in d["choices"]
+            for tc in ch["delta"].get("tool_calls") or []]
+
+
+def test_held_calls_go_out_whole_at_their_end_and_fold_the_same():
+    enc = ChatStreamEncoder("m", "r1", include_usage=True, hold_calls=True)
+    frames = [enc.start()]
+    sent_before_end = []
+    for ev in EVENTS:
+        out = enc.event(ev)
+        if isinstance(ev, ToolCallArgsDelta):
+            sent_before_end += out
+        frames += out
+    assert sent_before_end == []  # nothing of a call goes out while it streams
+    events = parse_sse(frames)
+    assert _call_deltas(events) == [
+        {"index": 0, "id": "call_a", "type": "function", "function": {"name": "ls", "arguments": ""}},
+        {"index": 0, "function": {"arguments": "{\"p\": 1}"}},
+        {"index": 1, "id": "call_b", "type": "function", "function": {"name": "cat", "arguments": ""}},
+        {"index": 1, "function": {"arguments": "{}"}},
+    ]
+    content, reasoning, calls, finish, _ = fold_chunks(events)
+    message = completion_body("m", "r1", EVENTS)["choices"][0]["message"]
+    assert (content, reasoning) == (message["content"], message["reasoning_content"])
+    assert [calls[i] for i in sorted(calls)] == [
+        {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+        for c in message["tool_calls"]]
+
+
+def test_a_held_call_the_parser_abandons_is_never_sent_and_its_text_is():
+    abandoned = [ToolCallStart(0, "call_a", "write"), ToolCallArgsDelta(0, "{\"path\": \"a.py\", \"content\": \"x"),
+                 TextDelta("<tool_call>{\"name\": \"write\", \"arguments\": {\"path\": \"a.py\", \"content\": \"x"),
+                 Finish("length")]
+    held = ChatStreamEncoder("m", "r1", hold_calls=True)
+    events = parse_sse([f for ev in abandoned for f in held.event(ev)])
+    assert _call_deltas(events) == []
+    assert "".join(d["choices"][0]["delta"].get("content") or "" for n, d in events if d != "[DONE]") \
+        == abandoned[2].text
+    streamed = ChatStreamEncoder("m", "r1")  # the default: arguments as generated, so this call's partial ones
+    assert [tc["function"]["arguments"] for tc in _call_deltas(parse_sse(
+        [f for ev in abandoned for f in streamed.event(ev)]))] == ["", abandoned[1].arguments]
+
+
+def test_a_held_dispatch_still_announces_each_call_once_complete():
+    enc = ChatStreamEncoder("m", "r1", dispatch=True, hold_calls=True)
+    events = parse_sse([f for ev in EVENTS for f in enc.event(ev)])
+    assert [d["tool_call"]["function"]["arguments"] for n, d in events if n == "tool_call_dispatch"] \
+        == ["{\"p\": 1}", "{}"]

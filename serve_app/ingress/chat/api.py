@@ -17,9 +17,10 @@ KEEPALIVE = b": keep-alive\n\n"  # an SSE comment: clients skip it
 
 
 class ChatWire:
-    def __init__(self, model: str, request_id: str, *, include_usage: bool, dispatch: bool):
+    def __init__(self, model: str, request_id: str, *, include_usage: bool, dispatch: bool, hold_calls: bool):
         self.model, self.request_id = model, request_id
-        self.encoder = ChatStreamEncoder(model, request_id, include_usage=include_usage, dispatch=dispatch)
+        self.encoder = ChatStreamEncoder(model, request_id, include_usage=include_usage, dispatch=dispatch,
+                                         hold_calls=hold_calls)
         self.finished = False
 
     def start(self) -> bytes:
@@ -50,11 +51,15 @@ class ChatApi(AdapterDefaults):
 
     def encoder(self, call: Call, request_id: str, prompt_tokens: int, ctx: IngressContext) -> ChatWire:
         req = call.wire
+        hold = req.nvext.hold_tool_calls if req.nvext is not None else None
+        if hold is None:
+            hold = ctx.settings.ingress.chat_tool_calls == "hold"
         return ChatWire(req.model, request_id,
                         include_usage=bool(req.stream_options and req.stream_options.include_usage),
                         # Only to a client that asks: the OpenAI SDK turns a named SSE event into a bogus chunk
                         # (`choices` None), which breaks ordinary streaming code.
-                        dispatch=ctx.settings.ingress.tool_dispatch and bool(req.nvext and req.nvext.tool_dispatch))
+                        dispatch=ctx.settings.ingress.tool_dispatch and bool(req.nvext and req.nvext.tool_dispatch),
+                        hold_calls=hold)
 
 
 CHAT = ChatApi()

@@ -13,6 +13,7 @@ from typing import Any
 from serve_app.conversation import (
     Event,
     Finish,
+    HeldCalls,
     ReasoningDelta,
     TextDelta,
     ToolCallArgsDelta,
@@ -39,13 +40,17 @@ def usage_dict(u: Usage) -> dict[str, Any]:
 
 
 class ChatStreamEncoder:
-    def __init__(self, model: str, request_id: str, *, include_usage: bool = False, dispatch: bool = False):
+    def __init__(self, model: str, request_id: str, *, include_usage: bool = False, dispatch: bool = False,
+                 hold_calls: bool = False):
         self.id = f"chatcmpl-{request_id}"
         self.model = model
         self.created = int(time.time())
         self.include_usage = include_usage
         self.dispatch = dispatch
         self._calls: dict[int, dict[str, Any]] = {}  # only filled when dispatching: the full arguments are needed
+        # Held: each call goes out whole at its end (its id and name, then all its arguments in one chunk) and one the
+        # parser abandons never goes out, so the stream folds to exactly the non-streaming message.
+        self._held = HeldCalls() if hold_calls else None
         self._usage: Usage | None = None
         self._head: str | None = None
         self._tail = ""
@@ -73,6 +78,11 @@ class ChatStreamEncoder:
         return self._chunk({"role": "assistant", "content": ""})
 
     def event(self, ev: Event) -> list[bytes]:
+        if self._held is None:
+            return self._event(ev)
+        return [frame for now in self._held.push(ev) for frame in self._event(now)]
+
+    def _event(self, ev: Event) -> list[bytes]:
         if isinstance(ev, TextDelta):
             return [self._text_chunk("content", ev.text)] if ev.text else []
         if isinstance(ev, ReasoningDelta):
