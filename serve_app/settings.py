@@ -13,6 +13,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serve_app.ingress.autoscaling import with_listener_policy
+
 
 class _Strict(BaseModel):
     # Errors name the field's path and the problem but never echo the input: it may be an API key or the secret.
@@ -279,6 +281,11 @@ class IngressConfig(_Strict):
                 raise ValueError(f"ingress.listen.drain_s ({self.listen.drain_s}) must be below the ingress "
                                  f"deployment's graceful_shutdown_timeout_s ({grace}): Serve stops the replica then, "
                                  "open requests or not")
+            scaling = self.deployment.autoscaling_config or {}
+            if scaling and scaling.get("min_replicas", 1) == 0:
+                raise ValueError("ingress.deployment.autoscaling_config.min_replicas must be at least 1 with "
+                                 "ingress.listen: the replicas are the only thing listening on the port, so with "
+                                 "none no request could ever arrive to scale them up")
         return self
 
     @model_validator(mode="after")
@@ -304,6 +311,9 @@ class IngressConfig(_Strict):
         opts = self.deployment.serve_options()
         if "max_ongoing_requests" not in opts:
             opts["max_ongoing_requests"] = (self.max_inflight_requests or 1024) + self.OVERLOAD_HEADROOM
+        if self.listen is not None and "autoscaling_config" in opts:
+            # Serve counts none of the requests on the replicas' own port: scale on the count they report.
+            opts["autoscaling_config"] = with_listener_policy(opts["autoscaling_config"])
         return opts
 
 

@@ -6,6 +6,7 @@ import logging
 
 from ray import serve
 
+from serve_app.ingress.autoscaling import LISTENER_REQUESTS
 from serve_app.ingress.clients import ServeEngineClient
 from serve_app.keyring import KeyRing
 from serve_app.routing.local import LocalRouter
@@ -77,6 +78,12 @@ class Ingress:
     async def num_unfinished(self) -> int:
         """Requests the engines in this process still run (`engine_placement: ingress`; 0 otherwise)."""
         return await self.local_engines.num_unfinished() if self.local_engines is not None else 0
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Serve's custom autoscaling metric: the requests open on this replica's own port, which Serve does not
+        carry and so cannot count (`ingress.listen`; ingress/autoscaling.py scales on it)."""
+        listener = getattr(self, "listener", None)
+        return {LISTENER_REQUESTS: float(listener.open_requests)} if listener is not None else {}
 
     async def check_health(self) -> None:
         """Serve's periodic health check. With the engines in this process a dead engine core fails it, so Serve

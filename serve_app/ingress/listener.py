@@ -36,19 +36,44 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Counted:
+    """`app` counting the HTTP requests it is serving: what the replica reports to Serve's autoscaler, which
+    sees none of them (ingress/autoscaling.py)."""
+
+    __slots__ = ("app", "open")
+
+    def __init__(self, app):
+        self.app, self.open = app, 0
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        self.open += 1
+        try:
+            return await self.app(scope, receive, send)
+        finally:
+            self.open -= 1
+
+
 class Listener:
     """One uvicorn server for `app` on a shared port, started on the running event loop."""
 
     def __init__(self, app, host: str, port: int, keep_alive_s: float, drain_s: float):
         self.sock = reuseport_socket(host, port)
         self.port = self.sock.getsockname()[1]
+        self._app = _Counted(app)
         self.server = uvicorn.Server(uvicorn.Config(
-            app, lifespan="off", access_log=False, log_config=None, log_level="warning",
+            self._app, lifespan="off", access_log=False, log_config=None, log_level="warning",
             timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=drain_s))
         # Signal handling belongs to the process's owner (Ray, or single_process.py), not to one server in it:
         # uvicorn's `serve` would take SIGINT/SIGTERM over in the main thread and re-raise them when it stops.
         self.server.capture_signals = contextlib.nullcontext
         self.task: asyncio.Task | None = None
+
+    @property
+    def open_requests(self) -> int:
+        """HTTP requests this listener is serving now (streams until their last byte)."""
+        return self._app.open
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self.server.serve(sockets=[self.sock]))

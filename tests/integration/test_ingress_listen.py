@@ -3,8 +3,8 @@ no Serve proxy or HAProxy between a client and the app, and the engines in their
 
 A second app beside the session's server, with no HTTP route in Serve (route_prefix None): it is reachable only on
 its replicas' own port. Every API through the real SDKs on that port; a client that leaves a non-streamed answer
-aborts its engine request (the gap Serve's HAProxy leaves, docs/serving-path.md); a second replica binds the same
-port and the kernel spreads new connections over both (which replica answered is the `x-serve-replica` header);
+aborts its engine request (the gap Serve's HAProxy leaves, docs/serving-path.md); open streams make Serve's
+autoscaler add a replica, which binds the same port, and the kernel spreads new connections over both;
 and (last, since it deletes the app) a stream still open when the app is deleted runs to its end: the replica
 stops accepting and drains its own requests before its engines stop.
 """
@@ -99,10 +99,48 @@ def test_a_client_that_leaves_a_non_streamed_answer_aborts_its_engine_request(ap
                                        lambda: ingress.num_unfinished.remote().result(timeout_s=30)) == 0
 
 
-def test_a_second_replica_shares_the_port_and_takes_connections(app_url, listen_args):
+def _ingress_replicas() -> dict:
+    from ray import serve
+
+    return dict(serve.status().applications[APP].deployments["Ingress"].replica_states)
+
+
+def test_open_streams_scale_the_ingress_up_and_the_new_replica_shares_the_port(app_url, listen_args):
+    """Serve counts none of the requests on the replicas' own port; each replica reports its listener's open
+    requests (ingress/autoscaling.py) and Serve's autoscaler adds a replica for them. The new replica binds the same
+    port and the kernel spreads new connections over both (which answered is the `x-serve-replica` header)."""
     scaled = copy.deepcopy(listen_args)
-    scaled["ingress"]["deployment"]["num_replicas"] = 2
+    scaled["ingress"]["deployment"] = {
+        "graceful_shutdown_timeout_s": 150,
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1,
+                               "metrics_interval_s": 0.5, "look_back_period_s": 1, "upscale_delay_s": 0,
+                               "downscale_delay_s": 600}}
     deploy(scaled, app_url)
+    assert sum(_ingress_replicas().values()) == 1  # no request open: the minimum
+
+    stop = threading.Event()
+
+    def stream() -> None:  # open until told to stop (the client leaving aborts its engine request)
+        body = {"model": MODEL, "max_tokens": 1000, "stream": True, "messages": [{"role": "user", "content": "go"}],
+                **forced("word " * 900)}
+        with httpx.Client(timeout=120) as client, client.stream("POST", f"{app_url}/v1/chat/completions",
+                                                                 json=body) as resp:
+            for _ in resp.iter_lines():
+                if stop.is_set():
+                    return
+
+    streams = [threading.Thread(target=stream, daemon=True) for _ in range(3)]
+    for t in streams:
+        t.start()
+    try:
+        deadline = time.monotonic() + 60
+        while sum(_ingress_replicas().values()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert sum(_ingress_replicas().values()) == 2, _ingress_replicas()  # starting or running
+    finally:
+        stop.set()
+        for t in streams:
+            t.join(60)
     seen: set[str] = set()
     deadline = time.monotonic() + 300  # the second replica's engine starts while the first keeps answering
     while len(seen) < 2 and time.monotonic() < deadline:

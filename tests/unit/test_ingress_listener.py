@@ -151,3 +151,75 @@ def test_the_listeners_defaults_are_serves_own():
 
     assert IngressConfig.SERVE_GRACEFUL_SHUTDOWN_S == DEFAULT_GRACEFUL_SHUTDOWN_TIMEOUT_S
     assert ListenConfig().keep_alive_s == DEFAULT_UVICORN_KEEP_ALIVE_TIMEOUT_S
+
+
+async def test_the_listener_counts_the_requests_it_holds_open():
+    """What the replica reports to Serve's autoscaler (ingress/autoscaling.py): a stream counts until its end."""
+    release = asyncio.Event()
+    listener = await started(Listener(app("x", release), "127.0.0.1", 0, keep_alive_s=5, drain_s=1))
+    try:
+        assert listener.open_requests == 0
+        async with slow_stream(listener.port) as first, slow_stream(listener.port) as second:
+            assert listener.open_requests == 2
+            async with httpx.AsyncClient() as client:
+                assert (await client.get(f"http://127.0.0.1:{listener.port}/hello")).text == "x"
+            assert listener.open_requests == 2  # the short request came and went
+            release.set()
+            assert [b"".join([c async for c in s]) for s in (first, second)] == [b"last", b"last"]
+        for _ in range(100):  # the server task finishes its side just after the client has the last byte
+            if listener.open_requests == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert listener.open_requests == 0
+    finally:
+        await listener.drain()
+
+
+def _context(per_replica: dict, serve_counted: float = 0.0, replicas: int | None = None, **config):
+    from ray.serve.config import AutoscalingConfig, AutoscalingContext
+
+    from serve_app.ingress.autoscaling import LISTENER_REQUESTS
+
+    n = len(per_replica) if replicas is None else replicas
+    return AutoscalingContext(
+        deployment_id=None, deployment_name="Ingress", app_name="default", current_num_replicas=n,
+        target_num_replicas=n, running_replicas=list(per_replica), total_num_requests=serve_counted,
+        total_queued_requests=0.0, aggregated_metrics={LISTENER_REQUESTS: per_replica} if per_replica else {},
+        raw_metrics={}, capacity_adjusted_min_replicas=config.get("min_replicas", 1),
+        capacity_adjusted_max_replicas=config.get("max_replicas", 1), policy_state={}, last_scale_up_time=None,
+        last_scale_down_time=None, current_time=0.0, config=AutoscalingConfig(**config))
+
+
+def test_the_listener_policy_scales_on_the_requests_the_replicas_ports_hold():
+    from ray.serve.autoscaling_policy import replica_queue_length_autoscaling_policy
+
+    from serve_app.ingress.autoscaling import listener_policy
+
+    busy = _context({"r1": 30.0, "r2": 34.0}, target_ongoing_requests=16, max_replicas=8)
+    assert listener_policy(busy)[0] == 4.0  # 64 open requests at 16 each
+    assert replica_queue_length_autoscaling_policy(busy)[0] == 0.0  # Serve's own count saw none of them
+    assert listener_policy(_context({"r1": 6.0}, serve_counted=2.0, target_ongoing_requests=4))[0] == 2.0
+    assert listener_policy(_context({"r1": 0.0, "r2": 0.0}, target_ongoing_requests=4))[0] == 0.0  # idle: Serve's min
+    assert listener_policy(_context({}, replicas=0, target_ongoing_requests=4))[0] == 0  # nothing running to measure
+
+
+def test_listen_with_autoscaling_scales_on_the_listeners_count():
+    from ray.serve.config import AutoscalingConfig
+
+    from serve_app.ingress.autoscaling import POLICY
+
+    base = {"models": [{"id": "m", "source": "smollm2-135m-instruct"}]}
+    scaling = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 32}
+    opts = AppSettings.model_validate({**base, "ingress": {"listen": {}, "deployment": {
+        "autoscaling_config": scaling}}}).ingress.serve_options()
+    assert opts["autoscaling_config"] == {**scaling, "policy": {"policy_function": POLICY}}
+    assert AutoscalingConfig(**opts["autoscaling_config"]).policy.policy_function == POLICY  # Serve takes it
+    own = {**scaling, "policy": {"policy_function": "mine:policy"}}
+    assert AppSettings.model_validate({**base, "ingress": {"listen": {}, "deployment": {
+        "autoscaling_config": own}}}).ingress.serve_options()["autoscaling_config"] == own
+    behind_haproxy = AppSettings.model_validate({**base, "ingress": {"direct_ingress": True, "deployment": {
+        "autoscaling_config": scaling}}}).ingress.serve_options()
+    assert behind_haproxy["autoscaling_config"] == scaling  # Serve carries those requests and counts them itself
+    with pytest.raises(ValueError, match="min_replicas must be at least 1 with ingress.listen"):
+        AppSettings.model_validate({**base, "ingress": {"listen": {}, "deployment": {
+            "autoscaling_config": {**scaling, "min_replicas": 0}}}})
