@@ -139,11 +139,22 @@ class LocalEngineStatLogger(PrometheusStatLogger):
     (`ENGINE_REGISTRIES`, exposed together by `engine_metrics`), without the per-token ones: the engine's output
     handler runs on the serving event loop there, so each observation per token is time the streams wait for."""
 
+    # vLLM's helpers that build metrics of their own (MFU estimates, speculative decoding, KV/EC connectors).
+    HELPERS = ("_perf_metrics_cls", "_spec_decoding_cls", "_kv_connector_cls", "_ec_connector_cls")
+
     def __init__(self, *args, **kwargs):
         registry = CollectorRegistry(auto_describe=True)
-        self._gauge_cls = functools.partial(Gauge, registry=registry)
-        self._counter_cls = functools.partial(Counter, registry=registry)
-        self._histogram_cls = functools.partial(Histogram, registry=registry)
+        kinds = {"_gauge_cls": functools.partial(Gauge, registry=registry),
+                 "_counter_cls": functools.partial(Counter, registry=registry),
+                 "_histogram_cls": functools.partial(Histogram, registry=registry)}
+        for name, cls in kinds.items():
+            setattr(self, name, cls)
+        # The helpers' metric classes are class attributes of their own: in prometheus_client's global registry,
+        # the next engine's logger would unregister this one's (only the last engine's MFU counters were left).
+        for name in self.HELPERS:
+            helper = getattr(self, name)
+            setattr(self, name, type(helper.__name__, (helper,), {k: v for k, v in kinds.items()
+                                                                   if hasattr(helper, k)}))
         super().__init__(*args, **kwargs)
         drop_per_token_metrics(self)
         ENGINE_REGISTRIES.append(registry)

@@ -193,3 +193,33 @@ def test_the_engines_of_one_process_are_one_exposition(monkeypatch):
     assert totals == {"a": 3.0, "b": 5.0}
     monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", [])
     assert stat_logger.engine_metrics() == b""
+
+
+def test_two_real_engine_loggers_in_one_process_keep_every_metric_of_both(monkeypatch):
+    """vLLM's own loggers for two engines of one process (config.yaml's two models in the single-process server):
+    every `vllm:` family holds both engines' samples, the MFU counters vLLM's helper builds included (they went to
+    the global registry, where the second engine's logger unregistered the first's), and nothing is left in the
+    global registry for the next engine to remove."""
+    import copy
+    import re
+
+    import prometheus_client
+    from vllm.engine.arg_utils import EngineArgs
+
+    from serve_app.engine.provision import ensure_model
+
+    monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", [])
+    first = EngineArgs(model=ensure_model("smollm2-135m-instruct"), served_model_name=["a"], enforce_eager=True,
+                       max_model_len=2048).create_engine_config()
+    second = copy.deepcopy(first)
+    second.model_config.served_model_name = "b"
+    for cfg in (first, second):
+        stat_logger.LocalEngineStatLogger(cfg)
+    text = stat_logger.engine_metrics().decode()
+    families: dict[str, set[str]] = {}
+    for name, model in re.findall(r'^(vllm:[a-z_:]+)\{[^}]*model_name="(\w)"', text, re.M):
+        families.setdefault(name, set()).add(model)
+    assert families["vllm:estimated_flops_per_gpu_total"] == {"a", "b"}
+    assert families["vllm:num_requests_running"] == {"a", "b"}
+    assert all(models == {"a", "b"} for models in families.values()), families
+    assert "vllm:" not in prometheus_client.generate_latest().decode()
