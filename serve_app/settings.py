@@ -60,6 +60,9 @@ class ModelConfig(_Strict):
     tool_parser: str | None = None
     chat_template: str | None = None  # a path or an inline Jinja template overriding the tokenizer's
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The template kwarg that switches thinking, set beside `enable_thinking` (which most templates read) when it
+    # differs: Kimi K3's template reads `thinking` only. A family fills it in.
+    thinking_kwarg: str = "enable_thinking"
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
     # Every layer attends to at most this many preceding tokens (vLLM's sliding-window attention, switched on
     # through the model's config): a model trained at N tokens serves a longer max_model_len with prefill cost

@@ -15,7 +15,7 @@ from typing import ClassVar
 from serve_app.parsers.gemma4 import Gemma4Format
 from serve_app.parsers.json_tags import JsonTagsFormat
 from serve_app.parsers.pythonic import PythonicFormat
-from serve_app.parsers.xml_tags import XmlFormat, dsml_param
+from serve_app.parsers.xml_tags import XmlFormat, dsml_param, xtml_name, xtml_param
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,9 +37,9 @@ class ReasoningFormat:
     # other spellings of the markers the model writes (Granite: "Here's" as well as "Here is")
     start_alts: tuple[str, ...] = ()
     end_alts: tuple[str, ...] = ()
-    # (open, close) tags the answer after the think block is wrapped in (Hunyuan's <answer>, ERNIE's <response>):
-    # markup in text, dropped
-    answer: tuple[str, str] | None = None
+    # the tags the answer after the think block is wrapped in (Hunyuan's <answer>, ERNIE's <response>, Kimi K3's
+    # response channel and the close of its message): markup in text, dropped
+    answer: tuple[str, ...] | None = None
     # the think block is the client's to parse (MiniMax-M2 "append think"): nothing is split off as reasoning, the
     # markers stay in the text, and a start marker the prompt opened is put back in front of the output
     as_content: bool = False
@@ -65,6 +65,11 @@ class HarmonyFormat:
 _THINK = ("<think>", "</think>")
 _KIMI_SECTION = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 
+
+def _xtml(tag: str) -> tuple[str, str]:
+    """Kimi K3's XTML element markers: <|open|>TAG<|sep|> ... <|close|>TAG<|sep|> (three special tokens each)."""
+    return f"<|open|>{tag}<|sep|>", f"<|close|>{tag}<|sep|>"
+
 REASONING_PARSERS: dict[str, ReasoningFormat] = {
     r.name: r
     for r in (
@@ -78,6 +83,11 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
         ReasoningFormat("kimi_k2", *_THINK, tool_ends_reasoning=True, special_tokens=True, ends_at=_KIMI_SECTION),
         ReasoningFormat("kimi_k25", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
                         special_tokens=True, ends_at=_KIMI_SECTION),
+        # Kimi K3 (XTML): think channel, then the answer in a response channel, calls in a tools channel, and the
+        # assistant message's own close before the end-of-message token; the prompt opens think (or, thinking off,
+        # response)
+        ReasoningFormat("kimi_k3", *_xtml("think"), starts_in_reasoning=True, special_tokens=True,
+                        answer=(*_xtml("response"), _xtml("message")[1]), ends_at=(_xtml("tools")[0],)),
         ReasoningFormat("minimax_m2", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
                         special_tokens=True),
         ReasoningFormat("step3", *_THINK, starts_in_reasoning=True),
@@ -206,6 +216,13 @@ TOOL_PARSERS: dict[str, object] = {
         head_grammar=r"\s*(?:functions\.)?[\w.\-]+:\d+\s*", special_tokens=True),
     "glm45": _GLM,
     "glm47": _GLM,
+    # Kimi K3: <|open|>tools<|sep|>, then per call <|open|>call tool="N" index="I"<|sep|>, per argument
+    # <|open|>argument key="K" type="T"<|sep|>V<|close|>argument<|sep|> (a string's raw text, any other type JSON)
+    "kimi_k3": XmlFormat(
+        "kimi_k3", starts=(_xtml("tools")[0],), section_end=_xtml("tools")[1],
+        func_open="<|open|>call", func_head_end="<|sep|>", func_close=_xtml("call")[1],
+        param_open="<|open|>argument", param_head_end="<|sep|>", value_close=_xtml("argument")[1],
+        name_of=xtml_name, param_of=xtml_param, value_newlines=False, special_tokens=True),
     "minimax_m2": XmlFormat(
         "minimax_m2", starts=("<minimax:tool_call>",), section_end="</minimax:tool_call>",
         func_open="<invoke name=", func_head_end=">", func_close="</invoke>",

@@ -31,13 +31,15 @@ from serve_app.conversation import ToolChoice, ToolSpec
 from serve_app.parsers.formats import REASONING_PARSERS
 from serve_app.parsers.gemma4_grammar import gemma_arguments
 from serve_app.parsers.pythonic_grammar import keyword_arguments
+from serve_app.parsers.xtml_grammar import xtml_arguments, xtml_attr
 
 
 @dataclass(frozen=True, slots=True)
 class CallShape:
     """How one tool format writes calls. `call_begin` holds `{name}`; `args` is xgrammar's JSON-schema style
     ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml"), "python" (keyword arguments, Python
-    literals: pythonic_grammar.py) or "gemma" (Gemma 4's notation: gemma4_grammar.py)."""
+    literals: pythonic_grammar.py), "gemma" (Gemma 4's notation: gemma4_grammar.py) or "xtml" (Kimi K3's typed
+    argument elements: xtml_grammar.py)."""
 
     call_begin: str
     call_end: str
@@ -48,7 +50,9 @@ class CallShape:
     section_end: str | None = None
     index_regex: str | None = None  # after call_begin, before args_begin: a call index (Kimi's `:0`)
     args_begin: str = ""
-    answer_prefix: str = ""  # fixed text the answer starts with before its calls (Harmony's channel header)
+    # Forced calls: what the answer writes before them, (an opener the prompt may already have written, its
+    # close): Kimi K3's empty response channel, which its template renders in front of every call section
+    forced_lead: tuple[str, str] | None = None
     none_excludes: tuple[str, ...] | None = None  # what `none` forbids; None: the triggers
 
 
@@ -135,8 +139,15 @@ SHAPES: dict[str, CallShape] = {
     # Gemma 4: its own notation, no xgrammar style either (gemma4_grammar.py); calls follow each other unseparated
     "gemma4": CallShape("<|tool_call>call:{name}{{", "}<tool_call|>", args="gemma", separator="",
                         triggers=("<|tool_call>",)),
+    # Kimi K3: a call's index counts up within the section (the grammar lets any number stand); forced calls
+    # follow the empty response channel the template writes before them
+    "kimi_k3": CallShape('<|open|>call tool="{name}" index="', "<|close|>call<|sep|>", args="xtml", separator="",
+                         index_regex=r"[0-9]{1,3}", args_begin='"<|sep|>',
+                         section_begin="<|open|>tools<|sep|>", section_end="<|close|>tools<|sep|>",
+                         triggers=("<|open|>tools<|sep|>",),
+                         forced_lead=("<|open|>response<|sep|>", "<|close|>response<|sep|>")),
 }
-_ARG_GRAMMARS = {"python": keyword_arguments, "gemma": gemma_arguments}  # notations written here, per tool
+_ARG_GRAMMARS = {"python": keyword_arguments, "gemma": gemma_arguments, "xtml": xtml_arguments}  # written here
 
 _HARMONY_ANALYSIS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
 _TRIVIAL = {"type": "object", "properties": {}}
@@ -158,7 +169,8 @@ def _call_tag(shape: CallShape, tool: ToolSpec) -> dict[str, Any]:
     if shape.args_begin:
         parts.append({"type": "const_string", "value": shape.args_begin})
     content = {"type": "sequence", "elements": [*parts, args]} if parts else args
-    return {"type": "tag", "begin": shape.call_begin.format(name=tool.name), "content": content, "end": shape.call_end}
+    name = xtml_attr(tool.name) if shape.args == "xtml" else tool.name
+    return {"type": "tag", "begin": shape.call_begin.format(name=name), "content": content, "end": shape.call_end}
 
 
 def _calls(shape: CallShape, tools: list[ToolSpec], *, forced: bool, one: bool) -> dict[str, Any]:
@@ -219,6 +231,11 @@ def structural_tag(
     elif choice.mode in ("required", "tool"):
         chosen = [t for t in tools if t.name == choice.name] if choice.mode == "tool" else callable_
         body = _calls(shape, chosen, forced=True, one=choice.mode == "tool" or not choice.parallel or harmony)
+        if shape.forced_lead is not None:
+            opener, close = shape.forced_lead
+            body = {"type": "sequence", "elements": [
+                {"type": "optional", "content": {"type": "const_string", "value": opener}},
+                {"type": "const_string", "value": close}, body]}
     elif not choice.parallel or len(callable_) < len(tools):
         body = _calls(shape, callable_, forced=False, one=not choice.parallel)
     else:

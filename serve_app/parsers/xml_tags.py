@@ -51,6 +51,22 @@ def plain_param(head: str) -> tuple[str, str | None]:
     return strip_name(head), None
 
 
+def _xtml_attrs(head: str) -> dict[str, str]:
+    # Kimi K3's template escapes `&` and `"` in attribute values (in that order): undone in reverse
+    return {k: v.replace("&quot;", '"').replace("&amp;", "&") for k, v in _ATTR.findall(head)}
+
+
+def xtml_name(head: str) -> str:
+    """Kimi K3's call head, ` tool="NAME" index="N"`: the tool's name ("" when the head names none)."""
+    return _xtml_attrs(head).get("tool", "").strip()
+
+
+def xtml_param(head: str) -> tuple[str, str | None]:
+    """Kimi K3's argument head, ` key="K" type="T"`: a `string` value is its raw text, any other type JSON."""
+    attrs = _xtml_attrs(head)
+    return attrs.get("key", ""), "string" if attrs.get("type", "string") == "string" else "json"
+
+
 @dataclass(frozen=True, slots=True)
 class XmlFormat:
     name: str
@@ -75,6 +91,9 @@ class XmlFormat:
     # the family's think block, inside which no call is looked for: Seed-OSS reasons about the call format in it
     # (vLLM's seed_oss parser skips it too). Without a reasoning parser the block is plain text.
     think: tuple[str, str] | None = None
+    # the templates put a value on its own lines (<parameter=k>\nV\n</parameter>): one newline at each end is
+    # layout, not value; Kimi K3 writes values raw, every character theirs
+    value_newlines: bool = True
     special_tokens: bool = False
     harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
 
@@ -163,9 +182,9 @@ class XmlEngine(SectionEngine):
     def _sep(self) -> str:
         return "{" if self.nparams == 0 else ", "
 
-    def _value_chunk(self, sink: Sink, c: str) -> None:
-        # The templates put the value on its own lines (<parameter=k>\nV\n</parameter>): drop one newline at
-        # each end, holding a trailing one back until we know it is not the last character.
+    def _layout(self, c: str) -> str:
+        """The templates put the value on its own lines (<parameter=k>\nV\n</parameter>): drop one newline at each
+        end, holding a trailing one back until we know it is not the last character."""
         if not self.vseen and c:
             self.vseen = True
             if c[0] == "\n":
@@ -176,6 +195,11 @@ class XmlEngine(SectionEngine):
         if c.endswith("\n"):
             self.pending_nl = "\n"
             c = c[:-1]
+        return c
+
+    def _value_chunk(self, sink: Sink, c: str) -> None:
+        if self.fmt.value_newlines:
+            c = self._layout(c)
         if not c:
             return
         if self.vmode == "string":

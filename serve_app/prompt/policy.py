@@ -148,14 +148,17 @@ def ends_in_reasoning(text: str, markers: tuple[str, str] | None) -> bool:
 
 
 def prompt_starts_in_reasoning(text: str, markers: tuple[str, str] | None, turn_starts: tuple[str, ...],
-                               format_default: bool) -> bool:
+                               format_default: bool, answer: tuple[str, ...] = ()) -> bool:
     """Where the model's output begins: inside reasoning when the prompt leaves a think block open; not when
-    the generation prompt closed one (thinking off); otherwise the format's own default (an R1-style model
-    starts thinking without writing the start marker)."""
+    the generation prompt closed one (thinking off) or opened the answer's own tag (Kimi K3's response channel,
+    `answer`: the format's answer tags); otherwise the format's own default (an R1-style model starts thinking
+    without writing the start marker)."""
     if not markers:
         return False
     if ends_in_reasoning(text, markers):
         return True
+    if answer and text.rstrip().endswith(answer):
+        return False
     at = max((text.rfind(s) for s in turn_starts), default=-1)
     tail = text[at:] if at >= 0 else text[-256:]
     return False if markers[0] in tail else format_default

@@ -175,10 +175,6 @@ class PromptRenderer:
         if not template:
             raise ValueError(f"model {model.id!r}: the tokenizer has no chat template and none is configured")
         self.template: str = template
-        if unwritten := unwritten_markers(template, model.reasoning_parser, model.tool_parser):
-            log.warning("model %s: its chat template never writes %s; the parsers may be another family's than the "
-                        "template (with `family:`, set `family_template: true` unless the checkpoint's own template "
-                        "is that family's)", model.id, ", ".join(unwritten))
         self.reasoning_enabled = bool(model.reasoning_parser)
         probe = self._probe_generation_tail(model, thinking=True)
         self.policy: ReplayPolicy = self._probe_empty_replay(
@@ -195,9 +191,16 @@ class PromptRenderer:
         self._memo: OrderedDict[str, list[int]] = OrderedDict()
         self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
+        fmt = REASONING_PARSERS.get(model.reasoning_parser) if model.reasoning_parser else None
+        self._answer_tags: tuple[str, ...] = tuple(fmt.answer or ()) if fmt is not None else ()
         self._pool = self._new_pool()
         self.policy = self._probe_affixes(self._probe_tool_reasoning(self.policy), model)
         self.replay_exact = self._probe_replay()
+        # Markers the template builds from pieces (Kimi K3's <|open|> + tag + <|sep|>) are in a render, not its text
+        if unwritten := unwritten_markers(template + self._marker_sample(), model.reasoning_parser, model.tool_parser):
+            log.warning("model %s: its chat template never writes %s; the parsers may be another family's than the "
+                        "template (with `family:`, set `family_template: true` unless the checkpoint's own template "
+                        "is that family's)", model.id, ", ".join(unwritten))
         if self.replay_exact is False and self.policy.mode != "drop":
             log.warning("model %s: an answer with reasoning does not render back as it was generated (replay mode "
                         "%s); later turns will miss the prefix cache from that answer on", model.id, self.policy.mode)
@@ -207,11 +210,11 @@ class PromptRenderer:
     def template_kwargs(self, opts: GenerationOptions) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self.model.default_chat_template_kwargs)
         if self.reasoning_enabled:
-            kwargs["enable_thinking"] = opts.thinking is not False
+            kwargs["enable_thinking"] = kwargs[self.model.thinking_kwarg] = opts.thinking is not False
             # Keep earlier thinking in the prompt: the history must render as it was generated.
             kwargs["truncate_history_thinking"] = False
         elif opts.thinking is False:
-            kwargs["enable_thinking"] = False
+            kwargs["enable_thinking"] = kwargs[self.model.thinking_kwarg] = False
         if opts.reasoning_effort is not None:
             kwargs["reasoning_effort"] = opts.reasoning_effort
         for key, value in opts.chat_template_kwargs.items():  # explicit per-request kwargs win
@@ -221,7 +224,7 @@ class PromptRenderer:
 
     def _probe_render(self, messages: list[dict[str, Any]], thinking: bool, add_generation_prompt: bool) -> str:
         kwargs = {**self.model.default_chat_template_kwargs, "enable_thinking": thinking,
-                  "truncate_history_thinking": False}
+                  self.model.thinking_kwarg: thinking, "truncate_history_thinking": False}
         return self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.template,
                                                   add_generation_prompt=add_generation_prompt, **kwargs)
 
@@ -310,7 +313,7 @@ class PromptRenderer:
             if not text.startswith(prompt):
                 return None
             starts = prompt_starts_in_reasoning(prompt, pol.markers, self.turn_starts,
-                                                self._format_starts_in_reasoning)
+                                                self._format_starts_in_reasoning, self._answer_tags)
             return text[len(prompt):], starts
 
         def parsed(text: str, starts: bool) -> list:
@@ -349,6 +352,21 @@ class PromptRenderer:
             return policy
         return trial
 
+    def _marker_sample(self) -> str:
+        """Renders of a turn with reasoning (in the fields templates read it from, never inline: this asks what the
+        template writes, not what the replay policy adds) and of one with a call; those the template cannot
+        render are left out."""
+        call = {"id": "functions.probe:0", "type": "function", "function": {"name": "probe", "arguments": {}}}
+        out = []
+        for turn in ({"content": "a", "reasoning_content": "r", "reasoning": "r"},
+                     {"content": "", "tool_calls": [call]}):
+            try:
+                out.append(self._probe_render([{"role": "user", "content": "x"}, {"role": "assistant", **turn}],
+                                              True, False))
+            except Exception:  # noqa: BLE001 - the template's own text still counts
+                pass
+        return "".join(out)
+
     def _probe_replay(self) -> bool | None:
         """Whether a thinking answer replays byte for byte under the chosen policy (None: nothing to check).
         A diagnostic for operators adding a model: the decision itself never depends on it."""
@@ -360,7 +378,8 @@ class PromptRenderer:
             opened = prompt.endswith(self.policy.opener) and self.policy.opener.startswith(start)
             reasoning = ("" if opened else "\n") + "Probe reasoning.\n"
             answer = "\n\nProbe answer."
-            generated = ("" if opened else start) + reasoning + end + answer
+            wrap = self._answer_tags[:2] if len(self._answer_tags) >= 2 else ("", "")  # an answer channel's tags
+            generated = ("" if opened else start) + reasoning + end + wrap[0] + answer + wrap[1]
             conv = Conversation(messages=[Message("user", [TextPart("x")]),
                                           Message("assistant", [ReasoningPart(reasoning), TextPart(answer)]),
                                           Message("user", [TextPart("y")])])
@@ -543,7 +562,7 @@ class PromptRenderer:
                   continue_final_message: bool) -> RenderedPrompt:
         starts = (self.reasoning_enabled and add_generation_prompt and not continue_final_message
                   and prompt_starts_in_reasoning(text, self.policy.markers, self.turn_starts,
-                                                 self._format_starts_in_reasoning))
+                                                 self._format_starts_in_reasoning, self._answer_tags))
         return RenderedPrompt(text=text, token_ids=ids, starts_in_reasoning=starts)
 
     def _new_pool(self) -> concurrent.futures.ThreadPoolExecutor:

@@ -32,6 +32,7 @@ ARGS = {
     "glm_xml": "<arg_key>city</arg_key><arg_value>Paris</arg_value>",
     "python": 'city="Paris"',
     "gemma": 'city:<|"|>Paris<|"|>',
+    "xtml": '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>',
 }
 REASONING = {"openai": "gpt_oss"}  # Harmony parses the whole stream: its tool format goes with its channels
 
@@ -78,6 +79,12 @@ def answer(fmt: str, calls: int = 1) -> str:
     return (s.section_begin or "") + sep.join([one_call(fmt)] * calls) + (s.section_end or "")
 
 
+def lead(fmt: str) -> str:
+    """What a forced answer writes before its calls (Kimi K3: the empty response channel its template renders)."""
+    got = SHAPES[fmt].forced_lead
+    return "".join(got) if got else ""
+
+
 def calls_of(fmt: str, text: str, tools: list[ToolSpec] = TOOLS) -> list[tuple[str, dict]]:
     """(name, arguments) of every completed call the format's parser reads in `text`."""
     schemas = [{"type": "function", "function": {"name": t.name, "parameters": t.parameters}} for t in tools]
@@ -105,12 +112,13 @@ def test_each_mode_allows_exactly_what_it_should(fmt, compiler, tok):
     if fmt == "mistral":
         two = one + one
     required = structural_tag(fmt, TOOLS, ToolChoice("required"))
-    assert allows(compiler, tok, required, one) and not allows(compiler, tok, required, "Sure, here it is.")
+    forced = lead(fmt)
+    assert allows(compiler, tok, required, forced + one) and not allows(compiler, tok, required, "Sure, here it is.")
     # Harmony's call ends the turn, so one call is all an answer can hold
-    assert allows(compiler, tok, required, two) == (fmt != "openai")
+    assert allows(compiler, tok, required, forced + two) == (fmt != "openai")
     named = structural_tag(fmt, TOOLS, ToolChoice("tool", name="get_weather"))
-    assert allows(compiler, tok, named, one) and not allows(compiler, tok, named, two)
-    assert not allows(compiler, tok, named, answer(fmt).replace("get_weather", "get_time"))
+    assert allows(compiler, tok, named, forced + one) and not allows(compiler, tok, named, forced + two)
+    assert not allows(compiler, tok, named, forced + answer(fmt).replace("get_weather", "get_time"))
     single = structural_tag(fmt, TOOLS, ToolChoice("auto", parallel=False))
     assert allows(compiler, tok, single, "No call needed.") and allows(compiler, tok, single, "Let me check. " + one)
     assert not allows(compiler, tok, single, "Let me check. " + two)
@@ -130,13 +138,13 @@ def test_allowed_tools_limit_the_calls_to_the_listed_ones(fmt, compiler, tok):
     weather = answer(fmt)
     forecast = weather.replace("get_weather", "get_forecast")
     for mode in ("required", "auto"):
-        lead = "" if mode == "required" else "Let me check. "
+        first = lead(fmt) if mode == "required" else "Let me check. "
         only_weather = structural_tag(fmt, TWINS, ToolChoice(mode, allowed=("get_weather",)))
         only_forecast = structural_tag(fmt, TWINS, ToolChoice(mode, allowed=("get_forecast",)))
-        assert allows(compiler, tok, only_weather, lead + weather), mode
-        assert not allows(compiler, tok, only_weather, lead + forecast), mode
-        assert allows(compiler, tok, only_forecast, lead + forecast), mode
-        assert not allows(compiler, tok, only_forecast, lead + weather), mode
+        assert allows(compiler, tok, only_weather, first + weather), mode
+        assert not allows(compiler, tok, only_weather, first + forecast), mode
+        assert allows(compiler, tok, only_forecast, first + forecast), mode
+        assert not allows(compiler, tok, only_forecast, first + weather), mode
     # required: calls only; auto: text alone is an answer
     assert not allows(compiler, tok, structural_tag(fmt, TWINS, ToolChoice("required", allowed=("get_weather",))),
                       "Sure, here it is.")
@@ -147,7 +155,7 @@ def test_allowed_tools_limit_the_calls_to_the_listed_ones(fmt, compiler, tok):
     two = (one_call(fmt) * 2 if fmt == "mistral" else
            answer(fmt, 2) if SHAPES[fmt].section_begin is not None else
            one_call(fmt) + SHAPES[fmt].separator + one_call(fmt))
-    assert allows(compiler, tok, single, weather) and not allows(compiler, tok, single, two)
+    assert allows(compiler, tok, single, lead(fmt) + weather) and not allows(compiler, tok, single, lead(fmt) + two)
 
 
 @pytest.mark.parametrize("fmt", sorted(SHAPES))
@@ -171,6 +179,22 @@ def test_auto_text_cannot_hold_a_call_the_triggers_miss(fmt, bare, compiler, tok
 @pytest.mark.parametrize("fmt", sorted(SHAPES))
 def test_the_parser_reads_what_the_grammar_writes(fmt):
     assert calls_of(fmt, answer(fmt)) == [("get_weather", {"city": "Paris"})]
+
+
+def test_a_kimi_k3_forced_call_follows_the_response_channel_and_its_arguments_are_typed(compiler, tok):
+    """Thinking on, the answer opens and closes the (empty) response channel the template writes before calls;
+    thinking off the prompt opened it, so the answer only closes it. Non-string arguments are JSON, typed."""
+    required = structural_tag("kimi_k3", TOOLS, ToolChoice("tool", name="get_time"))
+    call = ('<|open|>tools<|sep|><|open|>call tool="get_time" index="1"<|sep|>'
+            '<|open|>argument key="zone" type="number"<|sep|>{}<|close|>argument<|sep|><|close|>call<|sep|>'
+            "<|close|>tools<|sep|>")
+    for opener in ("<|open|>response<|sep|>", ""):
+        assert allows(compiler, tok, required, opener + "<|close|>response<|sep|>" + call.format(3))
+    assert not allows(compiler, tok, required, "<|close|>response<|sep|>" + call.format('"three"'))
+    assert not allows(compiler, tok, required, call.format(3))  # without the response channel
+    empty_call = '<|open|>tools<|sep|><|open|>call tool="get_time" index="1"<|sep|><|close|>call<|sep|><|close|>tools<|sep|>'
+    assert allows(compiler, tok, required, "<|close|>response<|sep|>" + empty_call)  # zone is optional
+    assert calls_of("kimi_k3", "<|close|>response<|sep|>" + call.format(3)) == [("get_time", {"zone": 3})]
 
 
 def test_auto_with_parallel_calls_needs_no_grammar_and_unknown_formats_none():

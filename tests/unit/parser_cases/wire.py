@@ -160,6 +160,22 @@ def olmo3(calls: list[Call]) -> str:
     return "<function_calls>" + "\n".join(lines) + "</function_calls>"
 
 
+def _xtml_type(v) -> str:
+    if isinstance(v, bool):
+        return "boolean"
+    return {str: "string", int: "number", float: "number", dict: "object", list: "array"}.get(type(v), "null")
+
+
+def kimi_k3(calls: list[Call]) -> str:
+    # Kimi K3's template: attribute values escaped (& then "), a string's value raw, any other JSON
+    def attr(s: str) -> str:
+        return s.replace("&", "&amp;").replace('"', "&quot;")
+    body = "".join(f'<|open|>call tool="{attr(n)}" index="{i}"<|sep|>' + "".join(
+        f'<|open|>argument key="{attr(k)}" type="{_xtml_type(v)}"<|sep|>{_val(v)}<|close|>argument<|sep|>'
+        for k, v in a.items()) + "<|close|>call<|sep|>" for i, (n, a) in enumerate(calls, 1))
+    return f"<|open|>tools<|sep|>{body}<|close|>tools<|sep|>"
+
+
 def phi4_mini_json(calls: list[Call]) -> str:
     return "functools[" + ", ".join(json.dumps({"name": n, "arguments": a}, ensure_ascii=False) for n, a in calls) + "]"
 
@@ -199,6 +215,8 @@ FORMATS = [
     Fmt("deepseek_v32", None, _dsml("function_calls"), markers=("｜DSML｜",)),
     Fmt("deepseek_v4", "deepseek_v4", _dsml("tool_calls"), markers=("｜DSML｜",)),
     Fmt("kimi_k2", "kimi_k2", kimi_k2, markers=("<|tool_call", "<|tool_calls_section")),
+    Fmt("kimi_k3", "kimi_k3", kimi_k3, think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
+        markers=("<|open|>", "<|close|>", "<|sep|>", "argument")),
     Fmt("glm45", "glm45", glm47, typed_by_schema=True, markers=("<tool_call>", "<arg_key>", "<arg_value>")),
     Fmt("glm47", "glm45", glm47, typed_by_schema=True, markers=("<tool_call>", "<arg_key>", "</arg_value>")),
     Fmt("minimax_m2", "minimax_m2", minimax_m2, typed_by_schema=True,
