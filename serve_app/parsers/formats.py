@@ -222,7 +222,8 @@ TOOL_PARSERS: dict[str, object] = {
         "kimi_k3", starts=(_xtml("tools")[0],), section_end=_xtml("tools")[1],
         func_open="<|open|>call", func_head_end="<|sep|>", func_close=_xtml("call")[1],
         param_open="<|open|>argument", param_head_end="<|sep|>", value_close=_xtml("argument")[1],
-        name_of=xtml_name, param_of=xtml_param, value_newlines=False, special_tokens=True),
+        name_of=xtml_name, param_of=xtml_param, value_newlines=False, special_tokens=True,
+        markup=(*_xtml("response"), _xtml("message")[1])),
     "minimax_m2": XmlFormat(
         "minimax_m2", starts=("<minimax:tool_call>",), section_end="</minimax:tool_call>",
         func_open="<invoke name=", func_head_end=">", func_close="</invoke>",

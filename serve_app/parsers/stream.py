@@ -45,7 +45,10 @@ class StreamParser:
         self.in_reasoning = bool(reasoning) and starts_in_reasoning
         self.starts = (reasoning.start, *reasoning.start_alts) if reasoning else ()
         self.ends = (reasoning.end, *reasoning.end_alts) if reasoning else ()
-        self.answer = reasoning.answer if reasoning and reasoning.answer else ()
+        # the answer's markup tags: the reasoning format's, and the tool format's own (Kimi K3's tool parser alone
+        # still unwraps the response channel, as vLLM's does)
+        self.answer = tuple(dict.fromkeys((*(reasoning.answer or () if reasoning else ()),
+                                           *getattr(tools, "markup", ()))))
         self.ends_at = reasoning.ends_at if reasoning is not None and tools is None else ()
         # a tool format that looks for no calls inside its family's think block: without a reasoning parser that
         # block is tracked here (and stays text); with one, reasoning is that block

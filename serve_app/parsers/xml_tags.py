@@ -94,6 +94,8 @@ class XmlFormat:
     # the templates put a value on its own lines (<parameter=k>\nV\n</parameter>): one newline at each end is
     # layout, not value; Kimi K3 writes values raw, every character theirs
     value_newlines: bool = True
+    # markup around the answer that is dropped from the text even without the family's reasoning parser
+    markup: tuple[str, ...] = ()
     special_tokens: bool = False
     harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
 
