@@ -532,7 +532,10 @@ class PromptRenderer:
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         with self._encode_lock:
-            return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+            return self._encode_locked(text, add_special_tokens)
+
+    def _encode_locked(self, text: str, add_special_tokens: bool) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     # The token-id views `/v1/tokenize` and `/v1/detokenize` give: callers never reach into the tokenizer.
     @property
@@ -608,7 +611,7 @@ class PromptRenderer:
         else in the pool."""
         if not self._inline_off and len(text) <= self.inline_chars and self._encode_lock.acquire(blocking=False):
             try:
-                return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+                return self._encode_locked(text, add_special_tokens)
             finally:
                 self._encode_lock.release()
         return await self.run(self.encode, text, add_special_tokens=add_special_tokens)
