@@ -63,6 +63,10 @@ class ModelConfig(_Strict):
     # The template kwarg that switches thinking, set beside `enable_thinking` (which most templates read) when it
     # differs: Kimi K3's template reads `thinking` only. A family fills it in.
     thinking_kwarg: str = "enable_thinking"
+    # The template kwarg a request's reasoning effort goes to, and its values by effort ({} passes the effort on
+    # as is; with a map, an effort it lacks sets nothing and the template's default stands). A family fills them in.
+    effort_kwarg: str = "reasoning_effort"
+    effort_values: dict[str, str] = Field(default_factory=dict)
     hf_overrides: dict[str, Any] = Field(default_factory=dict)
     # Every layer attends to at most this many preceding tokens (vLLM's sliding-window attention, switched on
     # through the model's config): a model trained at N tokens serves a longer max_model_len with prefill cost

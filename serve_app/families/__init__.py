@@ -52,6 +52,8 @@ class Family(_Strict):
     stop_tokens: list[str]
     chat_template_kwargs: dict[str, str]  # kwarg → what it does
     thinking_kwarg: str = "enable_thinking"  # the kwarg that switches the template's thinking
+    effort_kwarg: str = "reasoning_effort"  # the kwarg a request's reasoning effort goes to
+    effort_values: dict[str, str] = Field(default_factory=dict)  # effort → the template's value ({}: as is)
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
     # What one assistant turn of the template can carry (the round-trip test asserts each false one).
     parallel_calls: bool = True  # several calls in one turn
@@ -100,7 +102,7 @@ def apply_family(model: dict[str, Any]) -> dict[str, Any]:
         return model
     fam = get_family(name)
     out = dict(model)
-    for key in ("reasoning_parser", "tool_parser", "thinking_kwarg"):
+    for key in ("reasoning_parser", "tool_parser", "thinking_kwarg", "effort_kwarg", "effort_values"):
         if key not in out:
             out[key] = getattr(fam, key)
     out["default_chat_template_kwargs"] = {**fam.default_chat_template_kwargs,

@@ -216,7 +216,10 @@ class PromptRenderer:
         elif opts.thinking is False:
             kwargs["enable_thinking"] = kwargs[self.model.thinking_kwarg] = False
         if opts.reasoning_effort is not None:
-            kwargs["reasoning_effort"] = opts.reasoning_effort
+            values = self.model.effort_values
+            effort = values.get(opts.reasoning_effort) if values else opts.reasoning_effort
+            if effort is not None:
+                kwargs[self.model.effort_kwarg] = effort
         for key, value in opts.chat_template_kwargs.items():  # explicit per-request kwargs win
             if key not in _RESERVED_KWARGS:
                 kwargs[key] = value

@@ -446,3 +446,22 @@ def test_a_prefill_ends_the_prompt_with_the_assistant_text(tokenizer_path, name,
     assert out.text.endswith("The file is"), f"{name}: {out.text[-200:]!r}"
     assert out.starts_in_reasoning is False
     assert "Write the file, refresh, store the blob." in out.text
+
+
+def test_kimi_k3_takes_the_request_s_thinking_switch_and_effort_under_its_own_kwarg_names(tokenizer_path):
+    """Its template reads `thinking` (not enable_thinking) and `thinking_effort` (low, medium, high, max): the
+    request's switch and effort reach it under those names, an effort it has no value for leaves its default."""
+    r = renderer(tokenizer_path, "kimi-k3")
+
+    def effort_line(**opts) -> str | None:
+        text = r.render_sync(base_conv(), GenerationOptions(**opts)).text
+        at = text.find("invoked with `thinking_effort=")
+        return text[at:].split("`")[1] if at >= 0 else None
+
+    assert effort_line(thinking=True) == "thinking_effort=max"  # the template's default
+    assert effort_line(thinking=True, reasoning_effort="medium") == "thinking_effort=medium"
+    assert effort_line(thinking=True, reasoning_effort="xhigh") == "thinking_effort=max"
+    assert effort_line(thinking=True, reasoning_effort="turbo") == "thinking_effort=max"  # no value: the default
+    off = r.render_sync(base_conv(), GenerationOptions(thinking=False, reasoning_effort="high"))
+    assert effort_line(thinking=False) is None and not off.starts_in_reasoning
+    assert off.text.endswith("<|open|>response<|sep|>")
