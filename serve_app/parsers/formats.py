@@ -223,7 +223,7 @@ TOOL_PARSERS: dict[str, object] = {
         func_open="<|open|>call", func_head_end="<|sep|>", func_close=_xtml("call")[1],
         param_open="<|open|>argument", param_head_end="<|sep|>", value_close=_xtml("argument")[1],
         name_of=xtml_name, param_of=xtml_param, value_newlines=False, special_tokens=True,
-        markup=(*_xtml("response"), _xtml("message")[1])),
+        markup=(*_xtml("response"), _xtml("message")[1]), json_block=("<|open|>json", _xtml("json")[1])),
     "minimax_m2": XmlFormat(
         "minimax_m2", starts=("<minimax:tool_call>",), section_end="</minimax:tool_call>",
         func_open="<invoke name=", func_head_end=">", func_close="</invoke>",

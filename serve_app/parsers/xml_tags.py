@@ -96,6 +96,9 @@ class XmlFormat:
     value_newlines: bool = True
     # markup around the answer that is dropped from the text even without the family's reasoning parser
     markup: tuple[str, ...] = ()
+    # (open, close) of an element whose body is a JSON object of arguments (Kimi K3's `<|open|>json ...<|sep|>`,
+    # what its template writes for arguments given as a string); its head ends at param_head_end
+    json_block: tuple[str, str] | None = None
     special_tokens: bool = False
     harmony: ClassVar[bool] = False  # not a whole-stream format (see formats.HarmonyFormat)
 
@@ -118,10 +121,11 @@ class XmlEngine(SectionEngine):
         self.sec_m = Matcher([m for m in (f.func_open, f.section_end) if m])
         fhead_ends = [f.func_head_end] if f.func_open else [f.param_open, f.section_end]
         self.fhead_m = Matcher(fhead_ends)
-        self.body_m = Matcher([m for m in (f.param_open, f.func_close, f.section_end) if m])
+        block = f.json_block or ()
+        self.body_m = Matcher([m for m in (f.param_open, *block[:1], f.func_close, f.section_end) if m])
         self.phead_m = Matcher([f.param_head_end])
         self.vopen_m = Matcher([f.value_open] if f.value_open else [])
-        self.val_m = Matcher([f.value_close, f.section_end, *f.implicit_closes])
+        self.val_m = Matcher([f.value_close, *block[1:], f.section_end, *f.implicit_closes])
         self.section_end = f.section_end
         self.state = OVER
         self.degraded = False
@@ -150,6 +154,8 @@ class XmlEngine(SectionEngine):
         self.pending_nl = ""
         self.wrap_mode = ""
         self.deferred: tuple[str, str] | None = None  # a lone wrapper parameter: (as a parameter, unwrapped)
+        self.in_block = False  # the element being read is a JSON block (XmlFormat.json_block)
+        self.bad_block = False  # a JSON block that is not an object: the call is abandoned at its end
 
     def eof(self, sink: Sink) -> None:
         """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed. Its text
@@ -245,8 +251,31 @@ class XmlEngine(SectionEngine):
         sep = "{" if self.nparams == 1 else ", "
         sink.args(self.idx, sep + json.dumps(self.vkey, ensure_ascii=False) + ": " + val)
 
+    def _end_block(self, sink: Sink) -> None:
+        """A JSON block's object joins the arguments; anything else makes the call malformed."""
+        self.in_block = False
+        try:
+            obj = json.loads("".join(self.vbuf))
+        except ValueError:
+            obj = None
+        if not isinstance(obj, dict):
+            self.bad_block = True
+            return
+        inner = json.dumps(obj, ensure_ascii=False)[1:-1]
+        if inner:
+            sink.args(self.idx, self._sep() + inner)
+            self.nparams += len(obj)
+
     def _end_call(self, sink: Sink, unconsumed: int) -> None:
         """Close the call; `unconsumed` characters of the text fed so far follow its end."""
+        if self.bad_block:  # abandoned (no end): its text is given back, as for a call the stream cut off
+            fed = "".join(self.call_raw)
+            sink.plain(fed[:len(fed) - unconsumed])
+            self.call_raw = [fed[len(fed) - unconsumed:]] if unconsumed else []
+            self.raw = []
+            self.mark_idx = -1
+            self._reset_call()
+            return
         if self.deferred:  # a lone wrapper parameter: its object is the arguments
             sink.args(self.idx, self.deferred[1])
         else:
@@ -311,8 +340,11 @@ class XmlEngine(SectionEngine):
             self.state = OVER  # an unreadable parameter head inside a committed call: abandon it
             return self.head
         head, _, rest = got
-        self._start_value(sink, head)
-        self.state = VOPEN if self.fmt.value_open else PVAL
+        if self.in_block:
+            self.vmode, self.vbuf = "block", []
+        else:
+            self._start_value(sink, head)
+        self.state = VOPEN if self.fmt.value_open and not self.in_block else PVAL
         return rest, 0
 
     def _step_fbody(self, t: str, i: int, sink: Sink):
@@ -324,6 +356,8 @@ class XmlEngine(SectionEngine):
         f = self.fmt
         if mk == f.param_open:
             self.state = PHEAD
+        elif f.json_block and mk == f.json_block[0]:
+            self.state, self.in_block = PHEAD, True
         else:
             self._end_call(sink, len(t) - i)
             self.state = OVER if mk == f.section_end else (SEC if f.func_open else FBODY)
@@ -347,9 +381,12 @@ class XmlEngine(SectionEngine):
             self.hold = t[h:]
             return None
         self._value_chunk(sink, t[i:p])
-        self._end_value(sink)
+        if self.in_block:
+            self._end_block(sink)
+        else:
+            self._end_value(sink)
         f = self.fmt
-        if mk == f.value_close:
+        if mk == f.value_close or (f.json_block and mk == f.json_block[1]):
             i = p + len(mk)
             self.state = FBODY
         elif mk == f.section_end:

@@ -520,3 +520,24 @@ def test_every_tool_format_is_in_the_fixture_table():
     """Each tool format ships with a wire writer in parser_cases/wire.py, so the abstract cases cover it."""
     from serve_app.parsers import TOOL_PARSERS
     assert set(TOOL_PARSERS) == {f.tools for f in FORMATS}
+
+
+@pytest.mark.parametrize("block, want", [
+    ('{"path": "a \\"b\\".py", "n": 3}', {"path": 'a "b".py', "n": 3}),  # the object is the arguments
+    ("{}", {}),
+    ("[1, 2]", None),  # not an object: the call is abandoned and its text kept
+    ('{"path": "a.py"', None),  # broken JSON: the same
+])
+def test_a_kimi_k3_call_written_as_a_json_block_takes_its_object_as_arguments(block, want):
+    """Kimi K3's template writes a call whose arguments are a string as one JSON block
+    (`<|open|>json type="object"<|sep|>…<|close|>json<|sep|>`) instead of argument elements."""
+    first = ('<|open|>call tool="read" index="1"<|sep|><|open|>json type="object"<|sep|>' + block
+             + "<|close|>json<|sep|><|close|>call<|sep|>")
+    second = ('<|open|>call tool="ls" index="2"<|sep|><|open|>argument key="d" type="string"<|sep|>src'
+              "<|close|>argument<|sep|><|close|>call<|sep|>")
+    text = "Looking.<|close|>response<|sep|><|open|>tools<|sep|>" + first + second + "<|close|>tools<|sep|>"
+    got = _all_splits_fold(text, reasoning="kimi_k3", tools="kimi_k3", starts_in_reasoning=False)
+    if want is None:
+        assert got == [("text", "Looking.<|open|>tools<|sep|>" + first), ("call", "ls", {"d": "src"})]
+    else:
+        assert got == [("text", "Looking."), ("call", "read", want), ("call", "ls", {"d": "src"})]
