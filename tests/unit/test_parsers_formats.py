@@ -10,8 +10,8 @@ import pytest
 
 from parser_cases.cases import BIG, all_fixtures
 from parser_cases.wire import FORMATS, schemas_for
-from serve_app.conversation import (ReasoningDelta, ReasoningPart, TextDelta, TextPart, ToolCallArgsDelta,
-                                    ToolCallEnd, ToolCallPart, ToolCallStart)
+from serve_app.conversation import (ReasoningPart, TextPart, ToolCallArgsDelta, ToolCallEnd, ToolCallPart,
+                                    ToolCallStart)
 from serve_app.parsers import fold_complete, make_stream_parser, parse_complete
 
 FIXTURES = all_fixtures()
