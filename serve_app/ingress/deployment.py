@@ -33,6 +33,7 @@ class Ingress:
         # the Router deployment. It starts here: the replica's code, handle calls and HTTP requests all run on
         # Serve's one event loop (serve_tuning.py), where the decisions are made.
         self.local_router = None
+        self.listener = None  # with `ingress.listen`: the replica's own server, started with the app
         if router is not None and cfg.router.placement == "ingress":
             self.local_router = LocalRouter(cfg.router, router.options(_by_reference=False), list(engines))
             try:
@@ -82,8 +83,7 @@ class Ingress:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Serve's custom autoscaling metric: the requests open on this replica's own port, which Serve does not
         carry and so cannot count (`ingress.listen`; ingress/autoscaling.py scales on it)."""
-        listener = getattr(self, "listener", None)
-        return {LISTENER_REQUESTS: float(listener.open_requests)} if listener is not None else {}
+        return {LISTENER_REQUESTS: float(self.listener.open_requests)} if self.listener is not None else {}
 
     async def check_health(self) -> None:
         """Serve's periodic health check. With the engines in this process a dead engine core fails it, so Serve

@@ -127,6 +127,7 @@ class XmlEngine(SectionEngine):
         self.vopen_m = Matcher([f.value_open] if f.value_open else [])
         self.val_m = Matcher([f.value_close, *block[1:], f.section_end, *f.implicit_closes])
         self.section_end = f.section_end
+        self.layout = f.value_newlines  # read once per value chunk
         self.state = OVER
         self.degraded = False
         self.steps = (self.step_section, self._step_fhead, self._step_fbody, self._step_phead, self._step_vopen,
@@ -206,7 +207,7 @@ class XmlEngine(SectionEngine):
         return c
 
     def _value_chunk(self, sink: Sink, c: str) -> None:
-        if self.fmt.value_newlines:
+        if self.layout:
             c = self._layout(c)
         if not c:
             return
@@ -268,20 +269,15 @@ class XmlEngine(SectionEngine):
 
     def _end_call(self, sink: Sink, unconsumed: int) -> None:
         """Close the call; `unconsumed` characters of the text fed so far follow its end."""
-        if self.bad_block:  # abandoned (no end): its text is given back, as for a call the stream cut off
-            fed = "".join(self.call_raw)
-            sink.plain(fed[:len(fed) - unconsumed])
-            self.call_raw = [fed[len(fed) - unconsumed:]] if unconsumed else []
-            self.raw = []
-            self.mark_idx = -1
-            self._reset_call()
-            return
-        if self.deferred:  # a lone wrapper parameter: its object is the arguments
-            sink.args(self.idx, self.deferred[1])
-        else:
-            sink.args(self.idx, "}" if self.nparams else "{}")
-        sink.end(self.idx)
         fed = "".join(self.call_raw)
+        if self.bad_block:  # abandoned (no end): its text is given back, as for a call the stream cut off
+            sink.plain(fed[:len(fed) - unconsumed])
+        else:
+            if self.deferred:  # a lone wrapper parameter: its object is the arguments
+                sink.args(self.idx, self.deferred[1])
+            else:
+                sink.args(self.idx, "}" if self.nparams else "{}")
+            sink.end(self.idx)
         self.call_raw = [fed[len(fed) - unconsumed:]] if unconsumed else []
         self.raw = []
         self.mark_idx = -1

@@ -50,7 +50,9 @@ class ChatStreamEncoder:
         self._calls: dict[int, dict[str, Any]] = {}  # only filled when dispatching: the full arguments are needed
         # Held: each call goes out whole at its end (its id and name, then all its arguments in one chunk) and one the
         # parser abandons never goes out, so the stream folds to exactly the non-streaming message.
-        self._held = HeldCalls() if hold_calls else None
+        if hold_calls:  # chosen once here: `event` runs once per token, unheld streams pay nothing for this
+            self._held = HeldCalls()
+            self.event = self._held_event
         self._usage: Usage | None = None
         self._head: str | None = None
         self._tail = ""
@@ -77,12 +79,10 @@ class ChatStreamEncoder:
     def start(self) -> bytes:
         return self._chunk({"role": "assistant", "content": ""})
 
-    def event(self, ev: Event) -> list[bytes]:
-        if self._held is None:
-            return self._event(ev)
-        return [frame for now in self._held.push(ev) for frame in self._event(now)]
+    def _held_event(self, ev: Event) -> list[bytes]:
+        return [frame for now in self._held.push(ev) for frame in type(self).event(self, now)]
 
-    def _event(self, ev: Event) -> list[bytes]:
+    def event(self, ev: Event) -> list[bytes]:
         if isinstance(ev, TextDelta):
             return [self._text_chunk("content", ev.text)] if ev.text else []
         if isinstance(ev, ReasoningDelta):
