@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import logging
 import os
+import random
 import signal
 import sqlite3
 import threading
@@ -194,6 +195,82 @@ def test_concurrent_puts_from_two_stores_keep_the_caps(open_store):
     kept = [[i for i in range(30) if stores[1 - n].get(f"w{n}-{i}") is not None] for n in (0, 1)]
     assert len(kept[0]) + len(kept[1]) == 20
     assert all(k == list(range(30 - len(k), 30)) for k in kept)
+
+
+def _totals(backend: str, open_store) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(what the store's totals row says, what counting the table gives): the caps are checked against the first."""
+    if backend == "sqlite":
+        with sqlite3.connect(open_store.path) as conn:
+            return (conn.execute("SELECT items, bytes FROM totals").fetchone(),
+                    conn.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses").fetchone())
+    with psycopg.connect(open_store.dsn) as conn:
+        return (conn.execute(f"SELECT items, bytes FROM {TABLE}_totals").fetchone(),
+                conn.execute(f"SELECT COUNT(*), COALESCE(SUM(size), 0)::bigint FROM {TABLE}").fetchone())
+
+
+@persistent
+@pytest.mark.parametrize("seed", range(3))
+def test_random_calls_agree_with_the_in_memory_store_and_keep_the_totals_exact(backend, open_store, seed):
+    """Puts (new keys, overwrites, sizes near the byte cap), gets, deletes and the clock moving on, from two store
+    objects on one database, against the in-memory store as the model: every answer agrees, and the totals the
+    caps are checked against equal the table's own count and sum throughout."""
+    rng = random.Random(seed)
+    clock = Clock()
+    caps = dict(max_items=rng.choice([3, 8, 20]), ttl_s=50, max_bytes=rng.choice([200, 1_000, 10_000]))
+    model = ResponseStoreCore(clock=clock, **caps)
+    stores = [open_store(clock=clock, **caps), open_store(clock=clock, **caps)]
+    keys = [f"r{i}" for i in range(25)]
+    for step in range(120):
+        s, key = rng.choice(stores), rng.choice(keys)
+        op = rng.random()
+        if op < 0.5:
+            size = rng.choice([1, 10, 60, rng.randrange(1, caps["max_bytes"] + 20)])
+            record = {"step": step, "text": "é\n\"" * rng.randrange(3)}
+            assert s.put(key, record, size) is model.put(key, record, size), (step, key)
+        elif op < 0.75:
+            assert s.get(key) == model.get(key), (step, key)
+        elif op < 0.9:
+            expected = model.get(key) is not None  # an expired key may linger in either store until swept
+            if expected:
+                assert s.delete(key) is model.delete(key) is True, (step, key)
+            else:
+                s.delete(key), model.delete(key)
+        else:
+            clock.t += rng.choice([1, 10, 30])
+        if step % 20 == 19:
+            stored, counted = _totals(backend, open_store)
+            assert tuple(stored) == tuple(counted), step
+            assert len(s) == sum(model.get(k) is not None for k in keys), step  # the model's len counts expired
+    assert {k: s.get(k) for k in keys} == {k: model.get(k) for k in keys}
+    stored, counted = _totals(backend, open_store)
+    assert tuple(stored) == tuple(counted)
+
+
+_SCHEMA_BEFORE_TOTALS = """CREATE TABLE {t} (id TEXT PRIMARY KEY, seq {seq} NOT NULL, expires {real} NOT NULL,
+    size BIGINT NOT NULL, record TEXT NOT NULL)"""
+
+
+@persistent
+def test_a_database_written_before_the_totals_existed_is_counted_on_open(backend, open_store):
+    """A store file or database from before the totals table: its rows are counted when a store opens it, so the
+    caps hold over them at once."""
+    rows = [(f"old{i}", i + 1, 1e12, 20, '{"old": %d}' % i) for i in range(5)]
+    if backend == "sqlite":
+        with sqlite3.connect(open_store.path) as conn:
+            conn.execute(_SCHEMA_BEFORE_TOTALS.format(t="responses", seq="INTEGER", real="REAL"))
+            conn.executemany("INSERT INTO responses VALUES (?, ?, ?, ?, ?)", rows)
+    else:
+        with psycopg.connect(open_store.dsn) as conn:
+            conn.execute(_SCHEMA_BEFORE_TOTALS.format(t=TABLE, seq="BIGSERIAL", real="DOUBLE PRECISION"))
+            conn.cursor().executemany(f"INSERT INTO {TABLE} (id, expires, size, record) VALUES (%s, %s, %s, %s)",
+                                      [(i, e, n, r) for i, _, e, n, r in rows])  # seq from the old BIGSERIAL
+    s = open_store(max_items=6, max_bytes=10_000)
+    assert len(s) == 5 and s.get("old0") == {"old": 0}
+    s.put("new1", 1, 20)
+    s.put("new2", 2, 20)  # seven rows: the oldest of the old ones goes
+    assert len(s) == 6 and s.get("old0") is None and s.get("old1") == {"old": 1} and s.get("new1") == 1
+    stored, counted = _totals(backend, open_store)
+    assert tuple(stored) == tuple(counted) == (6, 120)
 
 
 # -- persistent backends: a database that fails or hangs is StoreUnavailable (503), never a 500 or a hang --------

@@ -6,8 +6,8 @@ Same interface and bounds as `SqliteResponseStore` (put/get/delete; a wall-clock
 oldest stored entries go first). The DSN comes from `ingress.response_store_dsn` or the SERVE_APP_RESPONSE_STORE_DSN
 environment variable (a Kubernetes Secret in kuberay/); it may hold a password, so it is never logged or echoed.
 The schema is created on first use, under an advisory lock, so replicas that start at once do not race on it.
-Puts take a second advisory lock: the caps are counted over the whole table, and two writers evicting at once
-would each see the other's rows half-applied. Calls are coroutines (psycopg's async API on a small pool of
+Puts take a second advisory lock: the caps hold over the whole table (its totals, kept by a trigger), and two
+writers evicting at once would each see the other's rows half-applied. Calls are coroutines (psycopg's async API on a small pool of
 connections, all on the event loop that makes the calls): they wait for the server on the loop, never in a worker
 thread, which beside a busy ingress loop could wait seconds for the GIL at every step of a statement
 (docs/serving-path.md, "The render thread's wait"; load/probe_store_wait.py --backend postgres).
@@ -50,17 +50,34 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 );
 CREATE INDEX IF NOT EXISTS {TABLE}_seq ON {TABLE} (seq);
 CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires);
+CREATE TABLE IF NOT EXISTS {TABLE}_totals (
+    one INT PRIMARY KEY CHECK (one = 0),
+    items BIGINT NOT NULL,
+    bytes BIGINT NOT NULL
+);
+CREATE OR REPLACE FUNCTION {TABLE}_count() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        UPDATE {TABLE}_totals SET items = items + 1, bytes = bytes + NEW.size;
+    ELSIF TG_OP = 'DELETE' THEN
+        UPDATE {TABLE}_totals SET items = items - 1, bytes = bytes - OLD.size;
+    ELSE
+        UPDATE {TABLE}_totals SET bytes = bytes - OLD.size + NEW.size;
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER {TABLE}_count AFTER INSERT OR DELETE OR UPDATE OF size ON {TABLE}
+    FOR EACH ROW EXECUTE FUNCTION {TABLE}_count();
 """
-
-# The newest rows that fit both caps stay; the rest (the oldest) go. Running totals from the newest row down.
-_EVICT = f"""
-DELETE FROM {TABLE} WHERE id IN (
-    SELECT id FROM (
-        SELECT id, COUNT(*) OVER newest AS n, SUM(size) OVER newest AS total FROM {TABLE}
-        WINDOW newest AS (ORDER BY seq DESC ROWS UNBOUNDED PRECEDING)
-    ) ranked WHERE n > %(max_items)s OR total > %(max_bytes)s
-)
+# The caps are checked on every put against the totals the trigger keeps; counting and summing the table instead
+# took time growing with it, under the put lock (load/probe_store_fill.py). A database without the totals row (new,
+# or written before it existed) is counted once, with the table locked against writers for that moment: a writer
+# whose row the count missed, its trigger having found no totals row to update, would be lost from the totals.
+_COUNT_ONCE = f"""
+LOCK TABLE {TABLE} IN SHARE ROW EXCLUSIVE MODE;
+INSERT INTO {TABLE}_totals SELECT 0, COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE} ON CONFLICT (one) DO NOTHING;
 """
+_EVICT_BATCH = 16  # oldest rows read at a time when the byte cap (not the item cap) says how many must go
 
 
 class PostgresResponseStore:
@@ -120,6 +137,8 @@ class PostgresResponseStore:
                 async with conn.transaction():
                     await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
                     await conn.execute(_SCHEMA)
+                    if await (await conn.execute(f"SELECT 1 FROM {TABLE}_totals")).fetchone() is None:
+                        await conn.execute(_COUNT_ONCE)
             except BaseException:
                 await conn.close()
                 raise
@@ -175,7 +194,7 @@ class PostgresResponseStore:
         """How many unexpired records are stored (tests; the other stores' `len`)."""
         async def count(conn):
             await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (self.clock(),))
-            return (await (await conn.execute(f"SELECT COUNT(*) FROM {TABLE}")).fetchone())[0]
+            return (await (await conn.execute(f"SELECT items FROM {TABLE}_totals")).fetchone())[0]
 
         return await self._run(count)
 
@@ -196,10 +215,20 @@ class PostgresResponseStore:
                                    f"ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, expires = EXCLUDED.expires, "
                                    f"size = EXCLUDED.size, record = EXCLUDED.record",
                                    (key, now + self.ttl_s, size, text))
-                cur = await conn.execute(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE}")
+                cur = await conn.execute(f"SELECT items, bytes FROM {TABLE}_totals")
                 count, total = await cur.fetchone()
-                if count > self.max_items or total > self.max_bytes:
-                    await conn.execute(_EVICT, {"max_items": self.max_items, "max_bytes": self.max_bytes})
+                while count > self.max_items or total > self.max_bytes:  # the oldest go, a batch at a time
+                    cur = await conn.execute(f"SELECT id, size FROM {TABLE} ORDER BY seq LIMIT %s",
+                                             (max(count - self.max_items, _EVICT_BATCH),))
+                    gone = []
+                    for oid, osize in await cur.fetchall():
+                        if count <= self.max_items and total <= self.max_bytes:
+                            break
+                        gone.append(oid)
+                        count, total = count - 1, total - osize
+                    if not gone:  # totals off from the table (a writer that bypassed the trigger): never spin
+                        break
+                    await conn.execute(f"DELETE FROM {TABLE} WHERE id = ANY(%s)", (gone,))
             return True
 
         return await self._run(put)
