@@ -17,6 +17,7 @@ import json
 import random
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,7 @@ from serve_app.families import Family, apply_family, get_family, load_catalog
 from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS, fold_complete, make_stream_parser, parse_complete
 from serve_app.parsers.formats import tool_start_markers
 from serve_app.prompt import PromptRenderer, load_tokenizer
+from serve_app.protocols.responses import ReasoningParam
 from serve_app.settings import ModelConfig
 from tests.support.stability import unreplayed_empty_block
 
@@ -462,6 +464,12 @@ def test_kimi_k3_takes_the_request_s_thinking_switch_and_effort_under_its_own_kw
     assert effort_line(thinking=True, reasoning_effort="medium") == "thinking_effort=medium"
     assert effort_line(thinking=True, reasoning_effort="xhigh") == "thinking_effort=max"
     assert effort_line(thinking=True, reasoning_effort="turbo") == "thinking_effort=max"  # no value: the default
+    # Every effort the Responses API accepts with thinking on (Chat's and Anthropic's are among them) gets one of
+    # the template's values; the nearest, never its default max for the least effort.
+    efforts = typing.get_args(ReasoningParam.model_fields["effort"].annotation)[0]
+    assert {e: effort_line(thinking=True, reasoning_effort=e) for e in typing.get_args(efforts) if e != "none"} == {
+        "minimal": "thinking_effort=low", "low": "thinking_effort=low", "medium": "thinking_effort=medium",
+        "high": "thinking_effort=high", "xhigh": "thinking_effort=max", "max": "thinking_effort=max"}
     off = r.render_sync(base_conv(), GenerationOptions(thinking=False, reasoning_effort="high"))
     assert effort_line(thinking=False) is None and not off.starts_in_reasoning
     assert off.text.endswith("<|open|>response<|sep|>")
