@@ -63,9 +63,9 @@ async def fill(backend: str, where: str, records: int, record_kb: int, buckets: 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
-    ap.add_argument("--records", type=int, default=4000)
-    ap.add_argument("--record-kb", type=int, default=40, help="record size (JSON, about)")
-    ap.add_argument("--buckets", type=int, nargs="+", default=[0, 100, 1000, 2000, 3000])
+    ap.add_argument("--records", type=int, default=6000)
+    ap.add_argument("--record-kb", type=int, default=80, help="record size (JSON, about): a long agent session's history")
+    ap.add_argument("--buckets", type=int, nargs="+", default=[0, 100, 1000, 2000, 4000, 5000])
     ap.add_argument("--json")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="store_fill_")
