@@ -3,12 +3,14 @@
 The service's own AsyncStore (as an ingress with `response_store_placement: ingress` or the single-process launcher
 opens it) takes puts of ~`--record-kb` KB records, one after another, into a fresh store until it holds
 `--records`; every put is timed (SQLite's run on the event loop when they would not wait: this is the loop's time).
-The caps are set above the fill, so no put evicts; what grows is only what the store holds. Per backend and fill
-bucket: the median and p90 put time. Run it at two commits to compare (the script needs nothing from the code
-beyond AsyncStore).
+The caps are set above the fill, so no put evicts and what grows is only what the store holds; with `--cap N`
+the item cap is N, so every put past it evicts the oldest record (a store that has filled up). Per backend and
+fill bucket: the median and p90 put time. Run it at two commits to compare (the script needs nothing from the
+code beyond AsyncStore).
 
     .venv/bin/python load/probe_store_fill.py --json load/results/store_fill.json
     .venv/bin/python load/probe_store_fill.py --backend postgres --json load/results/store_fill_postgres.json
+    .venv/bin/python load/probe_store_fill.py --backend postgres --cap 3000 --json store_fill_pg_cap.json
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ def fresh_database(server, name: str) -> str:
     return server.get_uri(name)
 
 
-async def fill(backend: str, where: str, records: int, record_kb: int, buckets: list[int]) -> list[dict]:
+async def fill(backend: str, where: str, records: int, record_kb: int, buckets: list[int],
+               cap: int | None = None) -> list[dict]:
     record = {"response": {"id": "r"}, "items": [{"type": "message", "content": "x" * 1000}] * record_kb}
     sqlite = backend == "sqlite"
-    store = AsyncStore(records + 1, 1e9, 1 << 42, backend=backend, path=where if sqlite else None,
+    store = AsyncStore(cap or records + 1, 1e9, 1 << 42, backend=backend, path=where if sqlite else None,
                        dsn=None if sqlite else where)
     times: list[float] = []
     for i in range(records):
@@ -64,8 +67,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backend", choices=["sqlite", "postgres"], default="sqlite")
     ap.add_argument("--records", type=int, default=6000)
-    ap.add_argument("--record-kb", type=int, default=80, help="record size (JSON, about): a long agent session's history")
+    ap.add_argument("--record-kb", type=int, default=80,
+                    help="record size (JSON, about): a long agent session's history")
     ap.add_argument("--buckets", type=int, nargs="+", default=[0, 100, 1000, 2000, 4000, 5000])
+    ap.add_argument("--cap", type=int, help="the store's item cap (default: above --records, so nothing evicts)")
     ap.add_argument("--json")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="store_fill_")
@@ -76,7 +81,7 @@ def main() -> None:
         server = pgserver.get_server(Path(folder) / "pg", cleanup_mode="stop")
     try:
         where = f"{folder}/fill.db" if server is None else fresh_database(server, "fill")
-        rows = asyncio.run(fill(args.backend, where, args.records, args.record_kb, args.buckets))
+        rows = asyncio.run(fill(args.backend, where, args.records, args.record_kb, args.buckets, args.cap))
     finally:
         if server is not None:
             server.cleanup()
@@ -85,7 +90,7 @@ def main() -> None:
     if args.json:
         provenance.write(args.json, {**provenance.header("load/probe_store_fill.py", sys.argv[1:]),
                                      "backend": args.backend, "records": args.records,
-                                     "record_kb": args.record_kb, "fill": rows})
+                                     "record_kb": args.record_kb, "cap": args.cap, "fill": rows})
 
 
 if __name__ == "__main__":
