@@ -110,6 +110,7 @@ class PostgresResponseStore:
         # burst of calls would open a connection each, past the server's max_connections (100 by default).
         self._slots = asyncio.Semaphore(pool_size)
         self._schema_ready = False
+        self._evicted_seq = 0  # the seq of the last row this store evicted (rows below it are gone)
 
     def __repr__(self) -> str:  # never the DSN
         return f"PostgresResponseStore(table={TABLE!r}, max_items={self.max_items}, ttl_s={self.ttl_s})"
@@ -207,6 +208,7 @@ class PostgresResponseStore:
         now = self.clock()
 
         async def put(conn):
+            evicted = 0
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
                 await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
@@ -218,17 +220,24 @@ class PostgresResponseStore:
                 cur = await conn.execute(f"SELECT items, bytes FROM {TABLE}_totals")
                 count, total = await cur.fetchone()
                 while count > self.max_items or total > self.max_bytes:  # the oldest go, a batch at a time
-                    cur = await conn.execute(f"SELECT id, size FROM {TABLE} ORDER BY seq LIMIT %s",
-                                             (max(count - self.max_items, _EVICT_BATCH),))
+                    # From past the last row evicted: the index keeps the deleted rows' entries until a vacuum,
+                    # and a scan from the start would step over every one of them on every put at the cap. Puts
+                    # take seq values in order under the put lock, so no live row lies below it.
+                    cur = await conn.execute(
+                        f"SELECT id, size, seq FROM {TABLE} WHERE seq > %s ORDER BY seq LIMIT %s",
+                        (self._evicted_seq, max(count - self.max_items, _EVICT_BATCH)))
                     gone = []
-                    for oid, osize in await cur.fetchall():
+                    for oid, osize, oseq in await cur.fetchall():
                         if count <= self.max_items and total <= self.max_bytes:
                             break
                         gone.append(oid)
-                        count, total = count - 1, total - osize
+                        count, total, last = count - 1, total - osize, oseq
                     if not gone:  # totals off from the table (a writer that bypassed the trigger): never spin
                         break
                     await conn.execute(f"DELETE FROM {TABLE} WHERE id = ANY(%s)", (gone,))
+                    evicted = last
+            if evicted:  # committed: only now are the rows below it gone
+                self._evicted_seq = max(self._evicted_seq, evicted)
             return True
 
         return await self._run(put)
