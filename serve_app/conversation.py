@@ -220,6 +220,7 @@ class Finish:
     stop_sequence: str | None = None
     error: str | None = None
     error_kind: str | None = None  # a serve_app.errors.ErrorKind when reason == "error" (e.g. "overloaded")
+    retry_after: float | None = None  # seconds, where the error says when to retry (an engine being replaced)
 
 
 Event = Union[ReasoningDelta, TextDelta, ToolCallStart, ToolCallArgsDelta, ToolCallEnd, Usage, Finish]

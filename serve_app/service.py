@@ -536,7 +536,7 @@ class GenerationService:
             raise
         except ServiceError as e:
             outcome.update(finish="error", error=e.message)
-            yield Finish("error", error=e.message, error_kind=e.kind)
+            yield Finish("error", error=e.message, error_kind=e.kind, retry_after=e.retry_after)
         except Exception as e:  # an engine/replica failure mid-stream: report it in-protocol, never hang
             kind, message = _classify_engine_error(e)
             log.warning("request %s failed: %s", prepared.request_id, message)

@@ -342,6 +342,17 @@ class ScriptRule(_Strict):
 TestingConfig.model_rebuild()
 
 
+class EngineRestarts(_Strict):
+    """With `engine_placement: ingress` (and the single process): an engine whose engine core died is replaced in
+    place while the process's other engines serve on; its requests meanwhile get 503 with Retry-After. Past
+    `limit` replacements of one engine within `window_s` (or when a replacement fails to start) the process's
+    health check fails instead, and the whole process is replaced: by Serve, or by the single process's
+    supervisor after it exits. `limit: 0` leaves every dead engine to that."""
+
+    limit: int = Field(default=3, ge=0)
+    window_s: float = Field(default=600.0, gt=0)
+
+
 class AppSettings(_Strict):
     models: list[ModelConfig]
     router: RouterConfig = Field(default_factory=RouterConfig)
@@ -356,6 +367,7 @@ class AppSettings(_Strict):
     # which replica holds each request's prefix. Their resources are the ingress deployment's
     # (`ingress.deployment.ray_actor_options`).
     engine_placement: Literal["deployment", "ingress"] = "deployment"
+    engine_restarts: EngineRestarts = Field(default_factory=EngineRestarts)
 
     @field_validator("models")
     @classmethod

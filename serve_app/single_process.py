@@ -9,9 +9,11 @@ fixed cost"); this is the design without them, for one host where nothing needs 
 
 What it gives up, by design: Serve's replicas (one process is one ingress replica: `num_replicas` 1), autoscaling,
 the front door, Engine deployments and multi-node placement — a config asking for those is refused with the reason.
-Nothing restarts a dead engine here: the process exits with status 1 so that its supervisor (systemd, a container
-runtime) restarts it, as Serve would replace the replica. `/metrics` serves this process's registries: the
-service's metrics and each engine's vLLM metrics under their own names (without Ray's `ray_` export prefix).
+A dead engine is replaced in place while the other engines serve on (`engine_restarts`, as in a Serve replica);
+one that cannot be (its replacement fails to start, or it keeps dying) makes the process exit with status 1 so
+that its supervisor (systemd, a container runtime) restarts it, as Serve would replace the replica. `/metrics`
+serves this process's registries: the service's metrics and each engine's vLLM metrics under their own names
+(without Ray's `ray_` export prefix).
 """
 
 from __future__ import annotations
@@ -58,18 +60,19 @@ def _limit_state(settings: AppSettings) -> Any:
 
 
 async def _engines_failed(engines: Any, period_s: float) -> BaseException:
-    """Returns the error once an engine is found dead (checked every `period_s`)."""
+    """Returns the error once an engine is dead past replacing (checked every `period_s`; a dead engine that can
+    be replaced is, by the check itself)."""
     while True:
         await asyncio.sleep(period_s)
         try:
             await engines.check_health()
-        except Exception as e:  # noqa: BLE001 - any failure of the check is a dead engine here
+        except Exception as e:  # noqa: BLE001 - any failure of the check is an engine past replacing
             return e
 
 
 async def serve(settings: AppSettings, health_period_s: float = HEALTH_PERIOD_S) -> int:
-    """Start the engines, serve `ingress.listen` until SIGINT/SIGTERM (0) or an engine dies (1), then let open
-    requests finish (`listen.drain_s`) and stop the engines. Returns the exit status."""
+    """Start the engines, serve `ingress.listen` until SIGINT/SIGTERM (0) or an engine dies past replacing (1),
+    then let open requests finish (`listen.drain_s`) and stop the engines. Returns the exit status."""
     from serve_app import keyring
     from serve_app.engine.local_client import LocalEngineClient
     from serve_app.engine.stat_logger import LocalEngineStatLogger
@@ -82,7 +85,7 @@ async def serve(settings: AppSettings, health_period_s: float = HEALTH_PERIOD_S)
     secret = keyring.load(settings.ingress.server_secret, warn=not settings.testing.forced_scripts)
     engines = LocalEngineClient.start(settings.models, forced_scripts=settings.testing.forced_scripts,
                                       model_cache_dir=settings.model_cache_dir, replica_id="single-process",
-                                      stat_loggers=[LocalEngineStatLogger])
+                                      stat_loggers=[LocalEngineStatLogger], restarts=settings.engine_restarts)
     listener = None
     try:
         # Every placement's store opens here: this process is the only one using it (so `memory` works too).
@@ -105,7 +108,8 @@ async def serve(settings: AppSettings, health_period_s: float = HEALTH_PERIOD_S)
                 task.cancel()
         why = waits[next(iter(done))]
         if why == "health":
-            log.error("an engine died (%r): stopping, for the supervisor to restart the service",
+            log.error("an engine died and cannot be replaced here (%r): stopping, for the supervisor to restart "
+                      "the service",
                       next(iter(done)).result())
         return 0 if why == "stop" else 1
     finally:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import AsyncIterator
+import time
+from typing import AsyncIterator, Callable
 
 from serve_app.engine.registration import register_forever, registration
 from serve_app.engine.types import EngineChunk, EngineRequest
+from serve_app.errors import ServiceError
 from serve_app.routing.types import Decision, RouteRequest
-from serve_app.settings import ModelConfig
+from serve_app.settings import EngineRestarts, ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +38,40 @@ async def _settle(response) -> None:
         log.debug("routing report not delivered: %s", e)
 
 POLICY = "in-process"  # the request log's `route` for a request this process's own engine served
+RESTARTING_RETRY_AFTER_S = 5.0
+
+
+class EngineRestarting(ServiceError):
+    """A request for an engine being replaced after its engine core died: 503 (Anthropic's 529) with Retry-After,
+    which the harnesses retry."""
+
+    def __init__(self, engine_key: str):
+        super().__init__("overloaded", f"the model's engine ({engine_key}) failed and is restarting; retry shortly",
+                         code="engine_restarting", retry_after=RESTARTING_RETRY_AFTER_S)
 
 
 class LocalEngineClient:
-    def __init__(self, engines: dict, replica_id: str = "local"):
-        """`engines`: engine key -> a started VLLMEngine (or anything with its interface)."""
+    def __init__(self, engines: dict, replica_id: str = "local",
+                 restart: Callable[[str, object], object] | None = None,
+                 restarts: EngineRestarts | None = None):
+        """`engines`: engine key -> a started VLLMEngine (or anything with its interface). `restart(key, dead)`:
+        stops a dead engine and returns a started replacement (blocking; run in a worker thread); None: a dead
+        engine stays dead and fails the health check, for Serve (or the single process's supervisor) to replace
+        the whole process. `restarts`: how many replacements per engine within a window before that."""
         self._engines = engines
         self.replica_id = replica_id
+        self._restart = restart
+        self._restarts = restarts or EngineRestarts()
+        self._restarted_at: dict[str, list[float]] = {key: [] for key in engines}
+        self._restarting: dict[str, asyncio.Task] = {}
+        self._restart_failed: dict[str, BaseException] = {}
+        self._given_up: set[str] = set()
+        # Held by the thread starting a replacement: one engine start at a time (they set this process's
+        # environment for their engine core), and `shutdown` waits for a start under way instead of leaving the new
+        # engine's processes behind.
+        self._starting = threading.Lock()
+        self._closing = False
+        self._registering: dict[str, asyncio.Task] = {}
         # With the front door's routing (`router.front_door`): the Router that chose this replica, told of each
         # request's prefill and end as the Engine deployment's ingress tells it (routing/front_door_deployment.py).
         self._router = None
@@ -60,46 +89,131 @@ class LocalEngineClient:
         (their KV event endpoints on `host`), repeated every REGISTER_EVERY_S while this process lives, and report
         each request it placed here when it prefilled and when it ended. Needs the running event loop."""
         self._router = router
-        loop = asyncio.get_running_loop()
-        for key, engine in self._engines.items():
-            reg = registration(key, self.replica_id, engine, host)
-            running = self._running[key]
-            self._tasks.add(loop.create_task(
-                register_forever(router, reg, REGISTER_EVERY_S, extra=lambda running=running: {"running": dict(running)})))
+        self._router_host = host
+        for key in self._engines:
+            self._register(key)
+
+    def _register(self, key: str) -> None:
+        """(Re)start `key`'s registration with the front door's Router, for the engine now under that key (a
+        replacement publishes its KV events on ports of its own)."""
+        if self._router is None:
+            return
+        if (old := self._registering.pop(key, None)) is not None:
+            old.cancel()
+        reg = registration(key, self.replica_id, self._engines[key], self._router_host)
+        running = self._running[key]
+        task = asyncio.get_running_loop().create_task(register_forever(
+            self._router, reg, REGISTER_EVERY_S, extra=lambda running=running: {"running": dict(running)}))
+        self._registering[key] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     @classmethod
     def start(cls, models: list[ModelConfig], *, forced_scripts: bool, model_cache_dir: str | None,
               replica_id: str = "local", stat_loggers: list | None = None,
-              kv_events: bool = False) -> "LocalEngineClient":
+              kv_events: bool = False, restarts: EngineRestarts | None = None) -> "LocalEngineClient":
         """One VLLMEngine per engine key of `models` (models that share weights and engine settings share one),
         started one after another in this process. `kv_events`: publish each engine's KV events (for a Router
-        that routes to this process, `report_to`)."""
+        that routes to this process, `report_to`). A dead engine is replaced in place, up to `restarts`."""
         from serve_app.engine.provision import ensure_model
-        from serve_app.engine.vllm_engine import VLLMEngine, freeze_vllm_envs
+        from serve_app.engine.vllm_engine import VLLMEngine, freeze_vllm_envs, thaw_vllm_envs
         from serve_app.service import engine_key
 
+        def make(m: ModelConfig):
+            return VLLMEngine(m, ensure_model(m.model_source, model_cache_dir), forced_scripts=forced_scripts,
+                              kv_events=kv_events, stat_loggers=stat_loggers)
+
         engines: dict = {}
+        configs: dict[str, ModelConfig] = {}
         try:
             for m in models:
                 key = engine_key(m)
                 if key in engines:
                     continue
-                engine = VLLMEngine(m, ensure_model(m.model_source, model_cache_dir), forced_scripts=forced_scripts,
-                                    kv_events=kv_events, stat_loggers=stat_loggers)
+                engine = make(m)
                 engine.start(cache_envs=False)
                 engines[key] = engine
+                configs[key] = m
         except BaseException:
             for engine in engines.values():
                 engine.shutdown()
             raise
         freeze_vllm_envs()
-        return cls(engines, replica_id)
+
+        def restart(key: str, dead) -> object:
+            try:
+                dead.shutdown()
+            except Exception:  # noqa: BLE001 - what is left of it must not keep the replacement from starting
+                log.exception("engine %s: stopping the dead engine failed", key)
+            engine = make(configs[key])
+            # Its engine core reads its settings from this process's environment, as at start-up: vLLM's cached
+            # reads are thawed for the start and frozen again after it (`_starting` keeps starts one at a time).
+            thaw_vllm_envs()
+            try:
+                engine.start(cache_envs=False)
+            finally:
+                freeze_vllm_envs()
+            return engine
+
+        return cls(engines, replica_id, restart=restart, restarts=restarts)
 
     def _engine(self, engine_key: str):
+        """The engine serving `engine_key`; EngineRestarting while it is being replaced (a dead one found here
+        starts its replacement at once, without waiting for the next health check)."""
         try:
-            return self._engines[engine_key]
+            engine = self._engines[engine_key]
         except KeyError:
             raise RuntimeError(f"no engine {engine_key} in this process") from None
+        if engine_key in self._restarting or (engine.dead and self._begin_restart(engine_key, "found dead")):
+            raise EngineRestarting(engine_key)
+        return engine
+
+    # -- replacing a dead engine --------------------------------------------------------------------------------
+
+    def _begin_restart(self, key: str, why: object) -> bool:
+        """Start replacing `key`'s dead engine, unless it has used up its restarts (or this client has no way to
+        restart): False then, and the process's health check fails for its supervisor to replace it."""
+        if key in self._restarting:
+            return True
+        if self._restart is None or self._closing or key in self._restart_failed:
+            return False
+        now = time.monotonic()
+        recent = [t for t in self._restarted_at[key] if now - t < self._restarts.window_s]
+        if len(recent) >= self._restarts.limit:
+            if key not in self._given_up:  # said once: every request for it asks again until the process goes
+                self._given_up.add(key)
+                log.error("engine %s died (%s) after %d restarts within %.0f s: not replaced again; the process is "
+                          "to be replaced", key, why, len(recent), self._restarts.window_s)
+            return False
+        self._restarted_at[key] = recent + [now]
+        log.error("engine %s died (%s): replacing it (restart %d of %d within %.0f s); the other engines serve on",
+                  key, why, len(recent) + 1, self._restarts.limit, self._restarts.window_s)
+        task = asyncio.get_running_loop().create_task(self._replace(key))
+        self._restarting[key] = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _replace(self, key: str) -> None:
+        try:
+            started = await asyncio.to_thread(self._replace_blocking, key)
+        except Exception as e:  # noqa: BLE001 - reported by the health check from now on
+            log.exception("engine %s: its replacement failed to start", key)
+            self._restart_failed[key] = e
+        else:
+            if started:
+                log.info("engine %s: replaced, serving again", key)
+                self._register(key)
+        finally:
+            self._restarting.pop(key, None)
+
+    def _replace_blocking(self, key: str) -> bool:
+        with self._starting:
+            if self._closing:
+                return False
+            # Listed even when shutdown began meanwhile: it waits for this lock, then stops every listed engine.
+            self._engines[key] = self._restart(key, self._engines[key])
+            return True
 
     async def block_size(self, engine_key: str) -> int:
         return int(self._engine(engine_key).block_size)
@@ -169,19 +283,34 @@ class LocalEngineClient:
         return engine.generate(req)
 
     async def num_unfinished(self) -> int:
-        return sum([await e.num_unfinished() for e in self._engines.values()])
+        return sum([await e.num_unfinished() for key, e in self._engines.items() if key not in self._restarting])
 
     async def check_health(self) -> None:
-        """Raises when any engine in this process is dead (vLLM's EngineDeadError after its engine core exits)."""
-        for engine in self._engines.values():
-            await engine.check_health()
+        """Serve's (or the single process's) periodic check. A dead engine (vLLM's EngineDeadError after its
+        engine core exits) is replaced in place while the others serve on; this raises only when one cannot be:
+        its replacement failed to start, or it died more often than `restarts` allows (or this client cannot
+        restart engines) — then the whole process is replaced."""
+        for key, engine in list(self._engines.items()):
+            if key in self._restart_failed:
+                raise self._restart_failed[key]
+            if key in self._restarting:
+                continue
+            try:
+                await engine.check_health()
+            except Exception as e:
+                if not self._begin_restart(key, type(e).__name__):
+                    raise
 
     def shutdown(self) -> None:
         """Stop every engine, all at once: each stop waits seconds for its engine core and worker processes to exit
         (vLLM's own teardown, ~4 s on CPU), so one after another the waits added up on every Ctrl-C, redeploy and
-        scale-down (config.yaml runs two engines in one replica)."""
-        for task in self._tasks:
+        scale-down (config.yaml runs two engines in one replica). A replacement being started is waited for, and
+        stopped with the rest."""
+        self._closing = True
+        for task in list(self._tasks):
             task.cancel()
+        with self._starting:
+            pass
         stops = [threading.Thread(target=_stop, args=(key, engine), name=f"stop-engine-{key}", daemon=True)
                  for key, engine in self._engines.items()]
         for t in stops:

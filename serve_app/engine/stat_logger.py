@@ -131,7 +131,9 @@ class EngineStatLogger(RayPrometheusStatLogger):
 # One registry per engine of this process (LocalEngineStatLogger): vLLM's Prometheus logger registers its metrics
 # in prometheus_client's global registry and unregisters every `vllm:` metric there first, so with two engines in one
 # process only the last one's would be left.
-ENGINE_REGISTRIES: list[CollectorRegistry] = []
+# Served model name (one per engine: its first model's id) -> that engine's registry. A replacement of a dead engine
+# (engine/local_client.py) builds a new logger under the same name, which takes the dead one's place.
+ENGINE_REGISTRIES: dict[str, CollectorRegistry] = {}
 
 
 class LocalEngineStatLogger(PrometheusStatLogger):
@@ -157,7 +159,7 @@ class LocalEngineStatLogger(PrometheusStatLogger):
                                                                    if hasattr(helper, k)}))
         super().__init__(*args, **kwargs)
         drop_per_token_metrics(self)
-        ENGINE_REGISTRIES.append(registry)
+        ENGINE_REGISTRIES[str(self.vllm_config.model_config.served_model_name)] = registry
 
 
 class _Merged:
@@ -166,7 +168,7 @@ class _Merged:
 
     def collect(self):
         families: dict[str, Any] = {}
-        for registry in list(ENGINE_REGISTRIES):
+        for registry in list(ENGINE_REGISTRIES.values()):
             for family in registry.collect():
                 merged = families.get(family.name)
                 if merged is None:

@@ -222,6 +222,14 @@ def freeze_vllm_envs() -> None:
     envs.enable_envs_cache()
 
 
+def thaw_vllm_envs() -> None:
+    """vLLM's settings read from the environment again (an engine started after `freeze_vllm_envs`: its engine
+    core takes them from this process)."""
+    from vllm import envs
+
+    envs.disable_envs_cache()
+
+
 _CPU_STOP_GRACE_S = 1.0
 
 
@@ -378,6 +386,12 @@ class VLLMEngine:
     async def check_health(self) -> None:
         assert self.engine is not None
         await self.engine.check_health()
+
+    @property
+    def dead(self) -> bool:
+        """The engine core is gone (exited or failed; vLLM's AsyncLLM then fails every request): nothing this
+        engine can serve until it is replaced."""
+        return self.engine is None or self.engine.errored
 
     def shutdown(self) -> None:
         if self.engine is not None:

@@ -50,7 +50,7 @@ class Ingress:
             client = self.local_engines = LocalEngineClient.start(
                 cfg.models, forced_scripts=cfg.testing.forced_scripts, model_cache_dir=cfg.model_cache_dir,
                 replica_id=replica.replica_id.unique_id, stat_loggers=[EngineStatLogger],
-                kv_events=cfg.router.front_door)
+                kv_events=cfg.router.front_door, restarts=cfg.engine_restarts)
             if cfg.router.front_door:
                 # The front door's Router (routing/front_door_deployment.py) routes to this replica by what its
                 # engines hold: they register their KV event feeds there, and each request it placed here
@@ -86,9 +86,10 @@ class Ingress:
         return {LISTENER_REQUESTS: float(self.listener.open_requests)} if self.listener is not None else {}
 
     async def check_health(self) -> None:
-        """Serve's periodic health check. With the engines in this process a dead engine core fails it, so Serve
-        replaces the replica, engines and all, as it replaces a dead Engine replica in the other placement;
-        otherwise every request here would fail until someone restarted the app."""
+        """Serve's periodic health check. With the engines in this process a dead engine is replaced in place while
+        the others serve on (`engine_restarts`); one that cannot be (its replacement failed, or it keeps dying)
+        fails the check, so Serve replaces the replica, engines and all, as it replaces a dead Engine replica in
+        the other placement."""
         if self.local_engines is not None:
             await self.local_engines.check_health()
 

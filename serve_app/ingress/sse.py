@@ -100,7 +100,7 @@ def finish_error(ev: Finish) -> ServiceError:
     object), so both carry the same type and code."""
     if ev.error_kind == "overloaded":
         # A full engine queue is worth retrying soon: the answer carries retry-after like the admission cap's.
-        return Overloaded(ev.error or "the service is overloaded, retry shortly")
+        return Overloaded(ev.error or "the service is overloaded, retry shortly", retry_after=ev.retry_after or 1.0)
     return ServiceError(ev.error_kind or "api_error", ev.error or "engine error")
 
 

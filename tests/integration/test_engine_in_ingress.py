@@ -5,8 +5,9 @@ A second app beside the session's server (its own route prefix), with two engine
 (the 8K weights under two context lengths, so two engine keys): streamed calls parsed and equal to the
 non-streamed answer through the real SDKs, a tool loop whose second turn reuses the first's cached prefix,
 vLLM's own validation as a 400 before the stream starts, streams dropped mid-way aborted in the engine, and (last,
-since it replaces the replica) an engine core killed mid-stream: the stream ends with its API's error, the replica
-fails Serve's health check and Serve replaces it, engines and all.
+since it ends by replacing the replica) engine cores killed mid-stream: the stream ends with its API's error and
+the replica replaces its engines in place; killed again past the app's restart limit, the replica fails Serve's
+health check and Serve replaces it, engines and all.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def app_url(serve_url, serve_config):
     args["models"] = [base, short]
     args["engine_placement"] = "ingress"
     args["ingress"] = {**args.get("ingress", {}), "deployment": {"num_replicas": 1}}
+    args["engine_restarts"] = {"limit": 1}  # the last test kills the engines twice: replaced, then past the limit
     yield run_app(args, APP, serve_url)
     serve.delete(APP)
 
@@ -150,19 +152,10 @@ def test_dropped_streams_are_aborted_in_the_engine(app_url, ingress):
     assert httpx.get(f"{app_url}/health", timeout=10).status_code == 200
 
 
-def test_a_dead_engine_core_fails_the_health_check_and_serve_replaces_the_replica(app_url):
-    import ray
-
-    def ingress_actors():
-        return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["name"].startswith(f"SERVE_REPLICA::{APP}#Ingress")]
-
-    (victim,) = ingress_actors()
-    (replica_proc,) = [p for p in psutil.process_iter(["cmdline"])
-                       if f"ServeReplica:{APP}:Ingress" in " ".join(p.info["cmdline"] or [])]
-    cores = [p for p in replica_proc.children(recursive=True) if "EngineCore" in " ".join(p.cmdline() + [p.name()])]
-    assert len(cores) == 2, [(p.name(), p.cmdline()) for p in replica_proc.children(recursive=True)]
+def _kill_cores_mid_stream(app_url: str, cores: list) -> list[str]:
+    """A chat stream on PLAIN, with every engine core in `cores` killed once its output has started; its lines."""
     lines: list[str] = []
+    killed: list[bool] = []
 
     async def stream_and_kill():
         path, body = stream_body("chat", PLAIN, "word " * 1500, 1800)
@@ -175,24 +168,55 @@ def test_a_dead_engine_core_fails_the_health_check_and_serve_replaces_the_replic
                         p.kill()
                     killed.append(True)
 
-    killed: list[bool] = []
     asyncio.run(asyncio.wait_for(stream_and_kill(), 120))  # the stream ends; it does not hang
     assert killed
-    assert_engine_error("chat", lines)
-    # Serve's health check (engine/local_client.py check_health) fails and the replica is replaced: its process
-    # goes, and with it nothing of the old engines stays behind.
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        try:
-            r = httpx.post(f"{app_url}/v1/chat/completions", timeout=120, json={
-                "model": SHORT, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
-                **forced("ok")})
-        except httpx.HTTPError:
-            r = None
-        if r is not None and r.status_code == 200 and ingress_actors() and ingress_actors() != [victim]:
-            break
-        assert r is None or r.status_code in (500, 502, 503, 529), r.text[:300]
-        time.sleep(2)
-    assert ingress_actors() and ingress_actors() != [victim]
+    return lines
+
+
+def test_dead_engine_cores_are_replaced_in_the_replica_and_past_the_limit_serve_replaces_it(app_url):
+    """Both engine cores killed mid-stream: the stream ends with its API's error, and the replica replaces its
+    engines itself (engine/local_client.py), the same replica serving both models again. Killed again, past this
+    app's `engine_restarts.limit` (1): the health check fails and Serve replaces the replica, engines and all."""
+    import ray
+
+    def ingress_actors():
+        return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(f"SERVE_REPLICA::{APP}#Ingress")]
+
+    def engine_cores(proc):
+        return [p for p in proc.children(recursive=True) if "EngineCore" in " ".join(p.cmdline() + [p.name()])]
+
+    def answered(model: str, deadline_s: float, until=lambda: True) -> httpx.Response:
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                r = httpx.post(f"{app_url}/v1/chat/completions", timeout=120, json={
+                    "model": model, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}],
+                    **forced("ok")})
+            except httpx.HTTPError:
+                r = None
+            if r is not None and r.status_code == 200 and until():
+                return r
+            # 503 with retry-after while an engine is replaced; 500 for a request the dead core failed first
+            assert r is None or r.status_code in (500, 502, 503, 529), r.text[:300]
+            assert time.monotonic() < deadline, r.text[:300] if r is not None else "no answer"
+            time.sleep(2)
+
+    (victim,) = ingress_actors()
+    (replica_proc,) = [p for p in psutil.process_iter(["cmdline"])
+                       if f"ServeReplica:{APP}:Ingress" in " ".join(p.info["cmdline"] or [])]
+    cores = engine_cores(replica_proc)
+    assert len(cores) == 2, [(p.name(), p.cmdline()) for p in replica_proc.children(recursive=True)]
+    assert_engine_error("chat", _kill_cores_mid_stream(app_url, cores))
+    for model in (PLAIN, SHORT):
+        assert answered(model, 600).json()["choices"][0]["message"]["content"] == "ok"
+    assert ingress_actors() == [victim] and replica_proc.is_running()  # the same replica, new engines
+    replaced = engine_cores(replica_proc)
+    assert len(replaced) == 2 and not {p.pid for p in replaced} & {p.pid for p in cores}
+
+    # Past the limit: Serve's health check fails and the replica is replaced; its process goes, and with it
+    # nothing of the old engines stays behind.
+    assert_engine_error("chat", _kill_cores_mid_stream(app_url, replaced))
+    r = answered(SHORT, 600, until=lambda: ingress_actors() and ingress_actors() != [victim])
     assert r.json()["choices"][0]["message"]["content"] == "ok"
     assert not still_running([replica_proc], within_s=60), "the replaced replica's process is still running"

@@ -1,7 +1,7 @@
 """`python -m serve_app run config.yaml --single-process`, for real: config.yaml's service in one process without
 Ray (serve_app/single_process.py) — no Ray process at all, the three APIs through the real SDKs with a tool call
 parsed in the stream, the Responses store, a turn that reuses the previous one's cached prefix, the service's and
-vLLM's metrics on /metrics, and Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stopping the
+vLLM's metrics on /metrics, a killed engine core replaced in place while the other engine serves on, and Ctrl-C (SIGINT to the whole process group, as a terminal sends it) stopping the
 server and every engine process with status 0.
 
 config.yaml as shipped with the test hooks only (tests/support/launched.py). Marked `own_cluster` so that it runs
@@ -106,6 +106,60 @@ def test_metrics_show_the_service_and_the_engines(launched):
     assert r.status_code == 200
     names = {f.name for f in text_string_to_metric_families(r.text)}
     assert {"serve_app_requests", "serve_app_ttft_seconds", "vllm:generation_tokens"} <= names, sorted(names)
+
+
+def _engine_cores(pid: int) -> list:
+    """The process's vLLM engine cores, oldest first (config.yaml's engines start in its order)."""
+    procs = [p for p in tree(pid)[1:] if "EngineCore" in " ".join(titles([p]))]
+    return sorted(procs, key=lambda p: p.create_time())
+
+
+def test_a_dead_engine_is_replaced_while_the_other_engine_serves_on(launched):
+    """The 8K engine's core is killed (an OOM kill, a crash) while the 32K engine streams: that stream ends whole,
+    the 8K model's requests get 503 with retry-after while its engine is replaced in place, then answer again; the
+    process never stops, and /metrics holds each engine once."""
+    import time
+
+    proc, url, log = launched
+    cores = _engine_cores(proc.pid)
+    assert len(cores) == 2, titles(cores)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+    script = " ".join(f"step{i}" for i in range(40))
+    stream = client.chat.completions.create(model="smollm2-135m-instruct-32k", stream=True,
+                                            messages=[{"role": "user", "content": "count"}],
+                                            extra_body=forced(script))
+    text, killed = "", False
+    for chunk in stream:
+        text += "".join(c.delta.content or "" for c in chunk.choices)
+        if text and not killed:
+            cores[0].kill()  # config.yaml's first engine: the 8K model's
+            killed = True
+    assert killed and text == script
+
+    deadline = time.monotonic() + 60
+    while "replacing it" not in log.read_text():  # seen by the next health check (every 10 s) or request
+        assert time.monotonic() < deadline, log.read_text()[-3000:]
+        time.sleep(0.5)
+    refusals = 0
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "back?"}],
+                                                   extra_body=forced("Back again."))
+            break
+        except openai.APIStatusError as e:
+            assert e.status_code == 503 and float(e.response.headers["retry-after"]) == 5, e.response.text
+            assert "restarting" in e.response.json()["error"]["message"]
+            refusals += 1
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(1)
+    assert reply.choices[0].message.content == "Back again."
+    assert proc.poll() is None and "replaced, serving again" in log.read_text()
+    now = _engine_cores(proc.pid)
+    assert len(now) == 2 and cores[0].pid not in {p.pid for p in now} and cores[1].pid in {p.pid for p in now}
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    for model in (MODEL, "smollm2-135m-instruct-32k"):
+        assert metrics.count(f'vllm:num_requests_running{{engine="0",model_name="{model}"}}') == 1, model
 
 
 def test_ctrl_c_stops_the_server_and_its_engines(launched):

@@ -181,3 +181,206 @@ def test_shutdown_stops_the_engines_at_once_and_each_despite_another_failing():
 
     LocalEngineClient({"A": Stopping("A", fails=True), "B": Stopping("B")}).shutdown()
     assert stopped == ["B"] and not meet.broken
+
+
+# -- a dead engine replaced in place ------------------------------------------------------------------------------
+
+
+class Replacer:
+    """`restart` for LocalEngineClient: stops the dead engine and hands back a new StandIn, once `go` is set (so a
+    test can look at the client while the replacement is under way)."""
+
+    def __init__(self, fail: bool = False, ports: tuple[int, int] | None = None):
+        self.go, self.fail, self.made, self.calls, self.ports = threading.Event(), fail, [], [], ports
+
+    def __call__(self, key, dead):
+        self.calls.append(key)
+        dead.shutdown()
+        assert self.go.wait(20)
+        if self.fail:
+            raise RuntimeError("no memory for the new engine")
+        self.made.append(StandIn([EngineChunk("new", [7], finish_reason="stop")]))
+        if self.ports:  # a replacement publishes its KV events on ports of its own
+            self.made[-1].kv_events_port, self.made[-1].kv_replay_port = self.ports
+        return self.made[-1]
+
+
+REQ = EngineRequest(request_id="q", prompt_token_ids=[1], max_tokens=2)
+
+
+async def _until(predicate, timeout_s: float = 20.0):
+    for _ in range(int(timeout_s / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("timed out")
+
+
+def test_a_dead_engine_is_replaced_in_place_while_the_other_serves_on():
+    from serve_app.engine.local_client import EngineRestarting
+
+    a, b = StandIn(), StandIn([EngineChunk("b", [2], finish_reason="stop")])
+    replacer = Replacer()
+    client = LocalEngineClient({"A": a, "B": b}, restart=replacer)
+
+    async def scenario():
+        a.dead = True
+        await client.check_health()  # found dead: its replacement starts, the process stays healthy
+        with pytest.raises(EngineRestarting) as refused:
+            await client.open("A", REQ)
+        err = refused.value
+        assert (err.kind, err.status, err.code, err.retry_after) == ("overloaded", 503, "engine_restarting", 5.0)
+        stream = await client.open("B", REQ)  # the other engine serves meanwhile
+        assert [c.text async for c in stream] == ["b"]
+        assert await client.num_unfinished() == 1  # only B is asked; A's engine is gone
+        await client.check_health()
+        replacer.go.set()
+        await _until(lambda: "A" not in client._restarting)
+        stream = await client.open("A", REQ)
+        assert [c.text async for c in stream] == ["new"]
+        await client.check_health()
+
+    run(scenario())
+    assert replacer.calls == ["A"] and a.stopped and client._engines["A"] is replacer.made[0]
+
+
+def test_a_request_that_finds_its_engine_dead_starts_the_replacement_at_once():
+    from serve_app.engine.local_client import EngineRestarting
+
+    a = StandIn()
+    replacer = Replacer()
+    replacer.go.set()
+    client = LocalEngineClient({"A": a}, restart=replacer)
+
+    async def scenario():
+        a.dead = True
+        with pytest.raises(EngineRestarting):
+            await client.choose("A", RouteRequest(request_id="x", block_hashes=[], num_prompt_tokens=3))
+        await _until(lambda: "A" not in client._restarting)
+        return [c.text async for c in await client.open("A", REQ)]
+
+    assert run(scenario()) == ["new"] and replacer.calls == ["A"]
+
+
+def test_an_engine_that_keeps_dying_or_cannot_be_replaced_fails_the_health_check():
+    from serve_app.settings import EngineRestarts
+
+    async def die_and_replace(client, replacer, times):
+        for _ in range(times):
+            client._engines["A"].dead = True
+            await client.check_health()
+            await _until(lambda: "A" not in client._restarting)
+
+    replacer = Replacer()
+    replacer.go.set()
+    client = LocalEngineClient({"A": StandIn()}, restart=replacer, restarts=EngineRestarts(limit=2, window_s=600))
+
+    async def past_the_limit():
+        await die_and_replace(client, replacer, 2)
+        client._engines["A"].dead = True
+        with pytest.raises(RuntimeError, match="EngineCore"):  # a third death within the window: replace the process
+            await client.check_health()
+
+    run(past_the_limit())
+    assert replacer.calls == ["A", "A"]
+
+    failing = Replacer(fail=True)
+    failing.go.set()
+    client = LocalEngineClient({"A": StandIn(), "B": StandIn()}, restart=failing)
+
+    async def replacement_fails():
+        client._engines["A"].dead = True
+        await client.check_health()
+        await _until(lambda: "A" not in client._restarting)
+        with pytest.raises(RuntimeError, match="no memory for the new engine"):
+            await client.check_health()
+
+    run(replacement_fails())
+
+    never = LocalEngineClient({"A": StandIn()}, restart=replacer, restarts=EngineRestarts(limit=0))
+    never._engines["A"].dead = True
+    with pytest.raises(RuntimeError, match="EngineCore"):
+        run(never.check_health())
+
+
+def test_shutdown_waits_for_a_replacement_under_way_and_stops_it_too():
+    a, b = StandIn(), StandIn()
+    replacer = Replacer()
+    client = LocalEngineClient({"A": a, "B": b}, restart=replacer)
+    loop = asyncio.new_event_loop()
+
+    async def begin():
+        a.dead = True
+        await client.check_health()
+        await _until(lambda: replacer.calls == ["A"])
+
+    loop.run_until_complete(begin())
+    stopping = threading.Thread(target=client.shutdown)
+    stopping.start()
+    stopping.join(0.3)
+    assert stopping.is_alive()  # waiting for the engine being started
+    replacer.go.set()
+    stopping.join(20)
+    assert not stopping.is_alive() and b.stopped and replacer.made[0].stopped
+    loop.close()
+
+
+def test_the_front_door_router_learns_the_replacement_s_endpoints():
+    class Router:
+        def __init__(self):
+            self.registered = []
+
+        class _Remote:
+            def __init__(self, fn):
+                self.remote = fn
+
+        @property
+        def register_replica(self):
+            async def remote(key, replica, events, replay, block, refresh=False, running=None):
+                self.registered.append((key, events))
+            return self._Remote(remote)
+
+    a = StandIn()
+    a.kv_events_port, a.kv_replay_port = 5001, 5002
+    replacer = Replacer(ports=(6001, 6002))
+    replacer.go.set()
+    router = Router()
+    client = LocalEngineClient({"A": a}, restart=replacer)
+
+    async def scenario():
+        client.report_to(router, "10.0.0.1")
+        await _until(lambda: router.registered)
+        a.dead = True
+        await client.check_health()
+        await _until(lambda: ("A", "tcp://10.0.0.1:6001") in router.registered)
+        client.shutdown()
+
+    run(scenario())
+    assert router.registered[0] == ("A", "tcp://10.0.0.1:5001")
+
+
+def test_start_replaces_a_dead_engine_with_one_built_as_the_first_and_vllm_s_settings_thawed_for_it(monkeypatch):
+    made: list[StandIn] = []
+    envs: list[str] = []
+
+    def fake_engine(model, path, **kw):
+        e = StandIn()
+        e.model, e.kw = model, kw
+        made.append(e)
+        return e
+
+    import serve_app.engine.provision as provision
+    import serve_app.engine.vllm_engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", fake_engine)
+    monkeypatch.setattr(vllm_engine, "freeze_vllm_envs", lambda: envs.append("frozen"))
+    monkeypatch.setattr(vllm_engine, "thaw_vllm_envs", lambda: envs.append("thawed"))
+    monkeypatch.setattr(provision, "ensure_model", lambda source, cache: f"/models/{source}")
+    settings = AppSettings.model_validate({"models": [MODEL, {**MODEL, "id": "m3", "max_model_len": 4096}]})
+    client = LocalEngineClient.start(settings.models, forced_scripts=True, model_cache_dir=None, kv_events=True)
+    key = engine_key(settings.models[1])
+    old = client._engines[key]
+    replacement = client._restart(key, old)
+    assert old.stopped and replacement is made[-1] and len(made) == 3
+    assert replacement.model is settings.models[1] and replacement.kw == old.kw and replacement.started_with is False
+    assert envs == ["frozen", "thawed", "frozen"]

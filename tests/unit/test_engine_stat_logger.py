@@ -180,18 +180,18 @@ def test_the_engines_of_one_process_are_one_exposition(monkeypatch):
     from prometheus_client import CollectorRegistry, Counter
     from prometheus_client.parser import text_string_to_metric_families
 
-    registries = []
+    registries = {}
     for model in ("a", "b"):
         reg = CollectorRegistry()
         Counter("vllm:generation_tokens", "doc", ["model_name"], registry=reg).labels(model).inc(3 if model == "a" else 5)
-        registries.append(reg)
+        registries[model] = reg
     monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", registries)
     text = stat_logger.engine_metrics().decode()
     assert text.count("# TYPE vllm:generation_tokens_total counter") == 1
     (family,) = [f for f in text_string_to_metric_families(text) if f.name == "vllm:generation_tokens"]
     totals = {s.labels["model_name"]: s.value for s in family.samples if s.name.endswith("_total")}
     assert totals == {"a": 3.0, "b": 5.0}
-    monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", [])
+    monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", {})
     assert stat_logger.engine_metrics() == b""
 
 
@@ -208,7 +208,7 @@ def test_two_real_engine_loggers_in_one_process_keep_every_metric_of_both(monkey
 
     from serve_app.engine.provision import ensure_model
 
-    monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", [])
+    monkeypatch.setattr(stat_logger, "ENGINE_REGISTRIES", {})
     first = EngineArgs(model=ensure_model("smollm2-135m-instruct"), served_model_name=["a"], enforce_eager=True,
                        max_model_len=2048).create_engine_config()
     second = copy.deepcopy(first)
@@ -223,3 +223,9 @@ def test_two_real_engine_loggers_in_one_process_keep_every_metric_of_both(monkey
     assert families["vllm:num_requests_running"] == {"a", "b"}
     assert all(models == {"a", "b"} for models in families.values()), families
     assert "vllm:" not in prometheus_client.generate_latest().decode()
+    # A replacement of a dead engine (engine/local_client.py) logs under the same name: it takes the dead one's
+    # place, never a second set of samples with the same labels (invalid Prometheus text).
+    stat_logger.LocalEngineStatLogger(copy.deepcopy(first))
+    again = stat_logger.engine_metrics().decode()
+    assert len(stat_logger.ENGINE_REGISTRIES) == 2
+    assert again.count('vllm:num_requests_running{engine="0",model_name="a"}') == 1

@@ -276,7 +276,7 @@ def test_the_ingress_registers_its_engines_and_reports_what_a_router_placed():
     from serve_app.engine.local_client import LocalEngineClient
 
     class Engine:
-        kv_events_port, kv_replay_port, block_size = 5551, 5552, 128
+        kv_events_port, kv_replay_port, block_size, dead = 5551, 5552, 128, False
 
     router = RouterHandle()
     client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")
@@ -332,7 +332,7 @@ def test_each_registration_lists_the_placed_requests_the_ingress_runs_now(monkey
     monkeypatch.setattr(local_client, "REGISTER_EVERY_S", 0.02)
 
     class Engine:
-        kv_events_port, kv_replay_port, block_size = 5551, None, 128
+        kv_events_port, kv_replay_port, block_size, dead = 5551, None, 128, False
 
     router = RouterHandle()
     client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")
@@ -576,7 +576,7 @@ def test_the_ingress_settles_every_forwarded_post_with_its_router():
     from serve_app.routing.types import RouteRequest
 
     class Engine:
-        kv_events_port, kv_replay_port, block_size = 5551, 5552, 128
+        kv_events_port, kv_replay_port, block_size, dead = 5551, 5552, 128, False
 
     router = RouterHandle()
     client = LocalEngineClient({"Engine-a": Engine()}, replica_id="ing-1")

@@ -312,6 +312,44 @@ def test_an_engine_that_refuses_fails_before_any_output_and_releases():
     assert engines.released == [p.request_id] and svc._inflight == 0
 
 
+def test_a_request_for_an_engine_being_replaced_is_refused_with_retry_after_before_any_output():
+    """engine_placement: ingress: the engine's core died and LocalEngineClient is replacing it. The request gets
+    only the refusal, so the route answers 503 (Anthropic: 529) with the replacement's retry-after."""
+    import threading
+
+    from serve_app.engine.local_client import RESTARTING_RETRY_AFTER_S, LocalEngineClient
+    from serve_app.ingress.sse import finish_error
+    from serve_app.service import engine_key
+
+    class Dead:
+        block_size, reasoning_gate, dead = 16, False, True
+
+        def shutdown(self):
+            pass
+
+    go = threading.Event()
+
+    def restart(key, dead):
+        go.wait(20)
+        return Dead()
+
+    cfg_models = make_service(ReplayEngines()).settings.models
+    svc = make_service(LocalEngineClient({engine_key(cfg_models[0]): Dead()}, restart=restart))
+    p = run(svc.prepare(conv(), GenerationOptions(), "m"))
+
+    async def refused():
+        try:
+            return await collect(svc, p)
+        finally:
+            go.set()
+
+    events = run(refused())
+    assert len(events) == 1 and events[0].reason == "error" and events[0].error_kind == "overloaded"
+    assert "restarting" in events[0].error and events[0].retry_after == RESTARTING_RETRY_AFTER_S
+    err = finish_error(events[0])
+    assert isinstance(err, Overloaded) and err.retry_after == RESTARTING_RETRY_AFTER_S and svc._inflight == 0
+
+
 def test_router_unavailable_still_serves():
     engines = ReplayEngines([EngineChunk("ok", [1], finish_reason="stop")], decision=None)
     svc = make_service(engines)
