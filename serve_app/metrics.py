@@ -257,9 +257,18 @@ OVERLOAD_REJECTIONS = _Metric("counter", "overload_rejections_total",
                               "Requests answered 429/503/529 for overload (503: the OpenAI APIs' overload)",
                               ("api",))
 
+ENGINE_RESTARTS = _Metric("counter", "engine_restarts_total",
+                          "Engines in this process whose engine core died, by engine key and outcome: replaced, "
+                          "failed (the replacement did not start) or given_up (past engine_restarts.limit)",
+                          ("engine", "outcome"))
+
 TENANT_REQUESTS = _Metric("counter", "tenant_requests_total",
                           "Requests admitted or refused by tenant (outcome: admitted or the limit that refused)",
                           ("tenant", "outcome"))
+
+
+def observe_engine_restart(engine: str, outcome: str) -> None:
+    ENGINE_RESTARTS.record(1, engine=engine, outcome=outcome)
 
 
 def observe_tenant(tenant: str, outcome: str) -> None:

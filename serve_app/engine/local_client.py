@@ -17,6 +17,7 @@ import threading
 import time
 from typing import AsyncIterator, Callable
 
+from serve_app import metrics
 from serve_app.engine.registration import register_forever, registration
 from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.errors import ServiceError
@@ -182,6 +183,7 @@ class LocalEngineClient:
         if len(recent) >= self._restarts.limit:
             if key not in self._given_up:  # said once: every request for it asks again until the process goes
                 self._given_up.add(key)
+                metrics.observe_engine_restart(key, "given_up")
                 log.error("engine %s died (%s) after %d restarts within %.0f s: not replaced again; the process is "
                           "to be replaced", key, why, len(recent), self._restarts.window_s)
             return False
@@ -200,9 +202,11 @@ class LocalEngineClient:
         except Exception as e:  # noqa: BLE001 - reported by the health check from now on
             log.exception("engine %s: its replacement failed to start", key)
             self._restart_failed[key] = e
+            metrics.observe_engine_restart(key, "failed")
         else:
             if started:
                 log.info("engine %s: replaced, serving again", key)
+                metrics.observe_engine_restart(key, "replaced")
                 self._register(key)
         finally:
             self._restarting.pop(key, None)

@@ -160,6 +160,8 @@ def test_a_dead_engine_is_replaced_while_the_other_engine_serves_on(launched):
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     for model in (MODEL, "smollm2-135m-instruct-32k"):
         assert metrics.count(f'vllm:num_requests_running{{engine="0",model_name="{model}"}}') == 1, model
+    (restarts,) = [f for f in text_string_to_metric_families(metrics) if f.name == "serve_app_engine_restarts"]
+    assert [(s.labels["outcome"], s.value) for s in restarts.samples if s.name.endswith("_total")] == [("replaced", 1)]
 
 
 def test_ctrl_c_stops_the_server_and_its_engines(launched):

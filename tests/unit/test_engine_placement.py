@@ -216,6 +216,13 @@ async def _until(predicate, timeout_s: float = 20.0):
     raise AssertionError("timed out")
 
 
+def _restarts(engine: str, outcome: str) -> float:
+    from serve_app import metrics
+
+    return metrics.REGISTRY.get_sample_value(metrics.PREFIX + "engine_restarts_total",
+                                             {"engine": engine, "outcome": outcome}) or 0.0
+
+
 def test_a_dead_engine_is_replaced_in_place_while_the_other_serves_on():
     from serve_app.engine.local_client import EngineRestarting
 
@@ -240,8 +247,10 @@ def test_a_dead_engine_is_replaced_in_place_while_the_other_serves_on():
         assert [c.text async for c in stream] == ["new"]
         await client.check_health()
 
+    replaced_before = _restarts("A", "replaced")
     run(scenario())
     assert replacer.calls == ["A"] and a.stopped and client._engines["A"] is replacer.made[0]
+    assert _restarts("A", "replaced") == replaced_before + 1
 
 
 def test_a_request_that_finds_its_engine_dead_starts_the_replacement_at_once():
@@ -281,8 +290,9 @@ def test_an_engine_that_keeps_dying_or_cannot_be_replaced_fails_the_health_check
         with pytest.raises(RuntimeError, match="EngineCore"):  # a third death within the window: replace the process
             await client.check_health()
 
+    given_up, failed = _restarts("A", "given_up"), _restarts("A", "failed")
     run(past_the_limit())
-    assert replacer.calls == ["A", "A"]
+    assert replacer.calls == ["A", "A"] and _restarts("A", "given_up") == given_up + 1
 
     failing = Replacer(fail=True)
     failing.go.set()
@@ -296,6 +306,7 @@ def test_an_engine_that_keeps_dying_or_cannot_be_replaced_fails_the_health_check
             await client.check_health()
 
     run(replacement_fails())
+    assert _restarts("A", "failed") == failed + 1
 
     never = LocalEngineClient({"A": StandIn()}, restart=replacer, restarts=EngineRestarts(limit=0))
     never._engines["A"].dead = True
