@@ -30,6 +30,16 @@ def test_engine_deployment_options_are_refused_when_the_ingress_runs_the_engines
     assert "models[0].deployment" in str(e.value) and "ingress.deployment" in str(e.value)
 
 
+def test_engine_restarts_are_refused_where_serve_replaces_the_engines():
+    with pytest.raises(ValidationError) as e:
+        AppSettings.model_validate({"models": [MODEL], "engine_restarts": {"limit": 1}})
+    assert "engine_restarts has no effect" in str(e.value)
+    inproc = AppSettings.model_validate({"models": [MODEL], "engine_placement": "ingress",
+                                         "engine_restarts": {"limit": 1, "window_s": 60}})
+    assert (inproc.engine_restarts.limit, inproc.engine_restarts.window_s) == (1, 60)
+    assert AppSettings.model_validate({"models": [MODEL]}).engine_restarts.limit == 3
+
+
 def test_the_app_is_the_ingress_alone_with_the_engines_environment():
     from serve_app.app import build_app
 
