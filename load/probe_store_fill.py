@@ -19,22 +19,14 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from load import provenance  # noqa: E402
+from load.store_backends import databases  # noqa: E402
 from serve_app.ingress.responses.store import AsyncStore  # noqa: E402
-
-
-def fresh_database(server, name: str) -> str:
-    import psycopg
-
-    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return server.get_uri(name)
 
 
 async def fill(backend: str, where: str, records: int, record_kb: int, buckets: list[int],
@@ -73,20 +65,8 @@ def main() -> None:
     ap.add_argument("--cap", type=int, help="the store's item cap (default: above --records, so nothing evicts)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    folder = tempfile.mkdtemp(prefix="store_fill_")
-    server = None
-    if args.backend == "postgres":
-        import pgserver
-
-        server = pgserver.get_server(Path(folder) / "pg", cleanup_mode="stop")
-    try:
-        where = f"{folder}/fill.db" if server is None else fresh_database(server, "fill")
-        rows = asyncio.run(fill(args.backend, where, args.records, args.record_kb, args.buckets, args.cap))
-    finally:
-        if server is not None:
-            server.cleanup()
-        for f in Path(folder).glob("fill.db*"):
-            f.unlink()
+    with databases(args.backend, "store_fill_") as where:
+        rows = asyncio.run(fill(args.backend, where("fill"), args.records, args.record_kb, args.buckets, args.cap))
     if args.json:
         provenance.write(args.json, {**provenance.header("load/probe_store_fill.py", sys.argv[1:]),
                                      "backend": args.backend, "records": args.records,

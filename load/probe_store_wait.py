@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from load import provenance  # noqa: E402
 from load.busy_loop import BusyLoop  # noqa: E402
+from load.store_backends import databases  # noqa: E402
 from serve_app.ingress.responses.store import AsyncStore  # noqa: E402
 
 
@@ -79,34 +79,15 @@ def main() -> None:
     ap.add_argument("--record-kb", type=int, nargs="+", default=[4, 400], help="record sizes (JSON, about)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    folder = tempfile.mkdtemp(prefix="store_wait_")
-    server = None
-    if args.backend == "postgres":
-        import pgserver
-
-        server = pgserver.get_server(Path(folder) / "pg", cleanup_mode="stop")
-    try:
-        out = {}
+    out = {}
+    with databases(args.backend, "store_wait_") as where:
         for kb in args.record_kb:
             for mode in ("thread", "loop"):
-                where = (f"{folder}/{mode}-{kb}.db" if server is None
-                         else fresh_database(server, f"{mode}_{kb}"))
-                out[f"{mode}_{kb}kb"] = asyncio.run(run_mode(args, where, mode, kb))
-    finally:
-        if server is not None:
-            server.cleanup()
+                out[f"{mode}_{kb}kb"] = asyncio.run(run_mode(args, where(f"{mode}_{kb}"), mode, kb))
     if args.json:
         provenance.write(args.json, {**provenance.header("load/probe_store_wait.py", sys.argv[1:]),
                                      "backend": args.backend, "puts": args.puts,
                                      "burst_iterations": args.burst_iterations, "modes": out})
-
-
-def fresh_database(server, name: str) -> str:
-    import psycopg
-
-    with psycopg.connect(server.get_uri(), autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    return server.get_uri(name)
 
 
 async def run_mode(args, where: str, mode: str, kb: int) -> list[dict]:
