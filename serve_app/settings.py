@@ -389,7 +389,7 @@ class AppSettings(_Strict):
                 if m.deployment != DeploymentOptions():
                     raise ValueError(f"models[{i}].deployment has no effect with engine_placement: ingress (the "
                                      "ingress replicas run the engines): set ingress.deployment instead")
-        elif "engine_restarts" in self.model_fields_set:
+        elif self.engine_restarts != EngineRestarts():  # by value: a dumped-and-reloaded default passes
             raise ValueError("engine_restarts has no effect with engine_placement: deployment (Serve replaces a dead "
                              "Engine replica by its health check): remove it, or run the engines in the ingress")
         if self.router.front_door:
