@@ -109,8 +109,7 @@ async def serve(settings: AppSettings, health_period_s: float = HEALTH_PERIOD_S)
         why = waits[next(iter(done))]
         if why == "health":
             log.error("an engine died and cannot be replaced here (%r): stopping, for the supervisor to restart "
-                      "the service",
-                      next(iter(done)).result())
+                      "the service", next(iter(done)).result())
         return 0 if why == "stop" else 1
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):  # Python's own handlers again

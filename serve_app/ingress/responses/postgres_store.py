@@ -7,10 +7,10 @@ oldest stored entries go first). The DSN comes from `ingress.response_store_dsn`
 environment variable (a Kubernetes Secret in kuberay/); it may hold a password, so it is never logged or echoed.
 The schema is created on first use, under an advisory lock, so replicas that start at once do not race on it.
 Puts take a second advisory lock: the caps hold over the whole table (its totals, kept by a trigger), and two
-writers evicting at once would each see the other's rows half-applied. Calls are coroutines (psycopg's async API on a small pool of
-connections, all on the event loop that makes the calls): they wait for the server on the loop, never in a worker
-thread, which beside a busy ingress loop could wait seconds for the GIL at every step of a statement
-(docs/serving-path.md, "The render thread's wait"; load/probe_store_wait.py --backend postgres).
+writers evicting at once would each see the other's rows half-applied. Calls are coroutines (psycopg's async API on
+a small pool of connections, all on the event loop that makes the calls): they wait for the server on the loop,
+never in a worker thread, which beside a busy ingress loop could wait seconds for the GIL at every step of a
+statement (docs/serving-path.md, "The render thread's wait"; load/probe_store_wait.py --backend postgres).
 
 An unreachable database raises `StoreUnavailable` (the routes answer 503 in the API's envelope); pooled connections
 the server dropped (a database restart) are replaced once before a call gives up. So does a database that answers
