@@ -29,6 +29,7 @@ from serve_app.prompt.policy import ReplayPolicy
 # Blocks of one message are joined with a newline; assistant text with nothing (it is the model's own output
 # split by the parser, so plain concatenation gives back exactly what was generated).
 _JOIN = "\n"
+_SYSTEM_JOIN = "\n\n"  # system messages joined into one (ReplayPolicy.merge_leading_system): as paragraphs
 
 
 def _document_text(doc: DocumentPart) -> str:
@@ -165,12 +166,20 @@ def to_template_messages(conv: Conversation, policy: ReplayPolicy, *, thinking_o
     """`thinking_off`: this request renders with thinking disabled (see ReplayPolicy.empty_replay)."""
     out: list[dict[str, Any]] = []
     call_names: dict[str, str] = {}
+    lead_end = next((i for i, m in enumerate(conv.messages) if m.role not in ("system", "developer")),
+                    len(conv.messages))
     for i, msg in enumerate(conv.messages):
         where = f"messages.{i}"
         if msg.role in ("system", "developer"):
             role = "developer" if msg.role == "developer" and policy.developer_role else "system"
             text = _JOIN.join(_text_of(p, f"{where}.content.{j}") for j, p in enumerate(msg.parts))
-            out.append({"role": role, "content": text})
+            leading = i < lead_end
+            if leading and out and policy.merge_leading_system:
+                out[0]["content"] += _SYSTEM_JOIN + text
+            elif not leading and policy.later_system_as_user:
+                out.append({"role": "user", "content": text})
+            else:
+                out.append({"role": role, "content": text})
         elif msg.role == "assistant":
             for seg in _segments(msg.parts, policy):
                 for p in seg:

@@ -57,6 +57,11 @@ class ReplayPolicy:
     opener: str = ""
     arguments_as_string: bool = False  # the template prints a string `arguments` verbatim (byte-exact replay)
     developer_role: bool = False  # the template knows the developer role; otherwise developer → system
+    # The template takes one system message, and only first (Qwen3.6 raises on any other; MiniMax-M2 drops them,
+    # gpt-oss a later one): a run of leading system/developer messages is joined into one, and a later one goes in
+    # as a user message where it stands (the prompt stays append-only, so the prefix cache holds). Found by probing.
+    merge_leading_system: bool = False
+    later_system_as_user: bool = False
     fields: tuple[str, ...] = ()  # field mode: the message keys that carry reasoning to the template
     # Thinking off: the generation prompt may close an empty think block itself ("<think>\n\n</think>\n\n"),
     # so every answer was generated after it. `empty_replay` is how a turn without reasoning gets that block

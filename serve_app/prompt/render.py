@@ -177,8 +177,8 @@ class PromptRenderer:
         self.template: str = template
         self.reasoning_enabled = bool(model.reasoning_parser)
         probe = self._probe_generation_tail(model, thinking=True)
-        self.policy: ReplayPolicy = self._probe_empty_replay(
-            decide_policy(template, model.reasoning_parser, probe), model)
+        self.policy: ReplayPolicy = self._probe_system_messages(self._probe_empty_replay(
+            decide_policy(template, model.reasoning_parser, probe), model))
         # Fast tokenizers are not safe to call from several threads at once ("Already borrowed").
         self._encode_lock = threading.Lock()
         self.turn_starts = self._probe_turn_starts()
@@ -275,6 +275,42 @@ class PromptRenderer:
             if score > best_score:
                 best, best_score = trial, score
         return best or replace(policy, empty_block=block)
+
+    def _probe_system_messages(self, policy: ReplayPolicy) -> ReplayPolicy:
+        """Does the template render every system message where it stands? Codex sends its instructions and a
+        developer message first and more developer messages later in a session; Chat clients may send several
+        system messages. A template that raises on them or drops them gets them as ReplayPolicy says."""
+        def said(role: str, text: str) -> Message:
+            return Message(role, [TextPart(text)])
+
+        lead = [said("system", "Probe system one."), said("developer", "Probe system two."),
+                said("user", "Probe user.")]
+        later = [said("system", "Probe system one."), said("user", "Probe user."), said("assistant", "Probe answer."),
+                 said("developer", "Probe system two."), said("user", "Probe user two.")]
+
+        def kept(pol: ReplayPolicy, shape: list[Message]) -> bool:
+            """Every message's text rendered, and the later system message after the answer before it (not
+            hoisted to the top, which would change the prompt's prefix)."""
+            for roles in ((), ("system",)):  # as sent, and with the developer message as a system one
+                msgs = [said(roles[0], m.parts[0].text) if roles and m.role == "developer" else m for m in shape]
+                try:
+                    text = self._probe_render(to_template_messages(Conversation(messages=msgs), pol), True, True)
+                except Exception:  # noqa: BLE001 - a template that raises on the shape does not take it
+                    return False
+                at = {m.parts[0].text: text.find(m.parts[0].text) for m in msgs}
+                if min(at.values()) < 0 or at.get("Probe answer.", -1) > at["Probe system two."]:
+                    return False
+            return True
+
+        out = policy
+        if not kept(policy, lead):
+            out = replace(out, merge_leading_system=True)
+        if not kept(policy, later):
+            out = replace(out, later_system_as_user=True)
+        if out is not policy and not (kept(out, lead) and kept(out, later)):
+            log.warning("model %s: its chat template does not render every system message, not even joined or "
+                        "as user messages", self.model.id)
+        return out
 
     def _probe_tool_reasoning(self, policy: ReplayPolicy) -> ReplayPolicy:
         """Drop mode: does a tool-call turn's inlined reasoning render as one think block? Not where the template

@@ -473,3 +473,74 @@ def test_kimi_k3_takes_the_request_s_thinking_switch_and_effort_under_its_own_kw
     off = r.render_sync(base_conv(), GenerationOptions(thinking=False, reasoning_effort="high"))
     assert effort_line(thinking=False) is None and not off.starts_in_reasoning
     assert off.text.endswith("<|open|>response<|sep|>")
+
+
+def said(role: str, text: str) -> Message:
+    return Message(role, [TextPart(text)])
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_system_message_renders_where_it_stands(tokenizer_path, name):
+    """Codex sends its instructions and developer messages first and more developer messages later in a session;
+    Chat clients may send several system messages. On every family's template each one renders, in order, and a
+    later one where it stands (not hoisted into the head: the prompt before it is unchanged), also where the
+    template takes a single system message only, first (ReplayPolicy.merge_leading_system, later_system_as_user)."""
+    r = renderer(tokenizer_path, name)
+    first = [said("system", "Base instructions."), said("developer", "Sandbox: workspace-write."),
+             said("developer", "Approvals: on-request."), said("user", "List the files.")]
+    answered = [*first, said("assistant", "Here they are.")]
+    later = [*answered, said("developer", "Approvals: never."), said("user", "Delete the build folder.")]
+    opts = GenerationOptions(thinking=False)
+    history = r.render_text(Conversation(messages=answered), opts, add_generation_prompt=False)
+    text = r.render_sync(Conversation(messages=later), opts).text
+    at = [text.find(m.parts[0].text) for m in later]
+    assert min(at) >= 0 and at == sorted(at), text
+    head = "List the files."
+    assert text[:text.index(head)] == history[:history.index(head)]
+
+
+def test_the_templates_that_take_one_system_message_first_are_found(tokenizer_path):
+    """The probe's verdict on the real templates: Qwen3.6/3.8 raise on any system message but the first,
+    MiniMax-M2 drops the others, gpt-oss drops a later one, DeepSeek-V3.1 hoists a later one into its head."""
+    policies = {name: renderer(tokenizer_path, name).policy for name in FAMILIES}
+    assert {n for n, p in policies.items() if p.merge_leading_system} == {"gpt-oss", "minimax-m2", "qwen3.6",
+                                                                          "qwen3.8"}
+    assert {n for n, p in policies.items() if p.later_system_as_user} == {"deepseek-v3.1", "gpt-oss", "minimax-m2",
+                                                                          "qwen3.6", "qwen3.8"}
+
+
+def test_qwen3_8_takes_the_request_s_effort_as_one_of_its_three(tokenizer_path):
+    """Its template writes an instruction for xhigh (its default) and low at the front of the system message,
+    none for medium, and raises on any other value: every effort a request can name maps to one of the three."""
+    r = renderer(tokenizer_path, "qwen3.8")
+
+    def instruction(**opts) -> str | None:
+        text = r.render_sync(base_conv(), GenerationOptions(**opts)).text
+        assert text.startswith("<|im_start|>system\n")
+        head = text[len("<|im_start|>system\n"):]
+        return head.split(".")[0] if head.startswith("Reasoning effort is set to") else None
+
+    assert instruction(thinking=True) == "Reasoning effort is set to xhigh"  # the template's default
+    assert instruction(thinking=True, reasoning_effort="medium") is None
+    assert instruction(thinking=True, reasoning_effort="turbo") == "Reasoning effort is set to xhigh"
+    efforts = typing.get_args(ReasoningParam.model_fields["effort"].annotation)[0]
+    assert {e: instruction(thinking=True, reasoning_effort=e) for e in typing.get_args(efforts) if e != "none"} == {
+        "minimal": "Reasoning effort is set to low", "low": "Reasoning effort is set to low", "medium": None,
+        "high": "Reasoning effort is set to xhigh", "xhigh": "Reasoning effort is set to xhigh",
+        "max": "Reasoning effort is set to xhigh"}
+    off = r.render_sync(base_conv(), GenerationOptions(thinking=False, reasoning_effort="low"))
+    assert "Reasoning effort" not in off.text and off.text.endswith("<think>\n\n</think>\n\n")
+    assert not off.starts_in_reasoning
+
+
+@pytest.mark.parametrize("name", ["qwen3.6", "qwen3.8"])
+def test_qwen3_6_and_3_8_keep_every_turn_s_reasoning_unless_the_request_says_otherwise(tokenizer_path, name):
+    """Qwen3.6 keeps earlier reasoning only with preserve_thinking (the family sets it), Qwen3.8 by default; a
+    request's own chat_template_kwargs still win (preserve_thinking false: only the current exchange's)."""
+    r = renderer(tokenizer_path, name)
+    conv = Conversation(messages=[said("user", "First question."),
+                                  Message("assistant", [ReasoningPart("Old thought."), TextPart("Old answer.")]),
+                                  said("user", "Second question.")])
+    assert "Old thought." in r.render_sync(conv, GenerationOptions(thinking=True)).text
+    dropped = r.render_sync(conv, GenerationOptions(thinking=True, chat_template_kwargs={"preserve_thinking": False}))
+    assert "Old thought." not in dropped.text and "Old answer." in dropped.text
