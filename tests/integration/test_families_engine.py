@@ -1,7 +1,9 @@
 """Each model family through the real engine: SmolLM2's weights served under the family's real template and
 parsers (the `family-*` models of tests/configs/test.yaml, all on the shared 8K engine), one tool-loop session per
 family through a real SDK (the three APIs in turn), the engine forced to say the family's own wire format — what
-the family's template renders for the turn, i.e. what a model trained on it emits.
+the family's template renders for the turn, i.e. what a model trained on it emits. The Responses and Chat sessions
+open with a developer message after the instructions, as Codex does (templates that take one system message get
+them joined: ReplayPolicy.merge_leading_system).
 
 Turn 1 (thinking, calls) must come back as the SDK's thinking / tool-use objects with the exact arguments; turn 2
 (the tool results sent back as that client sends them) must be rendered by the server exactly as locally (same
@@ -46,6 +48,7 @@ CALLS = [("read_file", {"path": "src/main.py", "limit": 200}), ("grep", {"patter
 ANSWER_REASONING = "Both results agree: main() is defined in src/main.py and returns 0."
 ANSWER = "The entry point is main() in src/main.py."
 RESULT = "def main():\n    return 0\n"
+DEVELOPER = "Sandbox: workspace-write. Approvals: on-request."
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +76,14 @@ def first_body(api: str, model: str, nonce: str) -> dict:
         return {"model": model, "instructions": system, "store": False, "include": ["reasoning.encrypted_content"],
                 "reasoning": {"effort": "medium"}, "max_output_tokens": 1024,
                 "tools": [{"type": "function", "name": n, "description": d, "parameters": s} for n, d, s in TOOLS],
-                "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}]}
+                "input": [{"type": "message", "role": "developer",
+                           "content": [{"type": "input_text", "text": DEVELOPER}]},
+                          {"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}]}
     return {"model": model, "max_tokens": 1024, "temperature": 0,
             "tools": [{"type": "function", "function": {"name": n, "description": d, "parameters": s}}
                       for n, d, s in TOOLS],
-            "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]}
+            "messages": [{"role": "system", "content": system}, {"role": "developer", "content": DEVELOPER},
+                         {"role": "user", "content": user}]}
 
 
 def send(api: str, url: str, body: dict, script: str) -> dict:
@@ -165,6 +171,7 @@ def session(url: str, renderers, name: str) -> None:
     resp = send(api, url, body, script)
     prompt = r.render_sync(conv, opts)
     assert usage(api, resp)[0] == len(prompt.token_ids), "the local render is not the server's"
+    assert api == "anthropic" or DEVELOPER in prompt.text
     got = folded(api, resp)
     assert same(got, expected(parts)), f"{name} turn 1 via {api}: script {script!r} gave {got}"
 
