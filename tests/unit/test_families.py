@@ -500,13 +500,13 @@ def test_every_system_message_renders_where_it_stands(tokenizer_path, name):
 
 
 def test_the_templates_that_take_one_system_message_first_are_found(tokenizer_path):
-    """The probe's verdict on the real templates: Qwen3.6/3.8 raise on any system message but the first,
+    """The probe's verdict on the real templates: Qwen3.5/3.6/3.8 raise on any system message but the first,
     MiniMax-M2 drops the others, gpt-oss drops a later one, DeepSeek-V3.1 hoists a later one into its head."""
     policies = {name: renderer(tokenizer_path, name).policy for name in FAMILIES}
-    assert {n for n, p in policies.items() if p.merge_leading_system} == {"gpt-oss", "minimax-m2", "qwen3.6",
-                                                                          "qwen3.8"}
-    assert {n for n, p in policies.items() if p.later_system_as_user} == {"deepseek-v3.1", "gpt-oss", "minimax-m2",
+    assert {n for n, p in policies.items() if p.merge_leading_system} == {"gpt-oss", "minimax-m2", "qwen3.5",
                                                                           "qwen3.6", "qwen3.8"}
+    assert {n for n, p in policies.items() if p.later_system_as_user} == {"deepseek-v3.1", "gpt-oss", "minimax-m2",
+                                                                          "qwen3.5", "qwen3.6", "qwen3.8"}
 
 
 def test_qwen3_8_takes_the_request_s_effort_as_one_of_its_three(tokenizer_path):
