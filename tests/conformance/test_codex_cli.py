@@ -36,19 +36,23 @@ def codex() -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def codex_home(serve_url, tmp_path_factory) -> Path:
+def make_codex_home(serve_url: str, tmp_path_factory, model: str) -> Path:
     """A fresh CODEX_HOME whose config.toml and catalog come from `python -m serve_app codex-config`, run as the
     README shows it: the test server takes requests without a key (its open `{tenant: default}` entry), so the
     command, asking it, names no env_key, and Codex starts without one."""
     home = tmp_path_factory.mktemp("codex-home")
     r = subprocess.run([sys.executable, "-m", "serve_app", "codex-config", "--base-url", serve_url,
                         "--config", str(ROOT / "tests" / "configs" / "test.yaml"),
-                        "--catalog-out", str(home / "catalog.json"), "--model", MODEL],
+                        "--catalog-out", str(home / "catalog.json"), "--model", model],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     (home / "config.toml").write_text(r.stdout)
     return home
+
+
+@pytest.fixture(scope="module")
+def codex_home(serve_url, tmp_path_factory) -> Path:
+    return make_codex_home(serve_url, tmp_path_factory, MODEL)
 
 
 def run_codex(codex: Path, home: Path, workdir: Path, prompt: str) -> tuple[list[dict], list[dict], str]:
@@ -109,6 +113,28 @@ def test_forced_exec_command_tool_loop_reuses_prefix(codex, codex_home, tmp_path
     first, second = usages
     # Turn 2 = turn 1's prompt + the call + its output: all of turn 1's whole KV blocks come from the cache.
     assert second["input_tokens_details"]["cached_tokens"] >= (first["input_tokens"] // CPU_BLOCK) * CPU_BLOCK, usages
+    assert second["input_tokens"] > first["input_tokens"]
+
+
+def test_tool_loop_on_qwen3_6_s_real_template(codex, serve_url, tmp_path_factory, tmp_path):
+    """Codex's requests carry its instructions and developer messages (permissions, environment) before the user's;
+    Qwen3.6's template raises on any system message but the first. On `codex-qwen3.6` (the 32K engine under
+    Qwen3.6's real template and parsers) the forced tool loop completes in Qwen3.6's own wire format, and turn 2
+    reuses turn 1's prompt."""
+    home = make_codex_home(serve_url, tmp_path_factory, "codex-qwen3.6")
+    events, sse, stderr = run_codex(codex, home, tmp_path / "work", "CODEX_TOOL_LOOP: run the command")
+    execs = [e["item"] for e in events if e.get("type") == "item.completed"
+             and e["item"]["type"] == "command_execution"]
+    assert execs and "echo hi CODEX_TOOL_DONE" in execs[0]["command"], events
+    assert "hi CODEX_TOOL_DONE" in execs[0]["aggregated_output"] and execs[0]["exit_code"] == 0
+    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                and e["item"]["type"] == "agent_message"]
+    assert messages and messages[-1].strip() == "The command printed: hi CODEX_TOOL_DONE"
+    reasoning = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
+                 and e["item"]["type"] == "reasoning"]
+    assert any("I will run the command." in r for r in reasoning), events
+    first, second = completed_usages(sse)
+    assert second["input_tokens_details"]["cached_tokens"] >= (first["input_tokens"] // CPU_BLOCK) * CPU_BLOCK
     assert second["input_tokens"] > first["input_tokens"]
 
 
