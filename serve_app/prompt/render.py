@@ -291,8 +291,8 @@ class PromptRenderer:
         def kept(pol: ReplayPolicy, shape: list[Message]) -> bool:
             """Every message's text rendered, and the later system message after the answer before it (not
             hoisted to the top, which would change the prompt's prefix)."""
-            for roles in ((), ("system",)):  # as sent, and with the developer message as a system one
-                msgs = [said(roles[0], m.parts[0].text) if roles and m.role == "developer" else m for m in shape]
+            for role in ("developer", "system"):  # the second system message as a developer one, and not
+                msgs = [said(role, m.parts[0].text) if m.role == "developer" else m for m in shape]
                 try:
                     text = self._probe_render(to_template_messages(Conversation(messages=msgs), pol), True, True)
                 except Exception:  # noqa: BLE001 - a template that raises on the shape does not take it
