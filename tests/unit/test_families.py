@@ -499,6 +499,26 @@ def test_every_system_message_renders_where_it_stands(tokenizer_path, name):
     assert text[:text.index(head)] == history[:history.index(head)]
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_random_system_and_developer_messages_all_render_in_order(tokenizer_path, name):
+    """Random sessions: one to three leading system/developer messages, then user and assistant turns with
+    developer messages between them (as Codex inserts them). Every text renders, in the order sent."""
+    r = renderer(tokenizer_path, name)
+    rng = random.Random(f"system-messages-{name}")
+    for case in range(12):
+        msgs = [said(rng.choice(["system", "developer"]), f"Lead {case}.{i}.") for i in range(rng.randint(1, 3))]
+        for turn in range(rng.randint(1, 4)):
+            if turn and rng.random() < 0.5:
+                msgs += [said(rng.choice(["system", "developer"]), f"Later {case}.{turn}.{i}.")
+                         for i in range(rng.randint(1, 2))]
+            msgs.append(said("user", f"Question {case}.{turn}."))
+            msgs.append(said("assistant", f"Answer {case}.{turn}."))
+        msgs.pop()  # the request ends with the user's turn
+        text = r.render_sync(Conversation(messages=msgs), GenerationOptions(thinking=False)).text
+        at = [text.find(m.parts[0].text) for m in msgs]
+        assert min(at) >= 0 and at == sorted(at), (case, [m.role for m in msgs], text)
+
+
 def test_the_templates_that_take_one_system_message_first_are_found(tokenizer_path):
     """The probe's verdict on the real templates: Qwen3.5/3.6/3.8 raise on any system message but the first,
     MiniMax-M2 drops the others, gpt-oss drops a later one, DeepSeek-V3.1 hoists a later one into its head."""
