@@ -84,36 +84,42 @@ def completed_usages(sse: list[dict]) -> list[dict]:
     return [e["response"]["usage"] for e in sse if e.get("type") == "response.completed"]
 
 
+def completed_items(events: list[dict], kind: str) -> list[dict]:
+    return [e["item"] for e in events if e.get("type") == "item.completed" and e["item"]["type"] == kind]
+
+
 def test_exec_answers_with_catalog_metadata(codex, codex_home, tmp_path):
     events, sse, stderr = run_codex(codex, codex_home, tmp_path / "work", "CODEX_SAY_OK: reply with the word ok")
     assert "Model metadata" not in stderr and "fallback model metadata" not in stderr.lower(), stderr[-2000:]
-    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
-                and e["item"]["type"] == "agent_message"]
+    messages = [item["text"] for item in completed_items(events, "agent_message")]
     assert messages and messages[-1].strip() == "CODEX-OK"
     turn = [e for e in events if e.get("type") == "turn.completed"][-1]
     assert turn["usage"]["input_tokens"] > 1000  # Codex's real prompt: tools, permissions, environment
     # The catalog entry made Codex ask for reasoning summaries (the model has a reasoning parser) and got them.
-    reasoning = [e["item"] for e in events if e.get("type") == "item.completed" and e["item"]["type"] == "reasoning"]
+    reasoning = completed_items(events, "reasoning")
     assert reasoning and "ok" in reasoning[0]["text"]
     assert [e["type"] for e in sse][-1] == "response.completed"
 
 
-def test_forced_exec_command_tool_loop_reuses_prefix(codex, codex_home, tmp_path):
-    events, sse, stderr = run_codex(codex, codex_home, tmp_path / "work", "CODEX_TOOL_LOOP: run the command")
-    execs = [e["item"] for e in events if e.get("type") == "item.completed"
-             and e["item"]["type"] == "command_execution"]
+def check_exec_tool_loop(events: list[dict], sse: list[dict]) -> None:
+    """The forced CODEX_TOOL_LOOP: Codex ran the model's `echo`, the model answered with its output, and turn 2 (turn
+    1's prompt + the call + its output) took all of turn 1's whole KV blocks from the cache."""
+    execs = completed_items(events, "command_execution")
     assert execs, f"Codex ran no command: {events}"
     assert "echo hi CODEX_TOOL_DONE" in execs[0]["command"]
     assert "hi CODEX_TOOL_DONE" in execs[0]["aggregated_output"] and execs[0]["exit_code"] == 0
-    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
-                and e["item"]["type"] == "agent_message"]
+    messages = [item["text"] for item in completed_items(events, "agent_message")]
     assert messages and messages[-1].strip() == "The command printed: hi CODEX_TOOL_DONE"
     usages = completed_usages(sse)
     assert len(usages) == 2, usages
     first, second = usages
-    # Turn 2 = turn 1's prompt + the call + its output: all of turn 1's whole KV blocks come from the cache.
     assert second["input_tokens_details"]["cached_tokens"] >= (first["input_tokens"] // CPU_BLOCK) * CPU_BLOCK, usages
     assert second["input_tokens"] > first["input_tokens"]
+
+
+def test_forced_exec_command_tool_loop_reuses_prefix(codex, codex_home, tmp_path):
+    events, sse, _ = run_codex(codex, codex_home, tmp_path / "work", "CODEX_TOOL_LOOP: run the command")
+    check_exec_tool_loop(events, sse)
 
 
 def test_tool_loop_on_qwen3_6_s_real_template(codex, serve_url, tmp_path_factory, tmp_path):
@@ -122,20 +128,10 @@ def test_tool_loop_on_qwen3_6_s_real_template(codex, serve_url, tmp_path_factory
     Qwen3.6's real template and parsers) the forced tool loop completes in Qwen3.6's own wire format, and turn 2
     reuses turn 1's prompt."""
     home = make_codex_home(serve_url, tmp_path_factory, "codex-qwen3.6")
-    events, sse, stderr = run_codex(codex, home, tmp_path / "work", "CODEX_TOOL_LOOP: run the command")
-    execs = [e["item"] for e in events if e.get("type") == "item.completed"
-             and e["item"]["type"] == "command_execution"]
-    assert execs and "echo hi CODEX_TOOL_DONE" in execs[0]["command"], events
-    assert "hi CODEX_TOOL_DONE" in execs[0]["aggregated_output"] and execs[0]["exit_code"] == 0
-    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
-                and e["item"]["type"] == "agent_message"]
-    assert messages and messages[-1].strip() == "The command printed: hi CODEX_TOOL_DONE"
-    reasoning = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
-                 and e["item"]["type"] == "reasoning"]
+    events, sse, _ = run_codex(codex, home, tmp_path / "work", "CODEX_TOOL_LOOP: run the command")
+    check_exec_tool_loop(events, sse)
+    reasoning = [item["text"] for item in completed_items(events, "reasoning")]
     assert any("I will run the command." in r for r in reasoning), events
-    first, second = completed_usages(sse)
-    assert second["input_tokens_details"]["cached_tokens"] >= (first["input_tokens"] // CPU_BLOCK) * CPU_BLOCK
-    assert second["input_tokens"] > first["input_tokens"]
 
 
 def test_forced_apply_patch_freeform_tool(codex, codex_home, tmp_path):
@@ -147,6 +143,5 @@ def test_forced_apply_patch_freeform_tool(codex, codex_home, tmp_path):
              and e["item"]["type"] == "custom_tool_call"]
     assert calls and calls[0]["name"] == "apply_patch" and calls[0]["input"].startswith("*** Begin Patch\n")
     assert (work / "hello_codex.txt").read_text() == "hello from the model\n"
-    messages = [e["item"]["text"] for e in events if e.get("type") == "item.completed"
-                and e["item"]["type"] == "agent_message"]
+    messages = [item["text"] for item in completed_items(events, "agent_message")]
     assert messages and messages[-1].strip() == "Patched."

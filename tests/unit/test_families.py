@@ -479,6 +479,12 @@ def said(role: str, text: str) -> Message:
     return Message(role, [TextPart(text)])
 
 
+def rendered_in_order(text: str, msgs: list[Message]) -> bool:
+    """Every one-text message of `msgs` is in `text`, in the order sent."""
+    at = [text.find(m.parts[0].text) for m in msgs]
+    return min(at) >= 0 and at == sorted(at)
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_every_system_message_renders_where_it_stands(tokenizer_path, name):
     """Codex sends its instructions and developer messages first and more developer messages later in a session;
@@ -493,8 +499,7 @@ def test_every_system_message_renders_where_it_stands(tokenizer_path, name):
     opts = GenerationOptions(thinking=False)
     history = r.render_text(Conversation(messages=answered), opts, add_generation_prompt=False)
     text = r.render_sync(Conversation(messages=later), opts).text
-    at = [text.find(m.parts[0].text) for m in later]
-    assert min(at) >= 0 and at == sorted(at), text
+    assert rendered_in_order(text, later), text
     head = "List the files."
     assert text[:text.index(head)] == history[:history.index(head)]
 
@@ -515,8 +520,7 @@ def test_random_system_and_developer_messages_all_render_in_order(tokenizer_path
             msgs.append(said("assistant", f"Answer {case}.{turn}."))
         msgs.pop()  # the request ends with the user's turn
         text = r.render_sync(Conversation(messages=msgs), GenerationOptions(thinking=False)).text
-        at = [text.find(m.parts[0].text) for m in msgs]
-        assert min(at) >= 0 and at == sorted(at), (case, [m.role for m in msgs], text)
+        assert rendered_in_order(text, msgs), (case, [m.role for m in msgs], text)
 
 
 def test_the_templates_that_take_one_system_message_first_are_found(tokenizer_path):
