@@ -75,6 +75,14 @@ class Family(_Strict):
     def template_text(self) -> str:
         return self.template_path.read_text(encoding="utf-8")
 
+    def turn_ends(self, eos_token: str | None) -> list[str]:
+        """What ends an assistant turn in a render: the stop tokens, and the tokenizer's end-of-sequence token
+        where the template writes `eos_token` instead of a literal (Mistral's). A checkpoint served with another
+        tokenizer, as the tests serve SmolLM2's, ends its turns with that one's."""
+        if eos_token and eos_token not in self.stop_tokens and "eos_token" in self.template_text():
+            return [*self.stop_tokens, eos_token]
+        return list(self.stop_tokens)
+
     def summary(self) -> dict[str, Any]:
         """What `families --json` prints: the entry, and the request kwargs its parsers read (not the template)."""
         return self.model_dump(mode="json") | {"template_path": str(self.template_path),

@@ -29,7 +29,7 @@ from serve_app.prompt.policy import ReplayPolicy
 # Blocks of one message are joined with a newline; assistant text with nothing (it is the model's own output
 # split by the parser, so plain concatenation gives back exactly what was generated).
 _JOIN = "\n"
-_SYSTEM_JOIN = "\n\n"  # system messages joined into one (ReplayPolicy.merge_leading_system): as paragraphs
+_PARAGRAPHS = "\n\n"  # messages joined into one (ReplayPolicy.merge_leading_system, merge_user_runs): paragraphs
 
 
 def _document_text(doc: DocumentPart) -> str:
@@ -161,6 +161,18 @@ def _user_like(msg: Message, i: int, call_names: dict[str, str]) -> list[dict[st
     return out
 
 
+def _add(out: list[dict[str, Any]], msg: dict[str, Any], policy: ReplayPolicy) -> None:
+    """Append one template message. Under a template whose turns alternate, user text joins the user turn before
+    it: the user message it follows, or the tool results it follows (see ReplayPolicy.merge_user_runs)."""
+    prev = out[-1] if out else None
+    if msg["role"] == "user" and prev is not None and (
+            (prev["role"] == "user" and policy.merge_user_runs)
+            or (prev["role"] == "tool" and policy.user_text_into_tool_result)):
+        prev["content"] = _PARAGRAPHS.join(t for t in (prev["content"], msg["content"]) if t)
+        return
+    out.append(msg)
+
+
 def to_template_messages(conv: Conversation, policy: ReplayPolicy, *, thinking_off: bool = False
                          ) -> list[dict[str, Any]]:
     """`thinking_off`: this request renders with thinking disabled (see ReplayPolicy.empty_replay)."""
@@ -175,9 +187,9 @@ def to_template_messages(conv: Conversation, policy: ReplayPolicy, *, thinking_o
             text = _JOIN.join(_text_of(p, f"{where}.content.{j}") for j, p in enumerate(msg.parts))
             leading = i < lead_end
             if leading and out and policy.merge_leading_system:
-                out[0]["content"] += _SYSTEM_JOIN + text
+                out[0]["content"] += _PARAGRAPHS + text
             elif not leading and policy.later_system_as_user:
-                out.append({"role": "user", "content": text})
+                _add(out, {"role": "user", "content": text}, policy)
             else:
                 out.append({"role": role, "content": text})
         elif msg.role == "assistant":
@@ -187,7 +199,8 @@ def to_template_messages(conv: Conversation, policy: ReplayPolicy, *, thinking_o
                         call_names[p.id] = p.name
                 out.append(_assistant(seg, policy, where, thinking_off))
         else:
-            out.extend(_user_like(msg, i, call_names))
+            for m in _user_like(msg, i, call_names):
+                _add(out, m, policy)
     return out
 
 

@@ -62,6 +62,11 @@ class ReplayPolicy:
     # as a user message where it stands (the prompt stays append-only, so the prefix cache holds). Found by probing.
     merge_leading_system: bool = False
     later_system_as_user: bool = False
+    # The template makes user and assistant turns alternate (Mistral's raise on two user turns in a row): a user
+    # message after another is joined to it, and user text after tool results goes into the last result (Anthropic
+    # and Codex send the results and the text after them as one user turn). Found by probing.
+    merge_user_runs: bool = False
+    user_text_into_tool_result: bool = False
     fields: tuple[str, ...] = ()  # field mode: the message keys that carry reasoning to the template
     # Thinking off: the generation prompt may close an empty think block itself ("<think>\n\n</think>\n\n"),
     # so every answer was generated after it. `empty_replay` is how a turn without reasoning gets that block
@@ -88,19 +93,28 @@ class ReplayPolicy:
 _REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")
 
 
+def reasoning_fields(template: str) -> tuple[str, ...]:
+    """The reasoning keys the template's text reads. A read may be of something else (Ministral 3 reads
+    `block['thinking']` of content blocks), so the renderer keeps only those a probe render shows."""
+    return tuple(k for k in _REASONING_KEYS if _reads(template, k))
+
+
 def _reads(template: str, key: str) -> bool:
     return re.search(r"\.%s\b|\[\s*['\"]%s['\"]\s*\]|\.get\(\s*['\"]%s['\"]" % (key, key, key), template) is not None
-_ARGS_STRING = re.compile(r"arguments['\"\]]*\s*\)?\s*is\s+string")
+_ARGS_STRING = re.compile(r"arguments['\"\]]*\s*\)?\s*is\s+(?:not\s+)?string")
 # A template that tests `arguments is mapping` writes a dict in its own notation (Gemma 4: `key:<|"|>v<|"|>`);
 # its `is string` branch is a fallback for text already in that notation (Gemma 4 wraps it in braces), not a
 # place to print JSON verbatim. Such a template gets the dict, as vLLM hands every template.
 _ARGS_MAPPING = re.compile(r"arguments['\"\]]*\s*\)?\s*is\s+mapping")
 
 
-def decide_policy(template: str, reasoning_parser: str | None, generation_tail: str = "") -> ReplayPolicy:
-    """`generation_tail` is the end of a probe render with the generation prompt (to find the opener)."""
+def decide_policy(template: str, reasoning_parser: str | None, generation_tail: str = "",
+                  fields: tuple[str, ...] | None = None) -> ReplayPolicy:
+    """`generation_tail` is the end of a probe render with the generation prompt (to find the opener). `fields`:
+    the message keys the template was seen to render reasoning from (None: those its text reads)."""
     markers = reasoning_markers(reasoning_parser)
-    fields = tuple(k for k in _REASONING_KEYS if _reads(template, k))
+    if fields is None:
+        fields = reasoning_fields(template)
     if fields:
         mode: ReplayMode = "field"
     elif markers and re.search(r"split\(\s*['\"]" + re.escape(markers[1]) + r"['\"]", template):

@@ -32,6 +32,7 @@ from serve_app.prompt.policy import (
     closed_empty_block,
     decide_policy,
     prompt_starts_in_reasoning,
+    reasoning_fields,
     unwritten_markers,
 )
 from serve_app.prompt.preamble import strip_preamble
@@ -177,8 +178,8 @@ class PromptRenderer:
         self.template: str = template
         self.reasoning_enabled = bool(model.reasoning_parser)
         probe = self._probe_generation_tail(model, thinking=True)
-        self.policy: ReplayPolicy = self._probe_system_messages(self._probe_empty_replay(
-            decide_policy(template, model.reasoning_parser, probe), model))
+        self.policy: ReplayPolicy = self._probe_system_messages(self._probe_alternation(
+            self._probe_empty_replay(self._decide_policy(model, probe), model)))
         # Fast tokenizers are not safe to call from several threads at once ("Already borrowed").
         self._encode_lock = threading.Lock()
         self.turn_starts = self._probe_turn_starts()
@@ -231,6 +232,30 @@ class PromptRenderer:
         return self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.template,
                                                   add_generation_prompt=add_generation_prompt, **kwargs)
 
+    def _decide_policy(self, model, generation_tail: str) -> ReplayPolicy:
+        """decide_policy with only the reasoning keys a probe render shows: the template's text may read a key of
+        something else (Ministral 3 reads `block['thinking']` of content blocks, no message field), and reasoning
+        handed to such a key would vanish from the prompt."""
+        fields = reasoning_fields(self.template)
+        if fields:
+            call = {"id": "functions.probe:0", "type": "function", "function": {"name": "probe", "arguments": {}}}
+            shapes = ([{"role": "assistant", "content": "a"}],
+                      [{"role": "assistant", "content": "", "tool_calls": [call]}],
+                      [{"role": "assistant", "content": "", "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": "functions.probe:0", "content": "ok"}])
+            fields = tuple(key for key in fields if any(self._shows(key, shape) for shape in shapes))
+        return decide_policy(self.template, model.reasoning_parser, generation_tail, fields)
+
+    def _shows(self, key: str, shape: list[dict[str, Any]]) -> bool:
+        """Whether reasoning under `key` of the shape's first (assistant) message changes the render at all
+        (rendered as is, or mangled: either way the template reads it)."""
+        user = {"role": "user", "content": "x"}
+        try:
+            text = self._probe_render([user, {**shape[0], key: "Probe reasoning."}, *shape[1:]], True, False)
+            return text != self._probe_render([user, *shape], True, False)
+        except Exception:  # noqa: BLE001 - a shape the template cannot render shows nothing
+            return False
+
     def _probe_generation_tail(self, model, thinking: bool) -> str:
         """The generation prompt's tail for a one-message chat, to see whether the template opens thinking."""
         if not model.reasoning_parser:
@@ -275,6 +300,33 @@ class PromptRenderer:
             if score > best_score:
                 best, best_score = trial, score
         return best or replace(policy, empty_block=block)
+
+    def _probe_alternation(self, policy: ReplayPolicy) -> ReplayPolicy:
+        """Does the template take two user turns in a row, and user text right after tool results? Codex opens with
+        two user messages, and Anthropic clients send text beside tool results. A template whose user and assistant
+        turns must alternate (Mistral's raise otherwise) gets that text joined to the user turn before it."""
+        run = [Message("user", [TextPart("Probe user.")]), Message("user", [TextPart("Probe user two.")])]
+        after_tool = [Message("user", [TextPart("Probe user.")]),
+                      Message("assistant", [ToolCallPart("call_0", "probe", "{}")]),
+                      Message("user", [ToolResultPart("call_0", "Probe result.", name="probe"),
+                                       TextPart("Probe user two.")])]
+
+        def renders(pol: ReplayPolicy, shape: list[Message]) -> bool:
+            """Every user text and result in the render, in order."""
+            try:
+                text = self._probe_render(to_template_messages(Conversation(messages=shape), pol), True, True)
+            except Exception:  # noqa: BLE001 - a template that raises on the shape does not take it
+                return False
+            at = [text.find(t) for t in ("Probe user.", "Probe result.", "Probe user two.")
+                  if t != "Probe result." or shape is after_tool]
+            return min(at) >= 0 and at == sorted(at)
+
+        out = policy
+        for shape, flag in ((run, "merge_user_runs"), (after_tool, "user_text_into_tool_result")):
+            trial = replace(out, **{flag: True})
+            if not renders(policy, shape) and renders(trial, shape):
+                out = trial
+        return out
 
     def _probe_system_messages(self, policy: ReplayPolicy) -> ReplayPolicy:
         """Does the template render every system message where it stands? Codex sends its instructions and a
@@ -462,7 +514,30 @@ class PromptRenderer:
                 continue
             if full.startswith(bare) and len(full) > len(bare):
                 out.add(full[len(bare):])
+        if not out:
+            out = self._probe_turn_ends()
         return tuple(sorted(out, key=len, reverse=True))
+
+    def _probe_turn_ends(self) -> set[str]:
+        """A template without a generation prompt (Mistral's) ends the prompt with the last turn's own closing
+        markup ("[/INST]", "[/TOOL_RESULTS]"), and the model's tokens follow it: those strings mark where they begin.
+        Tokenized across that seam, a tokenizer that does not know the markup as tokens could merge the prompt's
+        last characters with the model's first and lose the cache from there."""
+        call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": {}}}
+        shapes = ([{"role": "user", "content": "Probe user."}],
+                  [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "call_0", "content": "Probe user."}])
+        out: set[str] = set()
+        for shape in shapes:
+            try:
+                text = self._probe_render(shape, True, True)
+            except Exception:  # noqa: BLE001 - a shape the template cannot render marks nothing
+                continue
+            at = text.rfind("Probe user.")
+            tail = text[at + len("Probe user."):] if at >= 0 else ""
+            if tail.strip():
+                out.add(tail)
+        return out
 
     def encode_prompt(self, text: str) -> list[int]:
         """Tokenize a rendered prompt in pieces that end where a generation prompt ends.

@@ -167,7 +167,7 @@ def session(url: str, renderers, name: str) -> None:
 
     conv, opts = api_conversation(api, body, secret)
     parts = turn_parts(fam, True, REASONING, TEXT, CALLS, 0)
-    prompt_text, script, _ = emitted_text(r, conv, parts, opts, fam.stop_tokens, starts)
+    prompt_text, script, _ = emitted_text(r, conv, parts, opts, fam.turn_ends(r.tokenizer.eos_token), starts)
     resp = send(api, url, body, script)
     prompt = r.render_sync(conv, opts)
     assert usage(api, resp)[0] == len(prompt.token_ids), "the local render is not the server's"
@@ -178,7 +178,7 @@ def session(url: str, renderers, name: str) -> None:
     body2 = next_body(api, body, resp)
     conv2, opts2 = api_conversation(api, body2, secret)
     answer = turn_parts(fam, True, ANSWER_REASONING, ANSWER, [], 0)
-    _, script2, _ = emitted_text(r, conv2, answer, opts2, fam.stop_tokens, starts)
+    _, script2, _ = emitted_text(r, conv2, answer, opts2, fam.turn_ends(r.tokenizer.eos_token), starts)
     resp2 = send(api, url, body2, script2)
     prompt2 = r.render_sync(conv2, opts2)
     n2, cached2 = usage(api, resp2)

@@ -98,7 +98,8 @@ def only_markup(block: str, reasoning: list[str]) -> bool:
 # Marker strings the families' tokenizers split out as single (special or added) tokens. The sessions run on a
 # small stand-in tokenizer; giving it the same splits keeps seams where the real tokenizer has them.
 _MARKERS = re.compile(r"<\|[^|<>\s]{1,40}\|>|<｜[^｜<>\s]{1,40}｜>|</?(?:think|tool_call|tool_response|arg_key|arg_value)>"
-                      r"|</?minimax:tool_call>|\[e~\[|\]~b\]|\]~!b\[")
+                      r"|</?minimax:tool_call>|\[e~\[|\]~b\]|\]~!b\["
+                      r"|\[/?(?:INST|THINK|SYSTEM_PROMPT|AVAILABLE_TOOLS|TOOL_RESULTS|TOOL_CALLS|ARGS|IMG)\]")
 
 
 def family_tokenizer(source: str, fam: Family):
@@ -109,7 +110,7 @@ def family_tokenizer(source: str, fam: Family):
 
     tok = load_tokenizer(source, str(fam.template_path))
     text = fam.template_text()
-    markers = sorted(set(_MARKERS.findall(text)) | set(fam.stop_tokens))
+    markers = sorted(set(_MARKERS.findall(text)) | set(fam.turn_ends(tok.eos_token)))
     known = set(tok.get_vocab())
     tok.add_tokens([AddedToken(m, special=True, normalized=False) for m in markers if m not in known])
     return tok
@@ -142,7 +143,8 @@ def run_session(renderer, fam: Family, api: str, thinking: bool) -> list[TurnRes
         parts = turn_parts(fam, thinking, reasoning, text, calls, next_id)
         next_id += sum(isinstance(p, ToolCallPart) for p in parts)
         said += [p.text for p in parts if isinstance(p, ReasoningPart)]
-        prompt_text, script, starts = emitted_text(renderer, conv, parts, opts, fam.stop_tokens,
+        stops = fam.turn_ends(tok.eos_token)
+        prompt_text, script, starts = emitted_text(renderer, conv, parts, opts, stops,
                                                    tool_start_markers(TOOL_PARSERS[fam.tool_parser]))
         prompt = renderer.render_sync(conv, opts)
         assert prompt.text == prompt_text
@@ -154,7 +156,7 @@ def run_session(renderer, fam: Family, api: str, thinking: bool) -> list[TurnRes
         tail = script[-40:]
         at = nxt.text.find(tail, max(0, len(prompt_text) - 2 * len(script) - 4096)) if tail else -1
         after = nxt.text[at + len(tail):] if at >= 0 else ""
-        stop = next((t for t in fam.stop_tokens if after.startswith(t)), "")
+        stop = next((t for t in stops if after.startswith(t)), "")
         generated = tok.encode(script, add_special_tokens=False) + tok.encode(stop, add_special_tokens=False)
         result = check_turn(prompt.token_ids, generated, nxt.token_ids)
         # "": an empty think block (thinking off) that the template drops like a full one.

@@ -150,7 +150,7 @@ def test_the_stream_folds_to_the_complete_answer(served, family):
         if api == "chat":
             body["nvext"] = {"hold_tool_calls": held}
         parts = turn_parts(fam, thinking, _text(rng, 80) or "hm", _text(rng, 60), _calls(rng), 0)
-        _, script, _ = emitted_text(renderer, conv, parts, opts, fam.stop_tokens, starts)
+        _, script, _ = emitted_text(renderer, conv, parts, opts, fam.turn_ends(renderer.tokenizer.eos_token), starts)
         engines.finish = "stop"
         if rng.random() < 0.35 and len(script) > 2:
             script, engines.finish = script[:rng.randint(1, len(script) - 1)], "length"
