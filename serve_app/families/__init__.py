@@ -29,12 +29,15 @@ class _Strict(BaseModel):
 
 class TemplateSource(_Strict):
     repo: str  # the GitHub repository the file was taken from
-    commit: str
+    commit: str  # a commit id; for a template written here, the release tag of the encoder it reproduces
     path: str
     blob: str  # git blob id of the vendored file
     model: str  # the Hugging Face model whose template it is
     license: str  # the model's license, which covers its template
     upstream: str | None = None  # the project the repository mirrors
+    # The model ships its format as code, not a template: the template is this project's reproduction of the
+    # encoder at `path` in that release (and `blob` is the template's own), tested against the encoder itself.
+    written_here: bool = False
 
 
 class Family(_Strict):

@@ -39,6 +39,9 @@ from serve_app.prompt.preamble import strip_preamble
 
 log = logging.getLogger(__name__)
 
+_PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "Probe tool.",
+                                                  "parameters": {"type": "object", "properties": {}}}}]
+
 # apply_chat_template's own parameters: a client's chat_template_kwargs must not override them.
 _RESERVED_KWARGS = frozenset({
     "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
@@ -226,10 +229,11 @@ class PromptRenderer:
                 kwargs[key] = value
         return kwargs
 
-    def _probe_render(self, messages: list[dict[str, Any]], thinking: bool, add_generation_prompt: bool) -> str:
+    def _probe_render(self, messages: list[dict[str, Any]], thinking: bool, add_generation_prompt: bool,
+                      tools: list[dict[str, Any]] | None = None) -> str:
         kwargs = {**self.model.default_chat_template_kwargs, "enable_thinking": thinking,
                   self.model.thinking_kwarg: thinking, "truncate_history_thinking": False}
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, chat_template=self.template,
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, chat_template=self.template,
                                                   add_generation_prompt=add_generation_prompt, **kwargs)
 
     def _decide_policy(self, model, generation_tail: str) -> ReplayPolicy:
@@ -331,7 +335,8 @@ class PromptRenderer:
     def _probe_system_messages(self, policy: ReplayPolicy) -> ReplayPolicy:
         """Does the template render every system message where it stands? Codex sends its instructions and a
         developer message first and more developer messages later in a session; Chat clients may send several
-        system messages. A template that raises on them or drops them gets them as ReplayPolicy says."""
+        system messages. A template that raises on them or drops them gets them as ReplayPolicy says. Probed with a
+        tool, as agents send: DeepSeek-V4 drops developer messages before the last user turn only without tools."""
         def said(role: str, text: str) -> Message:
             return Message(role, [TextPart(text)])
 
@@ -346,7 +351,8 @@ class PromptRenderer:
             for role in ("developer", "system"):  # the second system message as a developer one, and not
                 msgs = [said(role, m.parts[0].text) if m.role == "developer" else m for m in shape]
                 try:
-                    text = self._probe_render(to_template_messages(Conversation(messages=msgs), pol), True, True)
+                    text = self._probe_render(to_template_messages(Conversation(messages=msgs), pol), True, True,
+                                              tools=_PROBE_TOOLS)
                 except Exception:  # noqa: BLE001 - a template that raises on the shape does not take it
                     return False
                 at = {m.parts[0].text: text.find(m.parts[0].text) for m in msgs}
@@ -519,8 +525,9 @@ class PromptRenderer:
         return tuple(sorted(out, key=len, reverse=True))
 
     def _probe_turn_ends(self) -> set[str]:
-        """A template without a generation prompt (Mistral's) ends the prompt with the last turn's own closing
-        markup ("[/INST]", "[/TOOL_RESULTS]"), and the model's tokens follow it: those strings mark where they begin.
+        """A template without a generation prompt ends the prompt with the last turn's own closing markup (Mistral's
+        "[/INST]", "[/TOOL_RESULTS]"; DeepSeek-V4 always writes "<｜Assistant｜><think>" after a user turn), and the
+        model's tokens follow it: those strings mark where they begin.
         Tokenized across that seam, a tokenizer that does not know the markup as tokens could merge the prompt's
         last characters with the model's first and lose the cache from there."""
         call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": {}}}
@@ -528,15 +535,16 @@ class PromptRenderer:
                   [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
                    {"role": "tool", "tool_call_id": "call_0", "content": "Probe user."}])
         out: set[str] = set()
-        for shape in shapes:
-            try:
-                text = self._probe_render(shape, True, True)
-            except Exception:  # noqa: BLE001 - a shape the template cannot render marks nothing
-                continue
-            at = text.rfind("Probe user.")
-            tail = text[at + len("Probe user."):] if at >= 0 else ""
-            if tail.strip():
-                out.add(tail)
+        for thinking in ((True, False) if self.reasoning_enabled else (True,)):
+            for shape in shapes:
+                try:
+                    text = self._probe_render(shape, thinking, True)
+                except Exception:  # noqa: BLE001 - a shape the template cannot render marks nothing
+                    continue
+                at = text.rfind("Probe user.")
+                tail = text[at + len("Probe user."):] if at >= 0 else ""
+                if tail.strip():
+                    out.add(tail)
         return out
 
     def encode_prompt(self, text: str) -> list[int]:

@@ -201,7 +201,8 @@ def test_entry_names_real_parsers_and_its_vendored_file(name):
     assert fam.tool_parser is None or fam.tool_parser in TOOL_PARSERS
     data = fam.template_path.read_bytes()
     assert hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest() == fam.source.blob  # git hash-object
-    assert len(fam.source.commit) == 40 and fam.source.license
+    # a template written here reproduces an encoder at a release tag (checked against it: test_deepseek_v4_template)
+    assert (len(fam.source.commit) == 40 or fam.source.written_here) and fam.source.license
     text = fam.template_text()
     for kwarg in fam.chat_template_kwargs:
         assert kwarg in text, f"{name}: the template never reads {kwarg}"
