@@ -109,6 +109,7 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
         ReasoningFormat("minimax_m2_append_think", *_THINK, starts_in_reasoning=True, special_tokens=True,
                         as_content=True),
         ReasoningFormat("deepseek_v4", *_THINK, tool_ends_reasoning=True),
+        ReasoningFormat("deepseek_v41", *_THINK, tool_ends_reasoning=True),
         ReasoningFormat("mistral", "[THINK]", "[/THINK]", special_tokens=True),
         # a tool call ends Gemma 4's thinking (vLLM's is_reasoning_end says so at <|tool_call>)
         ReasoningFormat("gemma4", "<|channel>", "<channel|>", tool_ends_reasoning=True, ends_at=("<|tool_call>",),
@@ -157,11 +158,13 @@ _HERMES = JsonTagsFormat("hermes", starts=("<tool_call>",), call_end="</tool_cal
 _DSML = "｜DSML｜"
 
 
-def _dsml(name: str, outer: str) -> XmlFormat:
+def _dsml(name: str, outer: str, sep: str = "") -> XmlFormat:
+    """DeepSeek's DSML calls; V4.1 writes a space after the DSML marker in every tag (`<｜DSML｜ invoke ...>`)."""
+    dsml = _DSML + sep
     return XmlFormat(
-        name, starts=(f"<{_DSML}{outer}>",), section_end=f"</{_DSML}{outer}>",
-        func_open=f"<{_DSML}invoke name=", func_head_end=">", func_close=f"</{_DSML}invoke>",
-        param_open=f"<{_DSML}parameter", param_head_end=">", value_close=f"</{_DSML}parameter>",
+        name, starts=(f"<{dsml}{outer}>",), section_end=f"</{dsml}{outer}>",
+        func_open=f"<{dsml}invoke name=", func_head_end=">", func_close=f"</{dsml}invoke>",
+        param_open=f"<{dsml}parameter", param_head_end=">", value_close=f"</{dsml}parameter>",
         param_of=dsml_param, unwrap_params=("arguments", "input"))
 
 
@@ -209,6 +212,7 @@ TOOL_PARSERS: dict[str, object] = {
         name_of=_plain_name, head_grammar=r"\s*[\w.\-]+\s*", special_tokens=True),
     "deepseek_v32": _dsml("deepseek_v32", "function_calls"),
     "deepseek_v4": _dsml("deepseek_v4", "tool_calls"),
+    "deepseek_v41": _dsml("deepseek_v41", "calls", sep=" "),
     "kimi_k2": JsonTagsFormat(
         "kimi_k2", starts=("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>"),
         section_end="<|tool_calls_section_end|>", call_start="<|tool_call_begin|>", call_end="<|tool_call_end|>",

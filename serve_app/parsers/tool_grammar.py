@@ -37,9 +37,9 @@ from serve_app.parsers.xtml_grammar import xtml_arguments, xtml_attr
 @dataclass(frozen=True, slots=True)
 class CallShape:
     """How one tool format writes calls. `call_begin` holds `{name}`; `args` is xgrammar's JSON-schema style
-    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "glm_xml"), "python" (keyword arguments, Python
-    literals: pythonic_grammar.py), "gemma" (Gemma 4's notation: gemma4_grammar.py) or "xtml" (Kimi K3's typed
-    argument elements: xtml_grammar.py)."""
+    ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "deepseek_v4_1_xml", "glm_xml"), "python" (keyword
+    arguments, Python literals: pythonic_grammar.py), "gemma" (Gemma 4's notation: gemma4_grammar.py) or "xtml"
+    (Kimi K3's typed argument elements: xtml_grammar.py)."""
 
     call_begin: str
     call_end: str
@@ -66,9 +66,9 @@ _LIST_IN_TOOL_CALLS = CallShape(_WRAP, "}", separator=", ", section_begin="<tool
                                 triggers=("<tool_calls>",))
 
 
-def _dsml(outer: str) -> CallShape:
-    d = "｜DSML｜"
-    return CallShape(f'<{d}invoke name="{{name}}">\n', f"</{d}invoke>\n", args="deepseek_xml",
+def _dsml(outer: str, sep: str = "", style: str = "deepseek_xml") -> CallShape:
+    d = "｜DSML｜" + sep  # V4.1 writes a space after the marker in every tag
+    return CallShape(f'<{d}invoke name="{{name}}">\n', f"</{d}invoke>\n", args=style,
                      section_begin=f"<{d}{outer}>\n", section_end=f"</{d}{outer}>", separator="",
                      triggers=(f"<{d}{outer}>",))
 
@@ -95,6 +95,7 @@ SHAPES: dict[str, CallShape] = {
                               section_begin=_DS_SECTION[0], section_end=_DS_SECTION[1], triggers=(_DS_SECTION[0],)),
     "deepseek_v32": _dsml("function_calls"),
     "deepseek_v4": _dsml("tool_calls"),
+    "deepseek_v41": _dsml("calls", sep=" ", style="deepseek_v4_1_xml"),
     "kimi_k2": CallShape("<|tool_call_begin|>functions.{name}:", "<|tool_call_end|>", separator="",
                          index_regex=r"\d+", args_begin="<|tool_call_argument_begin|>",
                          section_begin="<|tool_calls_section_begin|>", section_end="<|tool_calls_section_end|>",

@@ -622,3 +622,31 @@ def test_user_turns_that_do_not_alternate_render_in_order(tokenizer_path, name):
         text = r.render_sync(conv, opts).text
         assert user_texts_in_order(text, msgs), (case, [m.role for m in msgs], text)
 
+
+
+@pytest.mark.parametrize("name", ["deepseek-v4", "deepseek-v4.1"])
+def test_deepseek_v4_takes_every_effort_a_request_can_name(tokenizer_path, name):
+    """The effort is a preamble at the head of the prompt (V4: none, "absolute maximum" or "beyond maximum"; V4.1: a
+    number). vLLM's V4.1 encoder refuses minimal and medium: the catalog maps them (low, high), so no request that
+    names an effort is refused."""
+    r = renderer(tokenizer_path, name)
+
+    def head(**opts) -> str:
+        text = r.render_sync(base_conv(), GenerationOptions(**opts)).text
+        return text.split("\n")[0].replace("<｜begin▁of▁sentence｜>", "").replace("<｜System｜>", "")
+
+    efforts = typing.get_args(typing.get_args(ReasoningParam.model_fields["effort"].annotation)[0])
+    got = {e: head(thinking=True, reasoning_effort=e) for e in efforts if e != "none"}
+    if name == "deepseek-v4":
+        high, top = "Reasoning Effort: Absolute maximum", "Reasoning Effort: Beyond maximum"
+        assert {e: h[:len(high)] if h.startswith(high) else h[:len(top)] if h.startswith(top) else ""
+                for e, h in got.items()} == {"minimal": "", "low": "", "medium": "", "high": high, "xhigh": high,
+                                              "max": top}
+    else:
+        assert {e: h.split(" (")[0] for e, h in got.items()} == {
+            "minimal": "Reasoning Effort: 50", "low": "Reasoning Effort: 50", "medium": "Reasoning Effort: 75",
+            "high": "Reasoning Effort: 75", "xhigh": "Reasoning Effort: 75", "max": "Reasoning Effort: 100"}
+    default = head(thinking=True)
+    assert default.startswith("Reasoning Effort: Absolute maximum" if name == "deepseek-v4" else "Reasoning Effort: 75")
+    off = r.render_sync(base_conv(), GenerationOptions(thinking=False, reasoning_effort="high"))
+    assert "Reasoning Effort" not in off.text and off.text.endswith("<｜Assistant｜></think>")

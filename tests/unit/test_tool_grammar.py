@@ -29,6 +29,7 @@ ARGS = {
     "qwen_xml": "<parameter=city>\nParis\n</parameter>\n",
     "minimax_xml": '<parameter name="city">Paris</parameter>\n',
     "deepseek_xml": '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n',
+    "deepseek_v4_1_xml": '<｜DSML｜ parameter name="city" string="true">Paris</｜DSML｜ parameter>\n',
     "glm_xml": "<arg_key>city</arg_key><arg_value>Paris</arg_value>",
     "python": 'city="Paris"',
     "gemma": 'city:<|"|>Paris<|"|>',

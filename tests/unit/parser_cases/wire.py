@@ -61,8 +61,8 @@ def deepseek_v31(calls: list[Call]) -> str:
     return f"<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>"
 
 
-def _dsml(outer: str) -> Callable[[list[Call]], str]:
-    d = "｜DSML｜"
+def _dsml(outer: str, sep: str = "") -> Callable[[list[Call]], str]:
+    d = "｜DSML｜" + sep
 
     def render(calls: list[Call]) -> str:
         inv = []
@@ -214,6 +214,7 @@ FORMATS = [
     Fmt("deepseek_v31", "deepseek_v3", deepseek_v31, markers=("<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>")),
     Fmt("deepseek_v32", None, _dsml("function_calls"), markers=("｜DSML｜",)),
     Fmt("deepseek_v4", "deepseek_v4", _dsml("tool_calls"), markers=("｜DSML｜",)),
+    Fmt("deepseek_v41", "deepseek_v41", _dsml("calls", sep=" "), markers=("｜DSML｜",)),
     Fmt("kimi_k2", "kimi_k2", kimi_k2, markers=("<|tool_call", "<|tool_calls_section")),
     Fmt("kimi_k3", "kimi_k3", kimi_k3, think=("<|open|>think<|sep|>", "<|close|>think<|sep|>"),
         markers=("<|open|>", "<|close|>", "<|sep|>", "argument")),
