@@ -45,7 +45,7 @@ def both(tokenizers, messages, tools, kwargs) -> tuple[str, str]:
                                                      **kwargs)):
         try:
             out.append(render())
-        except Exception as e:  # noqa: BLE001 - both must refuse the same conversations
+        except Exception:  # noqa: BLE001 - both must refuse the same conversations
             out.append("raised")
     return out[0], out[1]
 
