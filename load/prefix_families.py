@@ -23,10 +23,9 @@ from load import provenance  # noqa: E402
 
 
 def _tokenizer_source() -> str:
-    from serve_app.engine.provision import DEFAULT_MODEL, EMBEDDED, _complete, _gguf_path, default_cache_dir
+    from serve_app.engine.provision import default_tokenizer_source
 
-    cached = default_cache_dir() / DEFAULT_MODEL
-    return str(cached) if _complete(cached) else str(_gguf_path(EMBEDDED[DEFAULT_MODEL]))
+    return default_tokenizer_source()
 
 
 def run() -> list[dict]:

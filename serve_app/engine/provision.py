@@ -74,6 +74,13 @@ def _complete(path: Path) -> bool:
     return (path / "config.json").exists() and any(path.glob("*.safetensors")) and (path / "tokenizer_config.json").exists()
 
 
+def default_tokenizer_source() -> str:
+    """Where the default model's tokenizer loads from without converting anything: the converted folder if it is
+    cached, else the GGUF straight from its package (slower to load). For tests and tools that only tokenize."""
+    cached = default_cache_dir() / DEFAULT_MODEL
+    return str(cached) if _complete(cached) else str(_gguf_path(EMBEDDED[DEFAULT_MODEL]))
+
+
 def ensure_model(
     source: str,
     cache_dir: str | Path | None = None,

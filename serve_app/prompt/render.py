@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 
 _PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "Probe tool.",
                                                   "parameters": {"type": "object", "properties": {}}}}]
+# A call to it as a template message (Kimi's id shape, which every template takes) and its result.
+_PROBE_CALL = {"id": "functions.probe:0", "type": "function", "function": {"name": "probe", "arguments": {}}}
 
 # apply_chat_template's own parameters: a client's chat_template_kwargs must not override them.
 _RESERVED_KWARGS = frozenset({
@@ -242,11 +244,10 @@ class PromptRenderer:
         handed to such a key would vanish from the prompt."""
         fields = reasoning_fields(self.template)
         if fields:
-            call = {"id": "functions.probe:0", "type": "function", "function": {"name": "probe", "arguments": {}}}
             shapes = ([{"role": "assistant", "content": "a"}],
-                      [{"role": "assistant", "content": "", "tool_calls": [call]}],
-                      [{"role": "assistant", "content": "", "tool_calls": [call]},
-                       {"role": "tool", "tool_call_id": "functions.probe:0", "content": "ok"}])
+                      [{"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]}],
+                      [{"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
+                       {"role": "tool", "tool_call_id": _PROBE_CALL["id"], "content": "ok"}])
             fields = tuple(key for key in fields if any(self._shows(key, shape) for shape in shapes))
         return decide_policy(self.template, model.reasoning_parser, generation_tail, fields)
 
@@ -310,9 +311,10 @@ class PromptRenderer:
         two user messages, and Anthropic clients send text beside tool results. A template whose user and assistant
         turns must alternate (Mistral's raise otherwise) gets that text joined to the user turn before it."""
         run = [Message("user", [TextPart("Probe user.")]), Message("user", [TextPart("Probe user two.")])]
+        call_id = _PROBE_CALL["id"]
         after_tool = [Message("user", [TextPart("Probe user.")]),
-                      Message("assistant", [ToolCallPart("call_0", "probe", "{}")]),
-                      Message("user", [ToolResultPart("call_0", "Probe result.", name="probe"),
+                      Message("assistant", [ToolCallPart(call_id, "probe", "{}")]),
+                      Message("user", [ToolResultPart(call_id, "Probe result.", name="probe"),
                                        TextPart("Probe user two.")])]
 
         def renders(pol: ReplayPolicy, shape: list[Message]) -> bool:
@@ -321,8 +323,8 @@ class PromptRenderer:
                 text = self._probe_render(to_template_messages(Conversation(messages=shape), pol), True, True)
             except Exception:  # noqa: BLE001 - a template that raises on the shape does not take it
                 return False
-            at = [text.find(t) for t in ("Probe user.", "Probe result.", "Probe user two.")
-                  if t != "Probe result." or shape is after_tool]
+            at = [text.find(p.content if isinstance(p, ToolResultPart) else p.text)
+                  for m in shape if m.role == "user" for p in m.parts]
             return min(at) >= 0 and at == sorted(at)
 
         out = policy
@@ -453,10 +455,9 @@ class PromptRenderer:
         """Renders of a turn with reasoning (in the fields templates read it from, never inline: this asks what the
         template writes, not what the replay policy adds) and of one with a call; those the template cannot
         render are left out."""
-        call = {"id": "functions.probe:0", "type": "function", "function": {"name": "probe", "arguments": {}}}
         out = []
         for turn in ({"content": "a", "reasoning_content": "r", "reasoning": "r"},
-                     {"content": "", "tool_calls": [call]}):
+                     {"content": "", "tool_calls": [_PROBE_CALL]}):
             try:
                 out.append(self._probe_render([{"role": "user", "content": "x"}, {"role": "assistant", **turn}],
                                               True, False))
@@ -530,10 +531,10 @@ class PromptRenderer:
         model's tokens follow it: those strings mark where they begin.
         Tokenized across that seam, a tokenizer that does not know the markup as tokens could merge the prompt's
         last characters with the model's first and lose the cache from there."""
-        call = {"id": "call_0", "type": "function", "function": {"name": "probe", "arguments": {}}}
-        shapes = ([{"role": "user", "content": "Probe user."}],
-                  [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call]},
-                   {"role": "tool", "tool_call_id": "call_0", "content": "Probe user."}])
+        last = "Probe turn."  # the text the prompt's last turn ends with
+        shapes = ([{"role": "user", "content": last}],
+                  [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
+                   {"role": "tool", "tool_call_id": _PROBE_CALL["id"], "content": last}])
         out: set[str] = set()
         for thinking in ((True, False) if self.reasoning_enabled else (True,)):
             for shape in shapes:
@@ -541,8 +542,8 @@ class PromptRenderer:
                     text = self._probe_render(shape, thinking, True)
                 except Exception:  # noqa: BLE001 - a shape the template cannot render marks nothing
                     continue
-                at = text.rfind("Probe user.")
-                tail = text[at + len("Probe user."):] if at >= 0 else ""
+                at = text.rfind(last)
+                tail = text[at + len(last):] if at >= 0 else ""
                 if tail.strip():
                     out.add(tail)
         return out

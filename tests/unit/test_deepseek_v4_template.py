@@ -27,10 +27,9 @@ def tokenizers(request):
     from vllm.tokenizers.deepseek_v4 import get_deepseek_v4_tokenizer
     from vllm.tokenizers.deepseek_v41 import get_deepseek_v41_tokenizer
 
-    from serve_app.engine.provision import DEFAULT_MODEL, EMBEDDED, _complete, _gguf_path, default_cache_dir
+    from serve_app.engine.provision import default_tokenizer_source
 
-    cached = default_cache_dir() / DEFAULT_MODEL
-    path = str(cached) if _complete(cached) else str(_gguf_path(EMBEDDED[DEFAULT_MODEL]))
+    path = default_tokenizer_source()
     wrap = {"deepseek-v4": get_deepseek_v4_tokenizer, "deepseek-v4.1": get_deepseek_v41_tokenizer}[request.param]
     return get_family(request.param), load_tokenizer(path), wrap(load_tokenizer(path))
 

@@ -19,7 +19,6 @@ from typing import Callable
 
 import pytest
 
-from serve_app.conversation import GenerationOptions
 from serve_app.parsers import parse_complete
 from serve_app.prompt import PromptRenderer, load_tokenizer
 from tests.support.family_sessions import HEADER, SYSTEM, TOOLS  # the one scripted agent's prompt and tools
@@ -107,10 +106,9 @@ REPORT: list[tuple[str, str, str, int, int, float, bool]] = []
 
 @pytest.fixture(scope="module")
 def tokenizer_path():
-    from serve_app.engine.provision import DEFAULT_MODEL, EMBEDDED, _complete, _gguf_path, default_cache_dir
+    from serve_app.engine.provision import default_tokenizer_source
 
-    cached = default_cache_dir() / DEFAULT_MODEL
-    return str(cached) if _complete(cached) else str(_gguf_path(EMBEDDED[DEFAULT_MODEL]))
+    return default_tokenizer_source()
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -35,10 +35,9 @@ HEADER = "x-anthropic-billing-header: cc_version=2.1.197.a3f; cc_entrypoint=cli;
 
 def smollm2_path() -> str:
     """The converted default model if it is cached, else the GGUF straight from its package (slower)."""
-    from serve_app.engine.provision import DEFAULT_MODEL, EMBEDDED, _complete, _gguf_path, default_cache_dir
+    from serve_app.engine.provision import default_tokenizer_source
 
-    cached = default_cache_dir() / DEFAULT_MODEL
-    return str(cached) if _complete(cached) else str(_gguf_path(EMBEDDED[DEFAULT_MODEL]))
+    return default_tokenizer_source()
 
 
 @pytest.fixture(scope="module")
