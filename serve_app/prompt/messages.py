@@ -128,6 +128,8 @@ def _assistant(parts: list[Part], policy: ReplayPolicy, where: str, thinking_off
                 out[key] = inner
         else:
             out["content"] = policy.empty_block + text
+    if policy.empty_turn_as_blocks and out["content"] == "" and not calls:
+        out["content"] = [{"type": "text", "text": ""}]
     return out
 
 

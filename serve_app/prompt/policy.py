@@ -67,6 +67,10 @@ class ReplayPolicy:
     # and Codex send the results and the text after them as one user turn). Found by probing.
     merge_user_runs: bool = False
     user_text_into_tool_result: bool = False
+    # The template refuses an assistant turn with neither text nor calls (Mistral's raise; the model wrote only its
+    # end token) but takes content as one empty text block, which renders the same nothing: such a turn goes in
+    # that way. Found by probing.
+    empty_turn_as_blocks: bool = False
     fields: tuple[str, ...] = ()  # field mode: the message keys that carry reasoning to the template
     # Thinking off: the generation prompt may close an empty think block itself ("<think>\n\n</think>\n\n"),
     # so every answer was generated after it. `empty_replay` is how a turn without reasoning gets that block

@@ -309,7 +309,8 @@ class PromptRenderer:
     def _probe_alternation(self, policy: ReplayPolicy) -> ReplayPolicy:
         """Does the template take two user turns in a row, and user text right after tool results? Codex opens with
         two user messages, and Anthropic clients send text beside tool results. A template whose user and assistant
-        turns must alternate (Mistral's raise otherwise) gets that text joined to the user turn before it."""
+        turns must alternate (Mistral's raise otherwise) gets that text joined to the user turn before it. Such a
+        template may also refuse an answer that was only the end token; it gets an empty text block instead."""
         run = [Message("user", [TextPart("Probe user.")]), Message("user", [TextPart("Probe user two.")])]
         call_id = _PROBE_CALL["id"]
         after_tool = [Message("user", [TextPart("Probe user.")]),
@@ -327,10 +328,14 @@ class PromptRenderer:
                   for m in shape if m.role == "user" for p in m.parts]
             return min(at) >= 0 and at == sorted(at)
 
+        # The model's answer may be its end token alone: an assistant turn with neither text nor calls.
+        empty = [Message("user", [TextPart("Probe user.")]), Message("assistant", []),
+                 Message("user", [TextPart("Probe user two.")])]
         out = policy
-        for shape, flag in ((run, "merge_user_runs"), (after_tool, "user_text_into_tool_result")):
+        for shape, flag in ((run, "merge_user_runs"), (after_tool, "user_text_into_tool_result"),
+                            (empty, "empty_turn_as_blocks")):
             trial = replace(out, **{flag: True})
-            if not renders(policy, shape) and renders(trial, shape):
+            if not renders(out, shape) and renders(trial, shape):
                 out = trial
         return out
 

@@ -32,7 +32,7 @@ from test_sdk_params import ANTHROPIC, ANTHROPIC_REFUSED, CHAT, CHAT_REFUSED, RE
 
 FAMILIES = ["nemotron-3", "qwen3-coder", "qwen3", "glm-4.6", "glm-4.7", "kimi-k2", "deepseek-v3.1", "gpt-oss",
             "minimax-m2", "gemma-4", "kimi-k3", "qwen3.5", "qwen3.6", "qwen3.8", "step-3.5-flash",
-            "ministral-3", "deepseek-v4", "deepseek-v4.1"]
+            "ministral-3", "deepseek-v3.2", "deepseek-v4", "deepseek-v4.1"]
 MODELS = ["m", *FAMILIES]
 ANSWERS = ["Sure.", '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', "plain \U0001F600 text"]
 

@@ -1,5 +1,6 @@
-"""DeepSeek-V4's and V4.1's templates (serve_app/families/templates/deepseek-v4*.jinja) against the encoders vLLM
-serves the models with. DeepSeek ships their prompt formats as Python, not as chat templates; each family's template
+"""DeepSeek-V3.2's, V4's and V4.1's templates (serve_app/families/templates/deepseek-v3.2.jinja, deepseek-v4*.jinja)
+against the encoders vLLM serves the models with. DeepSeek ships their prompt formats as Python, not as chat
+templates; each family's template
 is this project's reproduction of vLLM's encoder and the kwargs its tokenizer wrapper reads, so every render must
 equal the encoder's (or both must refuse the conversation): vLLM's own V4 fixture conversations (tests/data/
 deepseek_v4, see its NOTICE.md) and seeded random ones — system, developer and latest_reminder messages, user runs,
@@ -18,19 +19,21 @@ from serve_app.families import get_family
 from serve_app.prompt import load_tokenizer
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "deepseek_v4"
-FAMILIES = ["deepseek-v4", "deepseek-v4.1"]
+FAMILIES = ["deepseek-v3.2", "deepseek-v4", "deepseek-v4.1"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def tokenizers(request):
     """(family, SmolLM2's tokenizer, the same wrapped by vLLM's encoder for the family)."""
+    from vllm.tokenizers.deepseek_v32 import get_deepseek_v32_tokenizer
     from vllm.tokenizers.deepseek_v4 import get_deepseek_v4_tokenizer
     from vllm.tokenizers.deepseek_v41 import get_deepseek_v41_tokenizer
 
     from serve_app.engine.provision import default_tokenizer_source
 
     path = default_tokenizer_source()
-    wrap = {"deepseek-v4": get_deepseek_v4_tokenizer, "deepseek-v4.1": get_deepseek_v41_tokenizer}[request.param]
+    wrap = {"deepseek-v3.2": get_deepseek_v32_tokenizer, "deepseek-v4": get_deepseek_v4_tokenizer,
+            "deepseek-v4.1": get_deepseek_v41_tokenizer}[request.param]
     return get_family(request.param), load_tokenizer(path), wrap(load_tokenizer(path))
 
 
@@ -70,11 +73,16 @@ KWARGS = [{}, {"thinking": True}, {"thinking": False}, {"enable_thinking": True}
 def test_vllm_s_fixture_conversations_render_as_vllm_s_encoder_renders_them(tokenizers, case, kwargs):
     data = json.loads((DATA / f"test_input_{case}.json").read_text(encoding="utf-8"))
     messages, tools = (data["messages"], data.get("tools")) if isinstance(data, dict) else (data, None)
-    if tokenizers[0].name == "deepseek-v4.1":  # V4.1 has no latest_reminder role (its encoder refuses it)
+    if tokenizers[0].name != "deepseek-v4":  # only V4 has the latest_reminder role (the others' encoders refuse it)
         messages = [m for m in messages if m["role"] != "latest_reminder"]
     ours, vllms = both(tokenizers, parsed(messages), tools, kwargs)
-    # V4.1's encoder refuses an effort of medium (the service maps it first: the catalog's effort_values)
-    assert vllms != "raised" or (tokenizers[0].name == "deepseek-v4.1" and kwargs.get("reasoning_effort") == "medium")
+    # V4.1's encoder refuses an effort of medium (the service maps it first: the catalog's effort_values); V3.2's in
+    # thinking mode, an answer after the last user message without reasoning (V4's fixture 4 ends with one)
+    last = messages[-1]
+    thinking = kwargs.get("thinking") or kwargs.get("enable_thinking")
+    assert vllms != "raised" or (tokenizers[0].name == "deepseek-v4.1" and kwargs.get("reasoning_effort") == "medium") \
+        or (tokenizers[0].name == "deepseek-v3.2" and thinking and last["role"] == "assistant"
+            and not last.get("reasoning") and not last.get("tool_calls"))
     assert ours == vllms
 
 

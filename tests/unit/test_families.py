@@ -439,10 +439,16 @@ def test_no_argument_call_is_expressed_as_the_catalog_says(tokenizer_path, name)
 @pytest.mark.parametrize("thinking", [True, False])
 def test_a_prefill_ends_the_prompt_with_the_assistant_text(tokenizer_path, name, thinking):
     """Anthropic's prefill on each real template: the prompt is the history, then the final assistant message's
-    text with no end of turn; the model continues it as answer text."""
+    text with no end of turn; the model continues it as answer text. DeepSeek-V3.2's encoder refuses an answer
+    without reasoning after the last user message in thinking mode, so a prefill there gets the template's own
+    reason, in the request's error (Anthropic's API refuses a prefill with thinking on as well)."""
     r = renderer(tokenizer_path, name)
     conv = base_conv()
     conv.messages.append(Message("assistant", [TextPart("The file is")]))
+    if name == "deepseek-v3.2" and thinking:
+        with pytest.raises(InvalidRequest, match="needs reasoning or tool calls"):
+            r.render_sync(conv, GenerationOptions(thinking=thinking, continue_final=True))
+        return
     out = r.render_sync(conv, GenerationOptions(thinking=thinking, continue_final=True))
     assert out.text.endswith("The file is"), f"{name}: {out.text[-200:]!r}"
     assert out.starts_in_reasoning is False
@@ -524,13 +530,15 @@ def test_random_system_and_developer_messages_all_render_in_order(tokenizer_path
 
 def test_the_templates_that_take_one_system_message_first_are_found(tokenizer_path):
     """The probe's verdict on the real templates: Qwen3.5/3.6/3.8 raise on any system message but the first,
-    MiniMax-M2 drops the others, gpt-oss drops a later one, DeepSeek-V3.1 hoists a later one into its head."""
+    MiniMax-M2 drops the others, gpt-oss drops a later one, DeepSeek-V3.1 hoists a later one into its head,
+    DeepSeek-V3.2's encoder fails on a developer message before the last user message in thinking mode."""
     policies = {name: renderer(tokenizer_path, name).policy for name in FAMILIES}
-    assert {n for n, p in policies.items() if p.merge_leading_system} == {"gpt-oss", "minimax-m2", "ministral-3",
-                                                                          "qwen3.5", "qwen3.6", "qwen3.8"}
-    assert {n for n, p in policies.items() if p.later_system_as_user} == {"deepseek-v3.1", "gpt-oss", "minimax-m2",
+    assert {n for n, p in policies.items() if p.merge_leading_system} == {"deepseek-v3.2", "gpt-oss", "minimax-m2",
                                                                           "ministral-3", "qwen3.5", "qwen3.6",
                                                                           "qwen3.8"}
+    assert {n for n, p in policies.items() if p.later_system_as_user} == {"deepseek-v3.1", "deepseek-v3.2",
+                                                                          "gpt-oss", "minimax-m2", "ministral-3",
+                                                                          "qwen3.5", "qwen3.6", "qwen3.8"}
 
 
 def test_qwen3_8_takes_the_request_s_effort_as_one_of_its_three(tokenizer_path):
@@ -621,6 +629,31 @@ def test_user_turns_that_do_not_alternate_render_in_order(tokenizer_path, name):
         text = r.render_sync(conv, opts).text
         assert user_texts_in_order(text, msgs), (case, [m.role for m in msgs], text)
 
+
+
+
+def test_only_ministral_3_needs_an_empty_answer_as_a_block(tokenizer_path):
+    """The probe's verdict: Ministral 3's template raises on an assistant turn with neither text nor calls; every
+    other family takes it as it is."""
+    assert {n for n in FAMILIES if renderer(tokenizer_path, n).policy.empty_turn_as_blocks} == {"ministral-3"}
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_an_answer_that_was_only_the_end_token_replays(tokenizer_path, name, thinking):
+    """A model may answer with its end token alone. The next request carries that turn with neither text nor calls:
+    it renders on every family (Ministral 3's template raised: a 400 for the whole session from then on), and where
+    the template writes nothing of its own for an empty turn, the prompt before it is kept whole."""
+    r = renderer(tokenizer_path, name)
+    opts = GenerationOptions(thinking=thinking)
+    first = [said("system", "Be brief."), said("user", "Say nothing.")]
+    before = r.render_sync(Conversation(messages=first), opts).text
+    for empty in (Message("assistant", []), said("assistant", "")):
+        msgs = [*first, empty, said("user", "Now say something.")]
+        after = r.render_sync(Conversation(messages=msgs), opts).text
+        assert user_texts_in_order(after, msgs)
+        if name == "ministral-3":
+            assert after.startswith(before + r.tokenizer.eos_token), after
 
 
 @pytest.mark.parametrize("name", ["deepseek-v4", "deepseek-v4.1"])
