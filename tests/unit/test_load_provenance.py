@@ -42,3 +42,29 @@ def test_no_load_script_builds_its_own_provenance():
     own = [p.name for p in (ROOT / "load").glob("*.py")
            if p.name not in ("provenance.py", "plots.py") and re.search(r"[\"'](git_)?commit[\"']\s*:", p.read_text())]
     assert own == []
+
+
+def test_ci_run_reads_pytest_s_summary_and_slowest_tests():
+    """load.ci_run records what pytest printed at the end of `.ci/run`: the counts and seconds of its summary line
+    and its `--durations` table, whatever else the log holds."""
+    from load import ci_run
+
+    log = "\n".join([
+        "setup: done",
+        "tests/unit/test_x.py ....",
+        "============================= slowest 30 durations =============================",
+        "129.31s call     tests/integration/test_restart.py::test_engine_core_replacement",
+        "109.02s setup    tests/conformance/test_claude_code.py::test_print_mode[tool]",
+        "0.50s teardown tests/unit/test_x.py::test_y",
+        "=========================== short test summary info ============================",
+        "FAILED tests/unit/test_x.py::test_z - AssertionError",
+        "====== 1 failed, 3899 passed, 2 skipped, 5 warnings in 2248.12s (0:37:28) ======",
+    ])
+    got = ci_run.parse_log(log)
+    assert got["counts"] == {"failed": 1, "passed": 3899, "skipped": 2, "warning": 5}
+    assert got["pytest_s"] == 2248.12
+    assert got["summary"] == "1 failed, 3899 passed, 2 skipped, 5 warnings in 2248.12s (0:37:28)"
+    assert [(d["seconds"], d["phase"], d["test"].split("::")[-1]) for d in got["slowest"]] == [
+        (129.31, "call", "test_engine_core_replacement"), (109.02, "setup", "test_print_mode[tool]"),
+        (0.5, "teardown", "test_y")]
+    assert ci_run.parse_log("no summary here")["pytest_s"] is None
