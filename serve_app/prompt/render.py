@@ -367,10 +367,16 @@ class PromptRenderer:
                     return False
             return True
 
+        # Codex may open with a developer message. A template that knows the role may still fail on it where it
+        # stands (DeepSeek-V3.2's encoder drops developer messages before the last user turn, then fails): it gets
+        # developer messages as system messages.
+        opening = [said("developer", "Probe system two."), said("user", "Probe user.")]
         out = policy
-        if not kept(policy, lead):
+        if policy.developer_role and not kept(policy, opening) and kept(replace(policy, developer_role=False), opening):
+            out = replace(out, developer_role=False)
+        if not kept(out, lead):
             out = replace(out, merge_leading_system=True)
-        if not kept(policy, later):
+        if not kept(out, later):
             out = replace(out, later_system_as_user=True)
         if out is not policy and not (kept(out, lead) and kept(out, later)):
             log.warning("model %s: its chat template does not render every system message, not even joined or "

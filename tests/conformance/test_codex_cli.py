@@ -122,13 +122,14 @@ def test_forced_exec_command_tool_loop_reuses_prefix(codex, codex_home, tmp_path
     check_exec_tool_loop(events, sse)
 
 
-@pytest.mark.parametrize("model", ["codex-qwen3.6", "codex-ministral-3"])
+@pytest.mark.parametrize("model", ["codex-qwen3.6", "codex-ministral-3", "codex-deepseek-v3.2"])
 def test_tool_loop_on_a_family_s_real_template(codex, serve_url, tmp_path_factory, tmp_path, model):
     """Codex's requests carry its instructions and developer messages (permissions, environment) and then two user
     messages (AGENTS.md and environment context, the prompt). Qwen3.6's template raises on any system message but
-    the first; Ministral 3's too, and on two user turns in a row. On `codex-qwen3.6` and `codex-ministral-3` (the
-    32K engine under the family's real template and parsers) the forced tool loop completes in the family's own
-    wire format, and turn 2 reuses turn 1's prompt."""
+    the first; Ministral 3's too, and on two user turns in a row; DeepSeek-V3.2's encoder fails on a developer
+    message before the last user message in thinking mode. On `codex-qwen3.6`, `codex-ministral-3` and
+    `codex-deepseek-v3.2` (the 32K engine under the family's real template and parsers) the forced tool loop
+    completes in the family's own wire format, and turn 2 reuses turn 1's prompt."""
     home = make_codex_home(serve_url, tmp_path_factory, model)
     events, sse, _ = run_codex(codex, home, tmp_path / "work", "CODEX_TOOL_LOOP: run the command")
     check_exec_tool_loop(events, sse)
