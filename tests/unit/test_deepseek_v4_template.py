@@ -5,7 +5,7 @@ is this project's reproduction of vLLM's encoder and the kwargs its tokenizer wr
 equal the encoder's (or both must refuse the conversation): vLLM's own V4 fixture conversations (tests/data/
 deepseek_v4, see its NOTICE.md) and seeded random ones — system, developer and latest_reminder messages, user runs,
 reasoning, calls with every kind of argument value, results out of call order, DeepSeek's task markers, request and
-message-level tools — under every combination of the kwargs."""
+message-level tools, a response format, prefix completion — under every combination of the kwargs."""
 
 from __future__ import annotations
 
@@ -144,6 +144,10 @@ def _conversation(rng: random.Random, family: str) -> tuple[list[dict], list | N
                 break
     if rng.random() < 0.5 and msgs[-1]["role"] == "assistant":
         msgs.append({"role": "user", "content": "Next question."})
+    elif msgs[-1]["role"] == "assistant" and rng.random() < 0.2:
+        msgs[-1]["prefix"] = True  # DeepSeek's prefix completion: the answer is continued (V3.2 reads it)
+    if family == "deepseek-v3.2" and rng.random() < 0.05:
+        msgs.insert(0, {"role": "tool", "tool_call_id": "call_x", "content": "a result first"})  # the encoder's index-0 case
     tools = None
     if rng.random() < 0.5:
         tools = [TOOL]
@@ -151,6 +155,11 @@ def _conversation(rng: random.Random, family: str) -> tuple[list[dict], list | N
         holder = next((m for m in msgs if m["role"] in ("system", "developer") and m["content"]), None)
         if holder is not None:
             holder["tools"] = [TOOL]
+    if rng.random() < 0.15:
+        holder = next((m for m in msgs if m["role"] in ("system", "developer") and m["content"]), None)
+        if holder is not None:
+            holder["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": {
+                "type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"type": "string"}}}}}
     kwargs = dict(rng.choice(KWARGS))
     if rng.random() < 0.3:
         kwargs["reasoning_effort"] = rng.choice(["low", "minimal", "high", "xhigh", "max", "none", "unexpected", 3,
@@ -167,4 +176,4 @@ def test_random_conversations_render_as_vllm_s_encoder_renders_them(tokenizers, 
         ours, vllms = both(tokenizers, messages, tools, kwargs)
         assert ours == vllms, (seed, case, kwargs, [m["role"] for m in messages])
         refused += vllms == "raised"
-    assert refused <= 8  # most conversations render: the comparison is of prompts, not of refusals
+    assert refused <= 12  # most conversations render (V3.2 refuses the most): the comparison is of prompts
