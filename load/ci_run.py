@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True, help="the result file to write")
     ap.add_argument("--workdir", default=None, help="where to clone (default: a new temporary folder)")
-    ap.add_argument("--log", default=None, help="where the run's output goes (default: <workdir>/ci.log)")
+    ap.add_argument("--log", default=None, help="where the run's output goes (default: <workdir>.log, beside it)")
     args = ap.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="serve-app-ci-"))
     log_path = Path(args.log) if args.log else workdir.parent / f"{workdir.name}.log"

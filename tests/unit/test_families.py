@@ -37,6 +37,7 @@ from serve_app.families import Family, apply_family, get_family, load_catalog
 from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS, fold_complete, make_stream_parser, parse_complete
 from serve_app.parsers.formats import tool_start_markers
 from serve_app.prompt import PromptRenderer, load_tokenizer
+from serve_app.prompt.policy import decide_policy
 from serve_app.protocols.responses import ReasoningParam
 from serve_app.settings import ModelConfig
 from tests.support.stability import unreplayed_empty_block
@@ -544,8 +545,7 @@ def test_the_templates_that_take_one_system_message_first_are_found(tokenizer_pa
                                                                           "qwen3.8"}
     # Templates that name the developer role get it, but for DeepSeek-V3.2 (a request that opens with one, as Codex
     # may, fails): its developer messages go in as system messages, which it writes where they stand.
-    knows = {n for n in FAMILIES if "'developer'" in get_family(n).template_text()
-             or '"developer"' in get_family(n).template_text()}
+    knows = {n for n in FAMILIES if decide_policy(get_family(n).template_text(), None).developer_role}
     assert {n for n in knows if not policies[n].developer_role} == {"deepseek-v3.2"}
 
 
@@ -650,8 +650,8 @@ def test_only_ministral_3_needs_an_empty_answer_as_a_block(tokenizer_path):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_an_answer_that_was_only_the_end_token_replays(tokenizer_path, name, thinking):
     """A model may answer with its end token alone. The next request carries that turn with neither text nor calls:
-    it renders on every family (Ministral 3's template raised: a 400 for the whole session from then on), and where
-    the template writes nothing of its own for an empty turn, the prompt before it is kept whole."""
+    it renders on every family (Ministral 3's template raised: a 400 for the whole session from then on), and on
+    Ministral 3 the prompt before it is kept whole."""
     r = renderer(tokenizer_path, name)
     opts = GenerationOptions(thinking=thinking)
     first = [said("system", "Be brief."), said("user", "Say nothing.")]
