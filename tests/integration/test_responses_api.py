@@ -140,6 +140,11 @@ def test_previous_response_id_and_get_across_ingress_replicas(serve_url):
         assert b.json()["previous_response_id"] == rid
         # the follow-up's prompt holds the first turn: it is longer by at least the first answer and question
         assert b.json()["usage"]["input_tokens"] > a.json()["usage"]["input_tokens"]
+        with httpx.Client(base_url=serve_url, timeout=600) as c:  # a third turn: the chain of two stored turns
+            d = c.post("/v1/responses", json={"model": PLAIN, "input": "and last?",
+                                              "previous_response_id": b.json()["id"], **forced("done")})
+        assert d.status_code == 200, d.text
+        assert d.json()["usage"]["input_tokens"] > b.json()["usage"]["input_tokens"]
         replicas = {a.headers["x-serve-replica"], g.headers["x-serve-replica"], b.headers["x-serve-replica"]}
         crossed += len(replicas) > 1
     assert crossed > 0, "all requests landed on one ingress replica: the cross-replica path was not exercised"

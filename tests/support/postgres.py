@@ -42,11 +42,14 @@ class Blocking:
     def run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
-    def put(self, key, record, size=None):
-        return self.run(self.store.put(key, record, size))
+    def put(self, key, record, size=None, parent=None):
+        return self.run(self.store.put(key, record, size, parent))
 
     def get(self, key):
         return self.run(self.store.get(key))
+
+    def chain(self, key):
+        return self.run(self.store.chain(key))
 
     def delete(self, key):
         return self.run(self.store.delete(key))

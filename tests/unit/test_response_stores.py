@@ -143,6 +143,89 @@ def test_memory_store_accounts_bytes_back_to_zero():
     assert s.get("a") is None and s.bytes == 0
 
 
+# -- chains: each record holds its own turn and names the one it continues ---------------------------------------
+
+
+def test_a_chain_reads_back_root_first(open_store):
+    s = open_store()
+    assert s.put("a", {"items": ["a"]}) and s.put("b", {"items": ["b"]}, parent="a")
+    assert s.put("c", {"items": ["c"]}, parent="b") and s.put("b2", {"items": ["b2"]}, parent="a")  # a fork
+    assert s.chain("c") == [{"items": ["a"]}, {"items": ["b"]}, {"items": ["c"]}]
+    assert s.chain("b2") == [{"items": ["a"]}, {"items": ["b2"]}]
+    assert s.chain("a") == [{"items": ["a"]}] and s.chain("nope") is None
+    assert s.get("b") == {"items": ["b"]} and len(s) == 4
+
+
+def test_a_put_whose_parent_is_not_stored_or_descends_from_it_stores_nothing(open_store):
+    s = open_store()
+    assert s.put("x", 1, parent="nope") is False and s.get("x") is None and len(s) == 0
+    s.put("a", 1)
+    s.put("b", 2, parent="a")
+    assert s.put("a", 3, parent="b") is False  # a cycle
+    assert s.put("a", 3, parent="a") is False
+    assert s.get("a") == 1 and s.chain("b") == [1, 2]
+
+
+def test_a_chain_past_a_cap_is_refused_whole(open_store):
+    s = open_store(max_items=3, max_bytes=100)
+    assert s.put("a", "y" * 38) and s.put("b", "y" * 38, parent="a")  # 40 bytes each as JSON
+    assert s.put("c", "y" * 28, parent="b") is False  # 110 bytes with its chain: more than the cap
+    assert s.put("c", "y" * 8, parent="b")  # 90
+    assert s.put("d", 1, parent="c") is False  # four records: more than the item cap
+    assert s.chain("c") == ["y" * 38, "y" * 38, "y" * 8] and len(s) == 3
+
+
+def test_a_record_keeps_its_chain_alive_past_the_chains_own_ttl(open_store):
+    clock = Clock()
+    s = open_store(ttl_s=10, clock=clock)
+    s.put("a", 1)
+    s.put("x", 0)
+    clock.t += 8
+    s.put("b", 2, parent="a")  # refreshes a (and not x)
+    clock.t += 5  # 13 s after a's put, 5 after b's
+    assert s.get("x") is None and s.get("a") == 1 and s.chain("b") == [1, 2]
+    clock.t += 6
+    assert s.chain("b") is None and s.get("a") is None and len(s) == 0
+
+
+def test_eviction_takes_the_least_recently_continued_conversation_whole(open_store):
+    s = open_store(max_items=5)
+    s.put("a", 1)
+    s.put("x", 0)
+    s.put("b", 2, parent="a")  # a's conversation is now the newer
+    s.put("y", 3)
+    s.put("z", 4)
+    s.put("w", 5)  # six: x goes, not a
+    assert s.get("x") is None and s.chain("b") == [1, 2]
+    s.put("b2", 6, parent="a")  # a fork: the same conversation, continued again (y goes)
+    s.put("v", 7)  # z goes
+    assert s.get("y") is None and s.get("z") is None and s.chain("b2") == [1, 6] and len(s) == 5
+    s.put("u", 8)  # w goes
+    s.put("t", 9)  # the oldest conversation is now a's: all three of its records go at once
+    assert [s.get(k) for k in ("a", "b", "b2", "w")] == [None] * 4 and len(s) == 3
+
+
+def test_a_record_another_continues_cannot_be_replaced(open_store):
+    s = open_store()
+    s.put("a", 1)
+    s.put("b", 2, parent="a")
+    assert s.put("a", 3) is False and s.chain("b") == [1, 2]
+    assert s.put("b", 4, parent="a") and s.chain("b") == [1, 4]  # nothing continues b: replaced
+    assert s.put("b", 5) and s.chain("b") == [5] and s.put("a", 6) and s.chain("a") == [6] and len(s) == 2
+
+
+def test_deleting_a_record_a_later_one_continues_hides_it_and_keeps_that_chain(open_store):
+    s = open_store()
+    s.put("a", 1)
+    s.put("b", 2, parent="a")
+    assert s.delete("a") is True and s.get("a") is None and s.chain("a") is None
+    assert s.delete("a") is False and s.put("x", 9, parent="a") is True  # hidden, yet a chain may still go on
+    assert s.chain("b") == [1, 2] and s.chain("x") == [1, 9] and len(s) == 3
+    assert s.delete("b") and s.delete("x") and s.chain("b") is None and len(s) == 1  # a: kept until it ages out
+    s.put("a", 7)  # stored again: visible again
+    assert s.get("a") == 7 and s.chain("a") == [7]
+
+
 # -- persistent backends: a second store object on the same database --------------------------------------------
 
 
@@ -211,25 +294,33 @@ def _totals(backend: str, open_store) -> tuple[tuple[int, int], tuple[int, int]]
 @persistent
 @pytest.mark.parametrize("seed", range(3))
 def test_random_calls_agree_with_the_in_memory_store_and_keep_the_totals_exact(backend, open_store, seed):
-    """Puts (new keys, overwrites, sizes near the byte cap), gets, deletes and the clock moving on, from two store
-    objects on one database, against the in-memory store as the model: every answer agrees, and the totals the
-    caps are checked against equal the table's own count and sum throughout."""
+    """Puts (new keys, overwrites, sizes near the byte cap, continuing another key's chain or not), gets, chains,
+    deletes and the clock moving on, from two store objects on one database, against the in-memory store as the
+    model: every answer agrees, and the totals the caps are checked against equal the table's own count and sum
+    throughout."""
     rng = random.Random(seed)
     clock = Clock()
     caps = dict(max_items=rng.choice([3, 8, 20]), ttl_s=50, max_bytes=rng.choice([200, 1_000, 10_000]))
     model = ResponseStoreCore(clock=clock, **caps)
     stores = [open_store(clock=clock, **caps), open_store(clock=clock, **caps)]
     keys = [f"r{i}" for i in range(25)]
-    for step in range(120):
+    recent: list[str] = []  # the last keys put: conversations going on, and forks of them
+    for step in range(160):
         s, key = rng.choice(stores), rng.choice(keys)
         op = rng.random()
         if op < 0.5:
-            size = rng.choice([1, 10, 60, rng.randrange(1, caps["max_bytes"] + 20)])
+            size = rng.choice([1, 10, 60, rng.randrange(1, caps["max_bytes"] // 4 + 20)])
             record = {"step": step, "text": "é\n\"" * rng.randrange(3)}
-            assert s.put(key, record, size) is model.put(key, record, size), (step, key)
+            parent = rng.choice([None, rng.choice(keys), *recent[-3:], *recent[-1:] * 3])
+            stored = s.put(key, record, size, parent)
+            assert stored is model.put(key, record, size, parent), (step, key, parent)
+            recent += [key] * stored
         elif op < 0.75:
+            key = rng.choice([key, *recent[-2:]])
             assert s.get(key) == model.get(key), (step, key)
+            assert s.chain(key) == model.chain(key), (step, key)
         elif op < 0.9:
+            key = rng.choice([key, *recent[-6:]])
             expected = model.get(key) is not None  # an expired key may linger in either store until swept
             if expected:
                 assert s.delete(key) is model.delete(key) is True, (step, key)
@@ -240,8 +331,9 @@ def test_random_calls_agree_with_the_in_memory_store_and_keep_the_totals_exact(b
         if step % 20 == 19:
             stored, counted = _totals(backend, open_store)
             assert tuple(stored) == tuple(counted), step
-            assert len(s) == sum(model.get(k) is not None for k in keys), step  # the model's len counts expired
+            assert len(s) == len(model), step
     assert {k: s.get(k) for k in keys} == {k: model.get(k) for k in keys}
+    assert {k: s.chain(k) for k in keys} == {k: model.chain(k) for k in keys}
     stored, counted = _totals(backend, open_store)
     assert tuple(stored) == tuple(counted)
 
@@ -252,8 +344,8 @@ _SCHEMA_BEFORE_TOTALS = """CREATE TABLE {t} (id TEXT PRIMARY KEY, seq {seq} NOT 
 
 @persistent
 def test_a_database_written_before_the_totals_existed_is_counted_on_open(backend, open_store):
-    """A store file or database from before the totals table: its rows are counted when a store opens it, so the
-    caps hold over them at once."""
+    """A store file or database from before the totals table and the chains: its rows are counted when a store
+    opens it, so the caps hold over them at once, and read as chains of one."""
     rows = [(f"old{i}", i + 1, 1e12, 20, '{"old": %d}' % i) for i in range(5)]
     if backend == "sqlite":
         with sqlite3.connect(open_store.path) as conn:
@@ -271,6 +363,9 @@ def test_a_database_written_before_the_totals_existed_is_counted_on_open(backend
     assert len(s) == 6 and s.get("old0") is None and s.get("old1") == {"old": 1} and s.get("new1") == 1
     stored, counted = _totals(backend, open_store)
     assert tuple(stored) == tuple(counted) == (6, 120)
+    # Its records (each holding its whole history) are chains of one, and a new record may continue one.
+    assert s.chain("old4") == [{"old": 4}] and s.put("new3", 3, 20, "old4")
+    assert s.chain("new3") == [{"old": 4}, 3] and open_store().chain("new3") == [{"old": 4}, 3]
 
 
 # -- persistent backends: a database that fails or hangs is StoreUnavailable (503), never a 500 or a hang --------

@@ -148,6 +148,56 @@ async def test_previous_response_id_across_replicas(replicas):
     assert texts == [("user", "first question"), ("assistant", "Hello"), ("user", "second")]
 
 
+def _turns(conv) -> list[tuple[str, str]]:
+    return [(m.role, m.parts[0].text) for m in conv.messages]
+
+
+async def test_a_chain_of_previous_response_ids_stores_each_turn_once(replicas):
+    """Each stored response holds its own turn (input, then output) and names the one it continues; a follow-up
+    gets the whole chain's history, through either replica, also past a response deleted on the way."""
+    (a, _), (b, svc_b) = replicas
+    store = _store(a)
+    ids, previous = [], None
+    for n in range(4):
+        r = await client((a, b)[n % 2]).responses.create(model="m1", input=f"q{n}", previous_response_id=previous)
+        ids.append(previous := r.id)
+    assert [store.get(i)["items"] for i in ids] == [
+        [{"type": "message", "role": "user", "content": f"q{n}"}, *store.get(ids[n])["response"]["output"]]
+        for n in range(4)]
+    assert _turns(svc_b.prepared[-1].conversation) == [
+        ("user", "q0"), ("assistant", "Hello"), ("user", "q1"), ("assistant", "Hello"),
+        ("user", "q2"), ("assistant", "Hello"), ("user", "q3")]
+    await client(b).responses.delete(ids[1])
+    with pytest.raises(openai.NotFoundError):
+        await client(a).responses.create(model="m1", input="x", previous_response_id=ids[1])
+    await client(b).responses.create(model="m1", input="q4", previous_response_id=ids[3])
+    assert _turns(svc_b.prepared[-1].conversation)[:4] == [
+        ("user", "q0"), ("assistant", "Hello"), ("user", "q1"), ("assistant", "Hello")]
+
+
+async def test_a_response_whose_chain_went_while_it_was_generated_is_stored_whole(replicas):
+    (a, svc), _ = replicas
+    store = _store(a)
+    first = await client(a).responses.create(model="m1", input="q0")
+    prepare = svc.prepare
+
+    async def prepare_and_lose_the_chain(*args, **kwargs):
+        store.delete(first.id)  # expired or evicted between the lookup and the put
+        return await prepare(*args, **kwargs)
+
+    svc.prepare = prepare_and_lose_the_chain
+    second = await client(a).responses.create(model="m1", input="q1", previous_response_id=first.id)
+    svc.prepare = prepare
+    assert store.get(first.id) is None and store.chain(second.id) == [store.get(second.id)]
+    await client(a).responses.create(model="m1", input="q2", previous_response_id=second.id)
+    assert _turns(svc.prepared[-1].conversation) == [
+        ("user", "q0"), ("assistant", "Hello"), ("user", "q1"), ("assistant", "Hello"), ("user", "q2")]
+
+
+def _store(app) -> ResponseStoreCore:
+    return app.state.ctx.response_store.backend
+
+
 async def test_store_false_is_not_retrievable_and_unknown_id_404(replicas):
     app, _ = replicas[0]
     r = await client(app).responses.create(model="m1", input="x", store=False)

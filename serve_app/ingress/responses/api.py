@@ -116,9 +116,13 @@ class ResponsesApi(AdapterDefaults):
         store, req, response = ctx.response_store, call.wire.request, encoder.encoder.response
         if store is None or req.store is False:
             return
-        record = {"response": response, "items": [*call.wire.history, *_dump_items(req), *response["output"]]}
+        items = [*_dump_items(req), *response["output"]]
+        parent = req.previous_response_id
         try:
-            await store.put(response["id"], record)
+            # This turn's items only, continuing the chain of the response it follows (store.py).
+            if not await store.put(response["id"], {"response": response, "items": items}, parent) and parent:
+                # The chain went while this answer was generated (expired, evicted, deleted): stored whole instead.
+                await store.put(response["id"], {"response": response, "items": [*call.wire.history, *items]})
         except Exception:  # the answer still goes out; only later lookups of this id will miss
             log.exception("could not store response %s", response["id"])
 
@@ -141,8 +145,9 @@ def _dump_items(req: ResponsesRequest) -> list[dict[str, Any]]:
 
 
 async def _history(store: RecordStore | None, response_id: str) -> list[dict[str, Any]]:
-    record = await store.get(response_id) if store is not None else None
-    if record is None:
+    """The items of the stored conversation `response_id` ends: every record's of its chain, in order."""
+    records = await store.chain(response_id) if store is not None else None
+    if records is None:
         raise ServiceError("not_found", f"previous_response_id: no stored response with id {response_id!r}",
                            param="previous_response_id", code="previous_response_not_found")
-    return record["items"]
+    return [item for record in records for item in record["items"]]

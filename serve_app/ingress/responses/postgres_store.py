@@ -2,8 +2,9 @@
 node (after a crash, a scale-down or a RayService upgrade that brings up a new cluster) and must still find every
 stored response.
 
-Same interface and bounds as `SqliteResponseStore` (put/get/delete; a wall-clock TTL; past the item or byte cap the
-oldest stored entries go first). The DSN comes from `ingress.response_store_dsn` or the SERVE_APP_RESPONSE_STORE_DSN
+Same interface, layout and bounds as `SqliteResponseStore` (put/get/chain/delete; conversations with a wall-clock
+TTL; past the item or byte cap the least recently continued conversations go first), records in their rows (an
+update leaves a large value PostgreSQL keeps out of line where it is). The DSN comes from `ingress.response_store_dsn` or the SERVE_APP_RESPONSE_STORE_DSN
 environment variable (a Kubernetes Secret in kuberay/); it may hold a password, so it is never logged or echoed.
 The schema is created on first use, under an advisory lock, so replicas that start at once do not race on it.
 Puts take a second advisory lock: the caps hold over the whole table (its totals, kept by a trigger), and two
@@ -31,7 +32,7 @@ from typing import Any, Awaitable, Callable
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from serve_app.ingress.responses.store import StoreUnavailable, encode_record
+from serve_app.ingress.responses.store import CONTINUED_EXPIRES, CONTINUED_SEQ, StoreUnavailable, encode_record
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,22 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
     size BIGINT NOT NULL,
     record TEXT NOT NULL
 );
+-- The conversation columns (sqlite_store.py's schema says what each holds); a table from before they existed gets
+-- them here, its records each a conversation of one.
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS parent TEXT;
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS root TEXT;
+ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS deleted BOOLEAN NOT NULL DEFAULT false;
 CREATE INDEX IF NOT EXISTS {TABLE}_seq ON {TABLE} (seq);
+CREATE INDEX IF NOT EXISTS {TABLE}_parent ON {TABLE} (parent);
+CREATE INDEX IF NOT EXISTS {TABLE}_root ON {TABLE} (root);
 CREATE INDEX IF NOT EXISTS {TABLE}_expires ON {TABLE} (expires);
+CREATE OR REPLACE FUNCTION {TABLE}_conversation_dropped() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    DELETE FROM {TABLE} WHERE root = OLD.id;
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE TRIGGER {TABLE}_conversation_dropped AFTER DELETE ON {TABLE}
+    FOR EACH ROW WHEN (OLD.root IS NULL) EXECUTE FUNCTION {TABLE}_conversation_dropped();
 CREATE TABLE IF NOT EXISTS {TABLE}_totals (
     one INT PRIMARY KEY CHECK (one = 0),
     items BIGINT NOT NULL,
@@ -77,7 +92,24 @@ _COUNT_ONCE = f"""
 LOCK TABLE {TABLE} IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO {TABLE}_totals SELECT 0, COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE} ON CONFLICT (one) DO NOTHING;
 """
-_EVICT_BATCH = 16  # oldest rows read at a time when the byte cap (not the item cap) says how many must go
+# `key`'s chain and a record's visibility, as the SQLite store's `_CHAIN` and `_GET` (sqlite_store.py).
+_CHAIN = f"""
+WITH RECURSIVE up(k, id) AS (
+    SELECT 0, %(key)s::text
+    UNION ALL
+    SELECT up.k + 1, r.parent FROM up JOIN {TABLE} r ON r.id = up.id WHERE r.parent IS NOT NULL AND up.k < %(limit)s
+)
+SELECT r.id, r.parent, r.expires, r.deleted, r.record FROM up LEFT JOIN {TABLE} r ON r.id = up.id ORDER BY up.k
+"""
+_GET = f"""
+SELECT r.record FROM {TABLE} r JOIN {TABLE} c ON c.id = COALESCE(r.root, r.id)
+WHERE r.id = %s AND NOT r.deleted AND c.expires > %s
+"""
+_EVICT_BATCH = 16  # oldest conversations read at a time when the byte cap (not the item cap) says how many must go
+
+
+class _Refused(Exception):
+    """A put that stores nothing: raised inside its transaction so that what it did is rolled back."""
 
 
 class PostgresResponseStore:
@@ -199,8 +231,10 @@ class PostgresResponseStore:
 
         return await self._run(count)
 
-    async def put(self, key: str, record: Any, size: int | None = None) -> bool:
-        """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
+    async def put(self, key: str, record: Any, size: int | None = None, parent: str | None = None) -> bool:
+        """Store `record`, continuing `parent`'s conversation when one is named. False, and nothing stored, when
+        `parent` is not stored, `key` is stored and continued by another record, or the conversation with this
+        record would be larger than a cap (ResponseStoreCore.put)."""
         encoded = encode_record(record, size, self.max_bytes)
         if encoded is None:
             return False
@@ -208,53 +242,109 @@ class PostgresResponseStore:
         now = self.clock()
 
         async def put(conn):
-            evicted = 0
-            async with conn.transaction():
-                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
-                await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
-                # A new seq on overwrite too: a refreshed entry is the newest, as in the other stores.
-                await conn.execute(f"INSERT INTO {TABLE} (id, expires, size, record) VALUES (%s, %s, %s, %s) "
-                                   f"ON CONFLICT (id) DO UPDATE SET seq = EXCLUDED.seq, expires = EXCLUDED.expires, "
-                                   f"size = EXCLUDED.size, record = EXCLUDED.record",
-                                   (key, now + self.ttl_s, size, text))
-                cur = await conn.execute(f"SELECT items, bytes FROM {TABLE}_totals")
-                count, total = await cur.fetchone()
-                while count > self.max_items or total > self.max_bytes:  # the oldest go, a batch at a time
-                    # From past the last row evicted: the index keeps the deleted rows' entries until a vacuum,
-                    # and a scan from the start would step over every one of them on every put at the cap. Puts
-                    # take seq values in order under the put lock, so no live row lies below it.
-                    cur = await conn.execute(
-                        f"SELECT id, size, seq FROM {TABLE} WHERE seq > %s ORDER BY seq LIMIT %s",
-                        (self._evicted_seq, max(count - self.max_items, _EVICT_BATCH)))
-                    gone = []
-                    for oid, osize, oseq in await cur.fetchall():
-                        if count <= self.max_items and total <= self.max_bytes:
-                            break
-                        gone.append(oid)
-                        count, total, last = count - 1, total - osize, oseq
-                    if not gone:  # totals off from the table (a writer that bypassed the trigger): never spin
-                        break
-                    await conn.execute(f"DELETE FROM {TABLE} WHERE id = ANY(%s)", (gone,))
-                    evicted = last
+            try:
+                async with conn.transaction():
+                    evicted = await self._put(conn, key, text, size, parent, now)
+            except _Refused:
+                return False
             if evicted:  # committed: only now are the rows below it gone
                 self._evicted_seq = max(self._evicted_seq, evicted)
             return True
 
         return await self._run(put)
 
+    async def _put(self, conn: psycopg.AsyncConnection, key: str, text: str, size: int, parent: str | None,
+                   now: float) -> int:
+        """The put in its transaction (sqlite_store.py `_put`); the seq of the last conversation it evicted."""
+        async def one(query: str, params: Any) -> tuple | None:
+            return await (await conn.execute(query, params)).fetchone()
+
+        await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
+        await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
+        if parent == key or await one(f"SELECT 1 FROM {TABLE} WHERE parent = %s LIMIT 1", (key,)):
+            raise _Refused
+        root = None
+        if parent is not None:
+            row = await one(f"SELECT COALESCE(root, id) FROM {TABLE} WHERE id = %s", (parent,))
+            if row is None:
+                raise _Refused
+            root = row[0]
+        await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))
+        if root is not None:
+            count, held = await one(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE} "
+                                    f"WHERE id = %(r)s OR root = %(r)s", {"r": root})
+            if count >= self.max_items or held + size > self.max_bytes:
+                raise _Refused
+        # From the column's sequence, which only goes up (the eviction floor below relies on that).
+        seq = (await one(f"SELECT nextval(pg_get_serial_sequence('{TABLE}', 'seq'))", ()))[0]
+        expires = now + self.ttl_s
+        insert = (f"INSERT INTO {TABLE} (id, seq, expires, size, record, parent, root, deleted) "
+                  f"VALUES (%s, %s, %s, %s, %s, %s, %s, false)")
+        if root is None:
+            await conn.execute(insert, (key, seq, expires, size, text, None, None))
+        else:
+            await conn.execute(insert, (key, CONTINUED_SEQ, CONTINUED_EXPIRES, size, text, parent, root))
+            await conn.execute(f"UPDATE {TABLE} SET seq = %s, expires = %s WHERE id = %s", (seq, expires, root))
+        count, total = await one(f"SELECT items, bytes FROM {TABLE}_totals", ())
+        evicted = 0
+        while count > self.max_items or total > self.max_bytes:  # the least recently continued go, a batch at a time
+            # From past the last conversation evicted: the index keeps the deleted rows' entries until a vacuum,
+            # and a scan from the start would step over every one of them on every put at the cap. First records
+            # take seq values from the sequence under the put lock, so no live one lies below it.
+            cur = await conn.execute(
+                f"SELECT r.id, r.seq, c.n, c.bytes FROM {TABLE} r CROSS JOIN LATERAL "
+                f"(SELECT COUNT(*) AS n, COALESCE(SUM(m.size), 0) AS bytes FROM {TABLE} m "
+                f"WHERE m.id = r.id OR m.root = r.id) c "
+                f"WHERE r.seq > %s AND r.seq < %s ORDER BY r.seq LIMIT %s",
+                (self._evicted_seq, CONTINUED_SEQ, max(count - self.max_items, _EVICT_BATCH)))
+            gone = []
+            for oid, oseq, n, nbytes in await cur.fetchall():
+                if count <= self.max_items and total <= self.max_bytes:
+                    break
+                gone.append(oid)
+                count, total, evicted = count - n, total - nbytes, oseq
+            if not gone:  # totals off from the table (a writer that bypassed the trigger): never spin
+                break
+            await conn.execute(f"DELETE FROM {TABLE} WHERE id = ANY(%s)", (gone,))  # the trigger takes the rest
+        return evicted
+
     async def get(self, key: str) -> Any | None:
         now = self.clock()
 
         async def get(conn):
-            cur = await conn.execute(f"SELECT record FROM {TABLE} WHERE id = %s AND expires > %s", (key, now))
-            return await cur.fetchone()
+            return await (await conn.execute(_GET, (key, now))).fetchone()
 
         row = await self._run(get)
         return None if row is None else json.loads(row[0])
 
+    async def chain(self, key: str) -> list[Any] | None:
+        """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
+        not stored."""
+        now = self.clock()
+
+        async def chain(conn):
+            return await (await conn.execute(_CHAIN, {"key": key, "limit": self.max_items})).fetchall()
+
+        rows = await self._run(chain)
+        if not rows or rows[-1][0] is None or rows[-1][1] is not None or rows[-1][2] <= now or rows[0][3]:
+            return None
+        return json.loads("[" + ",".join(row[4] for row in reversed(rows)) + "]")  # one decode, not one a row
+
     async def delete(self, key: str) -> bool:
+        now = self.clock()
+
         async def delete(conn):
-            return (await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))).rowcount > 0
+            async with conn.transaction():
+                # Under the put lock: a put continuing this record cannot slip in between the statements.
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
+                if await (await conn.execute(_GET, (key, now))).fetchone() is None:
+                    return False
+                # Kept, hidden, while a later record continues it (that record's chain needs its items).
+                if await (await conn.execute(f"SELECT 1 FROM {TABLE} WHERE parent = %s LIMIT 1", (key,))).fetchone():
+                    await conn.execute(f"UPDATE {TABLE} SET deleted = true WHERE id = %s", (key,))
+                else:
+                    await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))
+                return True
 
         return await self._run(delete)
 

@@ -1,7 +1,7 @@
 """The Responses store on SQLite: the embedded default, so stored responses survive a restart of the app.
 
-Same interface and bounds as `ResponseStoreCore` (put/get/delete; a TTL; past the item or byte cap the oldest
-stored entries go first), on a file on the local disk of the node running the ResponseStore replica. Expiry uses
+Same interface and bounds as `ResponseStoreCore` (put/get/chain/delete; conversations with a TTL; past the item or
+byte cap the least recently continued conversations go first), on a file on the local disk of the node running the ResponseStore replica. Expiry uses
 wall-clock time, which, unlike a monotonic clock, means the same thing after a restart. Calls are blocking (one
 connection, serialised by a lock). `AsyncStore` makes each call on its event loop first with `wait=False`: the call
 runs only if the connection is free and no other process holds the write lock, else it raises `WouldWait` having done
@@ -24,7 +24,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from serve_app.ingress.responses.store import StoreUnavailable, WouldWait, encode_record
+from serve_app.ingress.responses.store import (
+    CONTINUED_EXPIRES,
+    CONTINUED_SEQ,
+    StoreUnavailable,
+    WouldWait,
+    encode_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +43,19 @@ CREATE TABLE IF NOT EXISTS responses (
     seq INTEGER NOT NULL,
     expires REAL NOT NULL,
     size INTEGER NOT NULL,
+    record TEXT NOT NULL,  -- '' since records have a table of their own (a database from before keeps them here)
+    parent TEXT,  -- the record this one continues (previous_response_id)
+    root TEXT,  -- its conversation's first record; NULL for that one, whose seq and expires are the conversation's
+    deleted INTEGER NOT NULL DEFAULT 0  -- deleted through the API, kept while a later record's chain needs it
+);
+-- The record's text, apart from its row: every put into a conversation updates its first record's row, and SQLite
+-- rewrites a whole row on any update.
+CREATE TABLE IF NOT EXISTS records (
+    id TEXT PRIMARY KEY,
     record TEXT NOT NULL
 );
+CREATE TRIGGER IF NOT EXISTS responses_dropped AFTER DELETE ON responses
+    BEGIN DELETE FROM records WHERE id = OLD.id; END;
 CREATE INDEX IF NOT EXISTS responses_seq ON responses (seq);
 CREATE INDEX IF NOT EXISTS responses_expires ON responses (expires);
 CREATE TABLE IF NOT EXISTS totals (
@@ -58,8 +75,39 @@ CREATE TRIGGER IF NOT EXISTS responses_resized AFTER UPDATE OF size ON responses
 # records; load/probe_store_fill.py, README). A database without the totals row (new, or written before it existed)
 # is counted once when a connection opens it. Only then: a write on every open would make reads fail while another
 # client holds the write lock, where WAL lets them go on.
+# A database written before conversations existed gets their columns (its records hold their whole history: each is
+# a conversation of one) the first time a store opens it, under the write lock; what uses them after that.
+_CONVERSATION_COLUMNS = {"parent": "TEXT", "root": "TEXT", "deleted": "INTEGER NOT NULL DEFAULT 0"}
+_CONVERSATION_SCHEMA = """
+CREATE INDEX IF NOT EXISTS responses_parent ON responses (parent);
+CREATE INDEX IF NOT EXISTS responses_root ON responses (root);
+CREATE TRIGGER IF NOT EXISTS responses_conversation_dropped AFTER DELETE ON responses WHEN OLD.root IS NULL
+    BEGIN DELETE FROM responses WHERE root = OLD.id; END;
+"""
+# `?1`'s chain, itself first and its conversation's first record last: (id, parent, expires, deleted, text) per id
+# walked, all NULL where an id is not stored; the walk stops at ?2 steps (a chain never holds more records than the
+# item cap). The last row's expires is the conversation's.
+_CHAIN = """
+WITH RECURSIVE up(k, id) AS (
+    SELECT 0, ?1
+    UNION ALL
+    SELECT up.k + 1, r.parent FROM up JOIN responses r ON r.id = up.id WHERE r.parent IS NOT NULL AND up.k < ?2
+)
+SELECT r.id, r.parent, r.expires, r.deleted, COALESCE(x.record, r.record) FROM up
+LEFT JOIN responses r ON r.id = up.id LEFT JOIN records x ON x.id = r.id ORDER BY up.k
+"""
+# A record's text, where it is visible: not deleted, in a conversation that has not expired. The text is in
+# `records`, or in its row where a database from before that table stored it.
+_GET = """
+SELECT COALESCE(x.record, r.record) FROM responses r JOIN responses c ON c.id = COALESCE(r.root, r.id)
+LEFT JOIN records x ON x.id = r.id WHERE r.id = ? AND r.deleted = 0 AND c.expires > ?
+"""
 _COUNT_ONCE = ("INSERT OR IGNORE INTO totals SELECT 0, COUNT(*), COALESCE(SUM(size), 0) FROM responses "
                "WHERE NOT EXISTS (SELECT 1 FROM totals)")
+
+
+def _columns(db: sqlite3.Connection) -> set[str]:
+    return {row[1] for row in db.execute("PRAGMA table_info(responses)")}
 
 
 class SqliteResponseStore:
@@ -95,6 +143,16 @@ class SqliteResponseStore:
             # first; this bound only holds when nobody calls it.
             db.execute(f"PRAGMA wal_autocheckpoint={4 * _CHECKPOINT_PAGES}")
             db.executescript(_SCHEMA)
+            if _CONVERSATION_COLUMNS.keys() - _columns(db):
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    for name in _CONVERSATION_COLUMNS.keys() - _columns(db):  # again: another opener may have
+                        db.execute(f"ALTER TABLE responses ADD COLUMN {name} {_CONVERSATION_COLUMNS[name]}")
+                    db.execute("COMMIT")
+                except BaseException:
+                    db.execute("ROLLBACK")
+                    raise
+            db.executescript(_CONVERSATION_SCHEMA)
             if db.execute("SELECT 1 FROM totals").fetchone() is None:
                 db.execute(_COUNT_ONCE)  # atomic: a row another writer adds meanwhile is counted or waits
         except BaseException:
@@ -155,8 +213,11 @@ class SqliteResponseStore:
 
         return self._run(count)
 
-    def put(self, key: str, record: Any, size: int | None = None, wait: bool = True) -> bool:
-        """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
+    def put(self, key: str, record: Any, size: int | None = None, parent: str | None = None,
+            wait: bool = True) -> bool:
+        """Store `record`, continuing `parent`'s conversation when one is named. False, and nothing stored, when
+        `parent` is not stored, `key` is stored and continued by another record, or the conversation with this
+        record would be larger than a cap (ResponseStoreCore.put)."""
         encoded = encode_record(record, size, self.max_bytes)
         if encoded is None:
             return False
@@ -166,39 +227,92 @@ class SqliteResponseStore:
         def put(db):
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("DELETE FROM responses WHERE expires <= ?", (now,))
-                seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM responses").fetchone()[0]
-                # An upsert, not INSERT OR REPLACE: REPLACE's implicit delete fires no trigger, and `totals` would
-                # count the old row on.
-                db.execute("INSERT INTO responses (id, seq, expires, size, record) VALUES (?, ?, ?, ?, ?) "
-                           "ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, expires = excluded.expires, "
-                           "size = excluded.size, record = excluded.record",
-                           (key, seq, now + self.ttl_s, size, text))
-                count, total = db.execute("SELECT items, bytes FROM totals").fetchone()
-                while count > self.max_items or total > self.max_bytes:
-                    row = db.execute("SELECT id, size FROM responses ORDER BY seq LIMIT 1").fetchone()
-                    if row is None:  # totals off from the table (a writer that bypassed the triggers): never spin
-                        break
-                    oldest, osize = row
-                    db.execute("DELETE FROM responses WHERE id = ?", (oldest,))
-                    count, total = count - 1, total - osize
+                stored = self._put(db, key, text, size, parent, now)
+                db.execute("COMMIT" if stored else "ROLLBACK")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            if stored:
+                self.written += len(text)
+            return stored
+
+        return self._run(put, wait)
+
+    def _put(self, db: sqlite3.Connection, key: str, text: str, size: int, parent: str | None, now: float) -> bool:
+        # Expired conversations go first (their first records; the trigger takes the rest).
+        db.execute("DELETE FROM responses WHERE expires <= ?", (now,))
+        if parent == key or db.execute("SELECT 1 FROM responses WHERE parent = ? LIMIT 1", (key,)).fetchone():
+            return False
+        root = None
+        if parent is not None:
+            row = db.execute("SELECT COALESCE(root, id) FROM responses WHERE id = ?", (parent,)).fetchone()
+            if row is None:
+                return False
+            root = row[0]
+        # A record nothing continues is replaced: delete, then insert (an upsert's REPLACE would fire no trigger).
+        db.execute("DELETE FROM responses WHERE id = ?", (key,))
+        if root is not None:
+            count, held = db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses "
+                                     "WHERE id = ?1 OR root = ?1", (root,)).fetchone()
+            if count >= self.max_items or held + size > self.max_bytes:
+                return False
+        seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM responses WHERE seq < ?",
+                         (CONTINUED_SEQ,)).fetchone()[0]
+        expires = now + self.ttl_s
+        if root is None:
+            db.execute("INSERT INTO responses (id, seq, expires, size, record, parent, root, deleted) "
+                       "VALUES (?, ?, ?, ?, '', NULL, NULL, 0)", (key, seq, expires, size))
+        else:
+            db.execute("INSERT INTO responses (id, seq, expires, size, record, parent, root, deleted) "
+                       "VALUES (?, ?, ?, ?, '', ?, ?, 0)", (key, CONTINUED_SEQ, CONTINUED_EXPIRES, size, parent, root))
+            # Continued: the conversation's TTL starts again, and it is now the newest.
+            db.execute("UPDATE responses SET seq = ?, expires = ? WHERE id = ?", (seq, expires, root))
+        db.execute("INSERT OR REPLACE INTO records (id, record) VALUES (?, ?)", (key, text))
+        count, total = db.execute("SELECT items, bytes FROM totals").fetchone()
+        while count > self.max_items or total > self.max_bytes:  # the least recently continued conversations go
+            row = db.execute("SELECT id FROM responses WHERE seq < ? ORDER BY seq LIMIT 1",
+                             (CONTINUED_SEQ,)).fetchone()
+            if row is None:  # totals off from the table (a writer that bypassed the triggers): never spin
+                break
+            db.execute("DELETE FROM responses WHERE id = ?", row)
+            count, total = db.execute("SELECT items, bytes FROM totals").fetchone()
+        return True
+
+    def get(self, key: str, wait: bool = True) -> Any | None:
+        row = self._run(lambda db: db.execute(_GET, (key, self.clock())).fetchone(), wait)
+        return None if row is None else json.loads(row[0])
+
+    def chain(self, key: str, wait: bool = True) -> list[Any] | None:
+        """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
+        not stored."""
+        now = self.clock()
+        rows = self._run(lambda db: db.execute(_CHAIN, (key, self.max_items)).fetchall(), wait)
+        if not rows or rows[-1][0] is None or rows[-1][1] is not None or rows[-1][2] <= now or rows[0][3]:
+            return None
+        return json.loads("[" + ",".join(row[4] for row in reversed(rows)) + "]")  # one decode, not one a row
+
+    def delete(self, key: str, wait: bool = True) -> bool:
+        now = self.clock()
+
+        def delete(db):
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                found = db.execute(_GET, (key, now)).fetchone() is not None
+                if found:
+                    # Kept, hidden, while a later record continues it (that record's chain needs its items).
+                    if db.execute("SELECT 1 FROM responses WHERE parent = ? LIMIT 1", (key,)).fetchone():
+                        db.execute("UPDATE responses SET deleted = 1 WHERE id = ?", (key,))
+                    else:
+                        db.execute("DELETE FROM responses WHERE id = ?", (key,))
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
-            self.written += len(text)
-            return True
+            return found
 
-        return self._run(put, wait)
-
-    def get(self, key: str, wait: bool = True) -> Any | None:
-        row = self._run(lambda db: db.execute("SELECT record FROM responses WHERE id = ? AND expires > ?",
-                                              (key, self.clock())).fetchone(), wait)
-        return None if row is None else json.loads(row[0])
-
-    def delete(self, key: str, wait: bool = True) -> bool:
-        return self._run(lambda db: db.execute("DELETE FROM responses WHERE id = ?", (key,)).rowcount > 0, wait)
+        return self._run(delete, wait)
 
     def close(self) -> None:
         with self._lock:

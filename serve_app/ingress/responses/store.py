@@ -19,8 +19,16 @@ PostgreSQL between any. A one-host service saves a whole Ray worker process, idl
 an actor call (SQLite's on the event loop when it would not wait, else in a thread; PostgreSQL's awaited on the
 loop; `AsyncStore._call`). The in-memory store has no such placement: each replica would keep its own.
 
-A record is `{"response": <response object>, "items": [<input items of the whole chain, then this output>]}`, so a
-follow-up with `previous_response_id` needs one lookup, not a walk up the chain.
+A record is `{"response": <response object>, "items": [<this request's input items, then its output>]}`, put with
+the id it continues (`previous_response_id`) as its parent; `chain(id)` gives the records from the conversation's
+first to `id`'s, in one query, and the history is their items. Each turn is stored once: a record holding the whole
+history, as records were before, made a conversation of N turns cost N²/2 turns of space (a few long sessions
+filled the caps) and every put encode all of it (load/probe_store_chain.py). A conversation (a first record and
+every record that continues it, forks included) lives and goes as one: each put into it refreshes its TTL and makes
+it the newest, and the caps evict the least recently continued conversation whole, so no record outlives one its
+chain needs. A record deleted through the API while a later one continues it is kept, hidden, for that one's
+chain; a record another continues cannot be replaced. Records stored before conversations existed have no parent
+and hold their whole history, so they read the same.
 """
 
 from __future__ import annotations
@@ -32,7 +40,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ray import serve
 
@@ -53,6 +61,12 @@ class WouldWait(Exception):
     another process's write lock): nothing was done; make the call again with waiting allowed."""
 
 
+# A database store's seq and expires for a record that continues a conversation: past every first record's, so only
+# those are ever found as the oldest or the expired (a conversation's age is its first record's; they go together).
+CONTINUED_SEQ = 2**63 - 1
+CONTINUED_EXPIRES = float("inf")
+
+
 def encode_record(record: Any, size: int | None, max_bytes: int) -> tuple[str, int] | None:
     """A database store's text of `record` and its size (the caller's, else the text's), or None when one record
     alone is larger than the byte cap."""
@@ -62,57 +76,123 @@ def encode_record(record: Any, size: int | None, max_bytes: int) -> tuple[str, i
 
 
 class ResponseStoreCore:
+    """The in-memory store; also the model the database stores are tested against (records, conversations, caps,
+    TTL)."""
+
     def __init__(self, max_items: int = 10_000, ttl_s: float = 3600.0, max_bytes: int = 512 * 1024 * 1024,
                  clock: Callable[[], float] = time.monotonic):
         self.max_items = max_items
         self.ttl_s = ttl_s
         self.max_bytes = max_bytes
         self.clock = clock
-        self._entries: OrderedDict[str, tuple[float, int, Any]] = OrderedDict()  # id -> (expires, size, record)
+        self._entries: dict[str, _Entry] = {}
+        # A conversation's first record's id -> when the conversation expires; least recently continued first.
+        self._conversations: OrderedDict[str, float] = OrderedDict()
+        self._members: dict[str, set[str]] = {}  # first record's id -> the conversation's other records
+        self._children: dict[str, int] = {}  # id -> how many stored records name it as their parent
         self.bytes = 0
 
     def __len__(self) -> int:
+        """Records held, those deleted but kept for a later record's chain included (what the item cap counts)."""
+        self._expire(self.clock())
         return len(self._entries)
 
     def _drop(self, key: str) -> None:
-        _, size, _ = self._entries.pop(key)
-        self.bytes -= size
+        entry = self._entries.pop(key)
+        self.bytes -= entry.size
+        if entry.parent is not None:
+            left = self._children.pop(entry.parent) - 1
+            if left:
+                self._children[entry.parent] = left
+        if entry.root is None:  # the conversation goes with its first record
+            self._conversations.pop(key)
+            for member in self._members.pop(key):
+                self._drop(member)
+        elif entry.root in self._members:
+            self._members[entry.root].discard(key)
 
     def _expire(self, now: float) -> None:
-        # Entries are in insertion/refresh order and share one TTL, so the expired ones are at the front.
-        while self._entries:
-            key, (expires, _, _) = next(iter(self._entries.items()))
+        # Conversations are in refresh order and share one TTL, so the expired ones are at the front.
+        while self._conversations:
+            root, expires = next(iter(self._conversations.items()))
             if expires > now:
                 break
-            self._drop(key)
+            self._drop(root)
 
-    def put(self, key: str, record: Any, size: int | None = None) -> bool:
-        """Store `record`; False (and nothing stored) when one record alone is larger than the byte cap."""
+    def _root(self, key: str) -> str:
+        return self._entries[key].root or key
+
+    def put(self, key: str, record: Any, size: int | None = None, parent: str | None = None) -> bool:
+        """Store `record`, continuing `parent`'s conversation when one is named. False, and nothing stored, when
+        `parent` is not stored, `key` is stored and continued by another record, or the conversation with this
+        record would be larger than a cap."""
         if size is None:
             size = len(json.dumps(record, separators=(",", ":")))
-        if size > self.max_bytes:
-            return False
         now = self.clock()
         self._expire(now)
-        if key in self._entries:
+        old = self._entries.get(key)
+        if (old is not None and self._children.get(key)) or parent == key or (
+                parent is not None and parent not in self._entries):
+            return False
+        root = None if parent is None else self._root(parent)
+        if root is not None:
+            members = [root, *self._members[root]]
+            held = sum(self._entries[m].size for m in members if m != key)
+            if size + held > self.max_bytes or len(members) - (key in members) >= self.max_items:
+                return False
+        elif size > self.max_bytes:
+            return False
+        if old is not None:
             self._drop(key)
-        self._entries[key] = (now + self.ttl_s, size, record)
+        self._entries[key] = _Entry(size, record, parent, root, False)
         self.bytes += size
+        if root is None:
+            self._conversations[key] = now + self.ttl_s
+            self._members[key] = set()
+        else:
+            self._children[parent] = self._children.get(parent, 0) + 1
+            self._members[root].add(key)
+            self._conversations[root] = now + self.ttl_s  # continued: refreshed, and the newest
+            self._conversations.move_to_end(root)
         while len(self._entries) > self.max_items or self.bytes > self.max_bytes:
-            self._drop(next(iter(self._entries)))
+            self._drop(next(iter(self._conversations)))
         return True
 
     def get(self, key: str) -> Any | None:
-        now = self.clock()
-        self._expire(now)
+        self._expire(self.clock())
         entry = self._entries.get(key)
-        return None if entry is None else entry[2]
+        return None if entry is None or entry.deleted else entry.record
+
+    def chain(self, key: str) -> list[Any] | None:
+        """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
+        not stored."""
+        if self.get(key) is None:
+            return None
+        out = []
+        while key is not None:
+            entry = self._entries[key]
+            out.append(entry.record)
+            key = entry.parent
+        return out[::-1]
 
     def delete(self, key: str) -> bool:
-        if key in self._entries:
+        self._expire(self.clock())
+        entry = self._entries.get(key)
+        if entry is None or entry.deleted:
+            return False
+        if self._children.get(key):  # later records continue it: gone from the API, kept for their chains
+            self._entries[key] = entry._replace(deleted=True)
+        else:
             self._drop(key)
-            return True
-        return False
+        return True
+
+
+class _Entry(NamedTuple):
+    size: int
+    record: Any
+    parent: str | None
+    root: str | None  # the conversation's first record; None for that record itself
+    deleted: bool  # deleted through the API while later records' chains still need it
 
 
 def make_store(backend: str, path: str | None, max_items: int, ttl_s: float, max_bytes: int,
@@ -205,11 +285,14 @@ class AsyncStore:
         if not task.cancelled() and task.exception() is not None:
             log.warning("Responses store: WAL checkpoint failed: %s", task.exception())
 
-    async def put(self, key: str, record: Any) -> bool:
-        return await self._call(self.core.put, key, record)
+    async def put(self, key: str, record: Any, parent: str | None = None) -> bool:
+        return await self._call(self.core.put, key, record, None, parent)
 
     async def get(self, key: str) -> Any | None:
         return await self._call(self.core.get, key)
+
+    async def chain(self, key: str) -> list[Any] | None:
+        return await self._call(self.core.chain, key)
 
     async def delete(self, key: str) -> bool:
         return await self._call(self.core.delete, key)
@@ -260,12 +343,12 @@ class StoreClient:
         self._bound_s = 2 * timeout_s
         self._local = getattr(backend.put, "remote", None) is None  # a store object, not a deployment handle
 
-    async def _call(self, method: str, *args) -> Any:
+    async def _call(self, method: str, *args, **kwargs) -> Any:
         try:
             if self._local:
-                result = getattr(self.backend, method)(*args)
+                result = getattr(self.backend, method)(*args, **kwargs)
                 return await result if inspect.isawaitable(result) else result
-            return await asyncio.wait_for(getattr(self.backend, method).remote(*args), self._bound_s)
+            return await asyncio.wait_for(getattr(self.backend, method).remote(*args, **kwargs), self._bound_s)
         except StoreUnavailable as err:  # through a handle: Ray's error, an instance of the store's too
             raise _unavailable(str(getattr(err, "cause", err))) from None
         except asyncio.TimeoutError:
@@ -277,11 +360,14 @@ class StoreClient:
                                    "retry shortly") from None
             raise
 
-    async def put(self, key: str, record: Any) -> bool:
-        return await self._call("put", key, record)
+    async def put(self, key: str, record: Any, parent: str | None = None) -> bool:
+        return await self._call("put", key, record, parent=parent)
 
     async def get(self, key: str) -> Any | None:
         return await self._call("get", key)
+
+    async def chain(self, key: str) -> list[Any] | None:
+        return await self._call("chain", key)
 
     async def delete(self, key: str) -> bool:
         return await self._call("delete", key)
