@@ -1,14 +1,15 @@
 """What a long `previous_response_id` conversation costs the Responses store: each turn stored with its whole
-history (how records were kept before chains) against each turn stored once, continuing its parent's chain (now).
+history (how records were kept before conversations) against each turn stored once, continuing its parent (now).
 
-One conversation of `--turns` turns of ~`--turn-kb` KB each (a user message and the model's answer, as
-Responses items), put through the service's own AsyncStore into a fresh store per layout, one after the other
-in one run. Per turn it times what the Responses API does with the store: the history lookup a follow-up makes
-(`whole`: get the parent's record, read its items; `chain`: `chain(parent)`, the records' items joined) and
+Conversations of `--turns` turns of ~`--turn-kb` KB each (a user message and the model's answer, as Responses
+items), put through the service's own AsyncStore into a fresh store each, the layouts alternating (`--rounds` of
+each) in one run. Per turn it times what the Responses API does with the store: the history lookup a follow-up
+makes (`whole`: get the parent's record, read its items; `chain`: `chain(parent)`, the records' items joined) and
 the put of the new response (SQLite's on the event loop when they would not wait: this is the loop's time).
-Reported per turn bucket (medians), with the bytes the conversation holds in the store at the end and how many
-such conversations the default 512 MiB byte cap holds. Both layouts must read back the same history at every
-turn (checked, so the probe cannot compare two different things).
+Reported per turn bucket (the median over the bucket of each turn's median over the rounds), with the bytes one
+conversation holds in the store at the end and how many such conversations the default 512 MiB byte cap holds.
+Both layouts must read back the same history at every turn (checked, so the probe cannot compare two different
+things).
 
     .venv/bin/python load/probe_store_chain.py --json load/results/store_chain.json
     .venv/bin/python load/probe_store_chain.py --backend postgres --json load/results/store_chain_postgres.json
@@ -104,14 +105,21 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=200)
     ap.add_argument("--turn-kb", type=int, default=8, help="one turn's items (JSON, about): a question and answer")
     ap.add_argument("--buckets", type=int, nargs="+", default=[0, 10, 50, 100, 150, 190])
+    ap.add_argument("--rounds", type=int, default=3, help="conversations per layout (each turn's median is reported)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    out = {}
+    runs: dict[str, list[dict]] = {"whole": [], "chain": []}
     with databases("postgres" if args.backend == "postgres" else "sqlite", "store_chain_") as where:
-        for layout in ("whole", "chain"):
-            result = asyncio.run(converse(layout, args.backend, where(layout), args.turns, args.turn_kb))
-            out[layout] = summarize(result, args.buckets, args.turns)
-            print(layout, out[layout], flush=True)
+        for r in range(args.rounds):  # the layouts alternate, each in a fresh store
+            for layout in ("whole", "chain"):
+                runs[layout].append(asyncio.run(converse(layout, args.backend, where(f"{layout}{r}"), args.turns,
+                                                         args.turn_kb)))
+    out = {}
+    for layout, results in runs.items():  # each turn's median over the rounds
+        merged = {k: [statistics.median(times) for times in zip(*(res[k] for res in results))]
+                  for k in ("reads", "puts")}
+        out[layout] = summarize({**merged, "bytes": results[0]["bytes"]}, args.buckets, args.turns)
+        print(layout, out[layout], flush=True)
     w, c = out["whole"], out["chain"]
     ratios = {"bytes_held_whole_over_chain": round(w["bytes_held"] / c["bytes_held"], 2),
               "last_bucket_put_whole_over_chain": round(w["buckets"][-1]["put_ms"] / c["buckets"][-1]["put_ms"], 2),
@@ -121,6 +129,7 @@ def main() -> None:
     if args.json:
         provenance.write(args.json, {**provenance.header("load/probe_store_chain.py", sys.argv[1:]),
                                      "backend": args.backend, "turns": args.turns, "turn_kb": args.turn_kb,
+                                     "rounds": args.rounds,
                                      **out, "ratios": ratios})
 
 
