@@ -32,7 +32,13 @@ from typing import Any, Awaitable, Callable
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from serve_app.ingress.responses.store import CONTINUED_EXPIRES, CONTINUED_SEQ, StoreUnavailable, encode_record
+from serve_app.ingress.responses.store import (
+    CONTINUED_EXPIRES,
+    CONTINUED_SEQ,
+    StoreUnavailable,
+    chain_records,
+    encode_record,
+)
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +105,7 @@ WITH RECURSIVE up(k, id) AS (
     UNION ALL
     SELECT up.k + 1, r.parent FROM up JOIN {TABLE} r ON r.id = up.id WHERE r.parent IS NOT NULL AND up.k < %(limit)s
 )
-SELECT r.id, r.parent, r.expires, r.deleted, r.record FROM up LEFT JOIN {TABLE} r ON r.id = up.id ORDER BY up.k
+SELECT up.k, r.id, r.parent, r.expires, r.deleted, r.record FROM up LEFT JOIN {TABLE} r ON r.id = up.id
 """
 _GET = f"""
 SELECT r.record FROM {TABLE} r JOIN {TABLE} c ON c.id = COALESCE(r.root, r.id)
@@ -325,10 +331,7 @@ class PostgresResponseStore:
         async def chain(conn):
             return await (await conn.execute(_CHAIN, {"key": key, "limit": self.max_items})).fetchall()
 
-        rows = await self._run(chain)
-        if not rows or rows[-1][0] is None or rows[-1][1] is not None or rows[-1][2] <= now or rows[0][3]:
-            return None
-        return json.loads("[" + ",".join(row[4] for row in reversed(rows)) + "]")  # one decode, not one a row
+        return chain_records(await self._run(chain), now)
 
     async def delete(self, key: str) -> bool:
         now = self.clock()

@@ -29,6 +29,7 @@ from serve_app.ingress.responses.store import (
     CONTINUED_SEQ,
     StoreUnavailable,
     WouldWait,
+    chain_records,
     encode_record,
 )
 
@@ -84,17 +85,18 @@ CREATE INDEX IF NOT EXISTS responses_root ON responses (root);
 CREATE TRIGGER IF NOT EXISTS responses_conversation_dropped AFTER DELETE ON responses WHEN OLD.root IS NULL
     BEGIN DELETE FROM responses WHERE root = OLD.id; END;
 """
-# `?1`'s chain, itself first and its conversation's first record last: (id, parent, expires, deleted, text) per id
-# walked, all NULL where an id is not stored; the walk stops at ?2 steps (a chain never holds more records than the
-# item cap). The last row's expires is the conversation's.
+# `?1`'s chain: (k, id, parent, expires, deleted, text) per id walked, k = 0 for `?1` itself, the columns after k NULL
+# where an id is not stored; the walk stops at ?2 steps (a chain never holds more records than the item cap). Rows
+# come in any order: an ORDER BY would sort the texts in a temporary b-tree, which past SQLite's page cache spills
+# to disk (a 200-record chain of 8 KB records read in 5.0 ms with it, 1.9 ms without; load/probe_store_chain.py).
 _CHAIN = """
 WITH RECURSIVE up(k, id) AS (
     SELECT 0, ?1
     UNION ALL
     SELECT up.k + 1, r.parent FROM up JOIN responses r ON r.id = up.id WHERE r.parent IS NOT NULL AND up.k < ?2
 )
-SELECT r.id, r.parent, r.expires, r.deleted, COALESCE(x.record, r.record) FROM up
-LEFT JOIN responses r ON r.id = up.id LEFT JOIN records x ON x.id = r.id ORDER BY up.k
+SELECT up.k, r.id, r.parent, r.expires, r.deleted, COALESCE(x.record, r.record) FROM up
+LEFT JOIN responses r ON r.id = up.id LEFT JOIN records x ON x.id = r.id
 """
 # A record's text, where it is visible: not deleted, in a conversation that has not expired. The text is in
 # `records`, or in its row where a database from before that table stored it.
@@ -288,9 +290,7 @@ class SqliteResponseStore:
         not stored."""
         now = self.clock()
         rows = self._run(lambda db: db.execute(_CHAIN, (key, self.max_items)).fetchall(), wait)
-        if not rows or rows[-1][0] is None or rows[-1][1] is not None or rows[-1][2] <= now or rows[0][3]:
-            return None
-        return json.loads("[" + ",".join(row[4] for row in reversed(rows)) + "]")  # one decode, not one a row
+        return chain_records(rows, now)
 
     def delete(self, key: str, wait: bool = True) -> bool:
         now = self.clock()

@@ -75,6 +75,21 @@ def encode_record(record: Any, size: int | None, max_bytes: int) -> tuple[str, i
     return None if size > max_bytes else (text, size)
 
 
+def chain_records(rows: list[tuple], now: float) -> list[Any] | None:
+    """A database store's chain from its query's rows (k, id, parent, expires, deleted, text), in any order: the
+    records from the conversation's first to the asked one's, or None where that one is not visible (deleted, its
+    conversation expired) or the walk did not reach a first record (an id in it not stored)."""
+    if not rows:
+        return None
+    rows = sorted(rows, reverse=True)  # by k: the conversation's first record first
+    first, asked = rows[0], rows[-1]
+    if first[1] is None or first[2] is not None or first[3] <= now or asked[4]:
+        return None
+    # One decode a record: joining the texts into one first costs more (a copy of the whole history, 1.9 ms for
+    # 1.6 MB here) than the calls it saves.
+    return [json.loads(row[5]) for row in rows]
+
+
 class ResponseStoreCore:
     """The in-memory store; also the model the database stores are tested against (records, conversations, caps,
     TTL)."""
