@@ -4,8 +4,9 @@ stored response.
 
 Same interface, layout and bounds as `SqliteResponseStore` (put/get/chain/delete; conversations with a wall-clock
 TTL; past the item or byte cap the least recently continued conversations go first), records in their rows (an
-update leaves a large value PostgreSQL keeps out of line where it is). The DSN comes from `ingress.response_store_dsn` or the SERVE_APP_RESPONSE_STORE_DSN
-environment variable (a Kubernetes Secret in kuberay/); it may hold a password, so it is never logged or echoed.
+update leaves a large value PostgreSQL keeps out of line where it is). The DSN comes from
+`ingress.response_store_dsn` or the SERVE_APP_RESPONSE_STORE_DSN environment variable (a Kubernetes Secret in
+kuberay/); it may hold a password, so it is never logged or echoed.
 The schema is created on first use, under an advisory lock, so replicas that start at once do not race on it.
 Puts take a second advisory lock: the caps hold over the whole table (its totals, kept by a trigger), and two
 writers evicting at once would each see the other's rows half-applied. Calls are coroutines (psycopg's async API on
@@ -111,6 +112,20 @@ _GET = f"""
 SELECT r.record FROM {TABLE} r JOIN {TABLE} c ON c.id = COALESCE(r.root, r.id)
 WHERE r.id = %s AND NOT r.deleted AND c.expires > %s
 """
+# What a put decides on, in one round trip: is `k` continued by another record, the size of `k`'s row where it is
+# stored, the conversation `p` belongs to (NULL where `p` is not stored), what that conversation holds besides `k`,
+# and the totals the caps are checked against.
+_PUT_STATE = f"""
+WITH c AS (SELECT COALESCE(root, id) AS r FROM {TABLE} WHERE id = %(p)s)
+SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE parent = %(k)s),
+       (SELECT size FROM {TABLE} WHERE id = %(k)s),
+       (SELECT r FROM c),
+       (SELECT COUNT(*) FROM {TABLE} t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> %(k)s),
+       (SELECT COALESCE(SUM(t.size), 0) FROM {TABLE} t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> %(k)s),
+       items, bytes
+FROM {TABLE}_totals
+"""
+_NEXT_SEQ = f"nextval(pg_get_serial_sequence('{TABLE}', 'seq'))"
 _EVICT_BATCH = 16  # oldest conversations read at a time when the byte cap (not the item cap) says how many must go
 
 
@@ -267,31 +282,24 @@ class PostgresResponseStore:
 
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
         await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
-        if parent == key or await one(f"SELECT 1 FROM {TABLE} WHERE parent = %s LIMIT 1", (key,)):
+        continued, old_size, root, held_items, held_bytes, count, total = await one(_PUT_STATE, {"k": key, "p": parent})
+        if continued or parent == key or (parent is not None and root is None):
             raise _Refused
-        root = None
-        if parent is not None:
-            row = await one(f"SELECT COALESCE(root, id) FROM {TABLE} WHERE id = %s", (parent,))
-            if row is None:
-                raise _Refused
-            root = row[0]
-        await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))
-        if root is not None:
-            count, held = await one(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE} "
-                                    f"WHERE id = %(r)s OR root = %(r)s", {"r": root})
-            if count >= self.max_items or held + size > self.max_bytes:
-                raise _Refused
-        # From the column's sequence, which only goes up (the eviction floor below relies on that).
-        seq = (await one(f"SELECT nextval(pg_get_serial_sequence('{TABLE}', 'seq'))", ()))[0]
-        expires = now + self.ttl_s
-        insert = (f"INSERT INTO {TABLE} (id, seq, expires, size, record, parent, root, deleted) "
-                  f"VALUES (%s, %s, %s, %s, %s, %s, %s, false)")
+        if root is not None and (held_items >= self.max_items or held_bytes + size > self.max_bytes):
+            raise _Refused
+        if old_size is not None:  # replaced: a record nothing continues (a first one has then no others)
+            await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))
+            count, total = count - 1, total - old_size
+        # seq from the column's sequence, which only goes up (the eviction floor below relies on that).
+        insert = (f"INSERT INTO {TABLE} (id, seq, expires, size, record, parent, root) "
+                  f"VALUES (%s, {{}}, %s, %s, %s, %s, %s)")
         if root is None:
-            await conn.execute(insert, (key, seq, expires, size, text, None, None))
+            await conn.execute(insert.format(_NEXT_SEQ), (key, now + self.ttl_s, size, text, None, None))
         else:
-            await conn.execute(insert, (key, CONTINUED_SEQ, CONTINUED_EXPIRES, size, text, parent, root))
-            await conn.execute(f"UPDATE {TABLE} SET seq = %s, expires = %s WHERE id = %s", (seq, expires, root))
-        count, total = await one(f"SELECT items, bytes FROM {TABLE}_totals", ())
+            await conn.execute(insert.format("%s"), (key, CONTINUED_SEQ, CONTINUED_EXPIRES, size, text, parent, root))
+            await conn.execute(f"UPDATE {TABLE} SET seq = {_NEXT_SEQ}, expires = %s WHERE id = %s",
+                               (now + self.ttl_s, root))
+        count, total = count + 1, total + size  # what the trigger added
         evicted = 0
         while count > self.max_items or total > self.max_bytes:  # the least recently continued go, a batch at a time
             # From past the last conversation evicted: the index keeps the deleted rows' entries until a vacuum,

@@ -1,12 +1,13 @@
 """The Responses store on SQLite: the embedded default, so stored responses survive a restart of the app.
 
 Same interface and bounds as `ResponseStoreCore` (put/get/chain/delete; conversations with a TTL; past the item or
-byte cap the least recently continued conversations go first), on a file on the local disk of the node running the ResponseStore replica. Expiry uses
-wall-clock time, which, unlike a monotonic clock, means the same thing after a restart. Calls are blocking (one
-connection, serialised by a lock). `AsyncStore` makes each call on its event loop first with `wait=False`: the call
-runs only if the connection is free and no other process holds the write lock, else it raises `WouldWait` having done
-nothing, and is made again in a worker thread. The WAL checkpoint (the step that syncs the disk) is left to
-`checkpoint`, on a connection of its own, which `AsyncStore` runs in a thread once enough has been written.
+byte cap the least recently continued conversations go first), on a file on the local disk of the node running the
+ResponseStore replica. Expiry uses wall-clock time, which, unlike a monotonic clock, means the same thing after a
+restart. Calls are blocking (one connection, serialised by a lock). `AsyncStore` makes each call on its event loop
+first with `wait=False`: the call runs only if the connection is free and no other process holds the write lock,
+else it raises `WouldWait` having done nothing, and is made again in a worker thread. The WAL checkpoint (the step
+that syncs the disk) is left to `checkpoint`, on a connection of its own, which `AsyncStore` runs in a thread once
+enough has been written.
 
 A database that cannot be used (a file that is not a database, a directory it cannot write, a write lock another
 process holds past `timeout_s`) raises `StoreUnavailable`, as the PostgreSQL store does when its server is down,
@@ -97,6 +98,19 @@ WITH RECURSIVE up(k, id) AS (
 )
 SELECT up.k, r.id, r.parent, r.expires, r.deleted, COALESCE(x.record, r.record) FROM up
 LEFT JOIN responses r ON r.id = up.id LEFT JOIN records x ON x.id = r.id
+"""
+# What a put decides on: is `k` continued by another record, the size of `k`'s row where it is stored, the
+# conversation `p` belongs to (NULL where `p` is not stored), what that conversation holds besides `k`, and the
+# totals the caps are checked against (postgres_store.py asks the same in one round trip).
+_PUT_STATE = """
+WITH c AS (SELECT COALESCE(root, id) AS r FROM responses WHERE id = :p)
+SELECT EXISTS (SELECT 1 FROM responses WHERE parent = :k),
+       (SELECT size FROM responses WHERE id = :k),
+       (SELECT r FROM c),
+       (SELECT COUNT(*) FROM responses t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> :k),
+       (SELECT COALESCE(SUM(t.size), 0) FROM responses t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> :k),
+       items, bytes
+FROM totals
 """
 # A record's text, where it is visible: not deleted, in a conversation that has not expired. The text is in
 # `records`, or in its row where a database from before that table stored it.
@@ -244,32 +258,23 @@ class SqliteResponseStore:
     def _put(self, db: sqlite3.Connection, key: str, text: str, size: int, parent: str | None, now: float) -> bool:
         # Expired conversations go first (their first records; the trigger takes the rest).
         db.execute("DELETE FROM responses WHERE expires <= ?", (now,))
-        if parent == key or db.execute("SELECT 1 FROM responses WHERE parent = ? LIMIT 1", (key,)).fetchone():
+        continued, old_size, root, held_items, held_bytes, *_ = db.execute(
+            _PUT_STATE, {"k": key, "p": parent}).fetchone()
+        if continued or parent == key or (parent is not None and root is None):
             return False
-        root = None
-        if parent is not None:
-            row = db.execute("SELECT COALESCE(root, id) FROM responses WHERE id = ?", (parent,)).fetchone()
-            if row is None:
-                return False
-            root = row[0]
-        # A record nothing continues is replaced: delete, then insert (an upsert's REPLACE would fire no trigger).
-        db.execute("DELETE FROM responses WHERE id = ?", (key,))
-        if root is not None:
-            count, held = db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM responses "
-                                     "WHERE id = ?1 OR root = ?1", (root,)).fetchone()
-            if count >= self.max_items or held + size > self.max_bytes:
-                return False
+        if root is not None and (held_items >= self.max_items or held_bytes + size > self.max_bytes):
+            return False
+        if old_size is not None:  # replaced: a record nothing continues (a first one has then no others)
+            db.execute("DELETE FROM responses WHERE id = ?", (key,))
+        insert = "INSERT INTO responses (id, seq, expires, size, record, parent, root) VALUES (?, ?, ?, ?, '', ?, ?)"
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM responses WHERE seq < ?",
                          (CONTINUED_SEQ,)).fetchone()[0]
-        expires = now + self.ttl_s
         if root is None:
-            db.execute("INSERT INTO responses (id, seq, expires, size, record, parent, root, deleted) "
-                       "VALUES (?, ?, ?, ?, '', NULL, NULL, 0)", (key, seq, expires, size))
+            db.execute(insert, (key, seq, now + self.ttl_s, size, None, None))
         else:
-            db.execute("INSERT INTO responses (id, seq, expires, size, record, parent, root, deleted) "
-                       "VALUES (?, ?, ?, ?, '', ?, ?, 0)", (key, CONTINUED_SEQ, CONTINUED_EXPIRES, size, parent, root))
+            db.execute(insert, (key, CONTINUED_SEQ, CONTINUED_EXPIRES, size, parent, root))
             # Continued: the conversation's TTL starts again, and it is now the newest.
-            db.execute("UPDATE responses SET seq = ?, expires = ? WHERE id = ?", (seq, expires, root))
+            db.execute("UPDATE responses SET seq = ?, expires = ? WHERE id = ?", (seq, now + self.ttl_s, root))
         db.execute("INSERT OR REPLACE INTO records (id, record) VALUES (?, ?)", (key, text))
         count, total = db.execute("SELECT items, bytes FROM totals").fetchone()
         while count > self.max_items or total > self.max_bytes:  # the least recently continued conversations go
