@@ -280,6 +280,45 @@ def test_concurrent_puts_from_two_stores_keep_the_caps(open_store):
     assert all(k == list(range(30 - len(k), 30)) for k in kept)
 
 
+@persistent
+def test_conversations_put_at_once_from_two_stores_are_never_cut(backend, open_store):
+    """Two store objects on one database, three writers each continuing conversations of their own, with the item
+    cap evicting all along: every record still stored reads back a whole chain of its own conversation's turns, and
+    the totals stay exact."""
+    stores = [open_store(max_items=25), open_store(max_items=25)]
+    errors = []
+
+    def writer(n):
+        try:
+            last: dict[int, str | None] = {}
+            for t in range(15):
+                for c in range(3):
+                    key = f"w{n}-c{c}-t{t}"
+                    parent = last.get(c)
+                    if not stores[n % 2].put(key, {"conv": f"{n}-{c}", "t": t}, None, parent):
+                        assert stores[n % 2].put(key, {"conv": f"{n}-{c}", "t": t})  # its chain was evicted
+                    last[c] = key
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    stored = [f"w{n}-c{c}-t{t}" for n in range(3) for c in range(3) for t in range(15)
+              if stores[0].get(f"w{n}-c{c}-t{t}") is not None]
+    assert 0 < len(stored) <= 25 and len(stores[1]) <= 25
+    for key in stored:
+        chain = stores[1].chain(key)
+        assert chain is not None and chain[-1] == stores[0].get(key), key
+        assert {r["conv"] for r in chain} == {chain[-1]["conv"]}, key
+        assert [r["t"] for r in chain] == list(range(chain[0]["t"], chain[-1]["t"] + 1)), key
+    counted, table = _totals(backend, open_store)
+    assert tuple(counted) == tuple(table)
+
+
 def _totals(backend: str, open_store) -> tuple[tuple[int, int], tuple[int, int]]:
     """(what the store's totals row says, what counting the table gives): the caps are checked against the first."""
     if backend == "sqlite":
