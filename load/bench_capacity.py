@@ -152,11 +152,15 @@ def serve_command(config_path: str | Path, launcher: str = "serve_app") -> list[
     return [PY, "-m", "serve_app", "run", str(config_path), *(["--single-process"] if launcher == "single_process" else [])]
 
 
-def start_server(config_path: str | Path, launcher: str, log, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_server(config_path: str | Path, launcher: str, log, env: dict[str, str] | None = None,
+                 tree: str | Path | None = None) -> subprocess.Popen:
     """Serve `config_path` on a Ray of its own (never one $RAY_ADDRESS names), in its own session so that `stop`
-    can signal the whole tree."""
+    can signal the whole tree. `tree`: serve another checkout's serve_app (run from it, so that it is first on
+    the path of the driver and of every Ray worker, which inherit the driver's)."""
     env = {k: v for k, v in {**os.environ, **(env or {})}.items() if k != "RAY_ADDRESS"}
-    return subprocess.Popen(serve_command(config_path, launcher), stdout=log, stderr=log, cwd=ROOT, env=env,
+    if tree:
+        env["PYTHONPATH"] = str(Path(tree).resolve())
+    return subprocess.Popen(serve_command(config_path, launcher), stdout=log, stderr=log, cwd=tree or ROOT, env=env,
                             start_new_session=True)
 
 

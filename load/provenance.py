@@ -19,14 +19,14 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def git_commit() -> str:
-    """HEAD, with `+dirty` when tracked files differ from it. Result files the run itself (or the run before it)
-    rewrote do not make the measured code dirty."""
+def git_commit(root: str | Path = ROOT) -> str:
+    """HEAD of the checkout at `root` (this one by default), with `+dirty` when tracked files differ from it.
+    Result files the run itself (or the run before it) rewrote do not make the measured code dirty."""
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True,
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True,
                              timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!load/results"],
-                               cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+                               cwd=root, capture_output=True, text=True, timeout=10).stdout.strip()
         return out + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

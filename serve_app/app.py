@@ -106,8 +106,8 @@ def _ingress_with_engines(settings: AppSettings, secret, ingress_env: dict[str, 
             request_router_class="serve_app.routing.serve_router:TargetReplicaRouter",
             request_router_kwargs={"engine_keys": sorted({engine_key(m) for m in settings.models})},
         )
-    ingress = Ingress.options(**opts).bind(settings.model_dump(), secret, {}, None, bind_store(settings),
-                                           bind_limits(settings))
+    store = bind_store(settings)  # one deployment, read by the front door's Router too
+    ingress = Ingress.options(**opts).bind(settings.model_dump(), secret, {}, None, store, bind_limits(settings))
     if not settings.router.front_door:
         return ingress
     make_policy(settings.router.policy)
@@ -117,7 +117,7 @@ def _ingress_with_engines(settings: AppSettings, secret, ingress_env: dict[str, 
                     "will be routed on load alone", ", ".join(f"{k}={v}" for k, v in FRONT_DOOR.items()))
     router_opts = _small_options(settings.router.deployment.serve_options())
     router_opts.pop("num_replicas", None)  # Serve runs one per proxy node (RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE)
-    router = FrontDoorRouter.options(**router_opts).bind(settings.model_dump(), secret, ingress)
+    router = FrontDoorRouter.options(**router_opts).bind(settings.model_dump(), secret, ingress, store)
     # Serve's hook (internal in Ray 2.60; Ray Serve LLM's direct streaming uses it): HAProxy asks `router` which
     # replica of `ingress` to forward each request to (routing/front_door_deployment.py).
     return ingress._with_ingress_request_router(router)

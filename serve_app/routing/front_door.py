@@ -7,9 +7,11 @@ request router" hook: `POST /internal/route` with the request's body, x-request-
 with the replica to forward to; routing/front_door_deployment.py). This module turns that body into the same
 RouteRequest the ingress would build after parsing and rendering it: the API is told by the body's shape (the
 hook does not pass the path), the body is parsed by that API's own adapter and rendered by the model's own
-renderer, so the hashes equal the ones the serving engine's KV events report. Anything it cannot read (not JSON,
-truncated by HAProxy's buffer, an unknown model, a Responses `previous_response_id` whose history is in the
-store) gives no hashes: the request is still routed, on load and session alone, and the ingress replica answers
+renderer, so the hashes equal the ones the serving engine's KV events report. A Responses continuation
+(`previous_response_id`) is rendered with its history read from the Responses store the ingress uses, as the
+ingress will read it, each read bounded so the hook still answers HAProxy in time. Anything it cannot read (not
+JSON, truncated by HAProxy's buffer, an unknown model, a stored history that is missing or slower than that
+bound) gives no hashes: the request is still routed, on load and session alone, and the ingress replica answers
 any error in the API's own envelope. Routing never refuses a request.
 
 Not seen here, so not in the key: the tenant (HAProxy forwards no credentials; the default tenant's cache
@@ -18,6 +20,7 @@ namespace is assumed) and headers other than the session id.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -78,9 +81,27 @@ class Routed:
     why_unkeyed: str | None = None  # why the request has no block hashes, when it has none
 
 
+class HistoryReader:
+    """The Responses store as the front door reads it: chains only (it never stores or deletes), each read
+    bounded by `budget_s`. A slow store costs the request its prefix key, never its route: HAProxy gives up on the
+    hook after its own timeout and forwards the request where it likes."""
+
+    def __init__(self, store: Any, budget_s: float):
+        """`store`: a StoreClient (ingress/responses/store.py), as the ingress reads the same store through."""
+        self.store, self.budget_s = store, budget_s
+
+    async def chain(self, key: str) -> list[Any] | None:
+        try:
+            return await asyncio.wait_for(self.store.chain(key), self.budget_s)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"the Responses store did not answer within {self.budget_s:g} s") from None
+
+
 class FrontDoor:
-    def __init__(self, settings: AppSettings, secret: KeyRing, block_size: Callable[[str], int | None]):
-        """`block_size(engine_key)`: the engine's KV block size once one of its replicas registered, else None."""
+    def __init__(self, settings: AppSettings, secret: KeyRing, block_size: Callable[[str], int | None],
+                 history: HistoryReader | None = None):
+        """`block_size(engine_key)`: the engine's KV block size once one of its replicas registered, else None;
+        `history`: the Responses store the ingress uses, None when the app has none."""
         from serve_app.ingress.context import IngressContext
         from serve_app.service import GenerationService
 
@@ -88,7 +109,7 @@ class FrontDoor:
         self.block_size = block_size
         # Renderers only: this service never reaches an engine.
         self.service = GenerationService(settings, engines=None)
-        self.ctx = IngressContext(settings=settings, service=self.service, secret=secret)
+        self.ctx = IngressContext(settings=settings, service=self.service, secret=secret, response_store=history)
         self.salt = tenants.cache_salt(settings.ingress, tenants.DEFAULT)
         self.adapters = _adapters()
         self.keyed = self.unkeyed = 0
@@ -107,9 +128,9 @@ class FrontDoor:
         if not isinstance(data, dict):
             return self._unkeyed(route, None, "body is not a JSON object")
         api = detect_api(data)
-        if api == "responses" and data.get("previous_response_id"):
+        if api == "responses" and data.get("previous_response_id") and self.ctx.response_store is None:
             key = self._engine_key(data.get("model"))
-            return self._unkeyed(route, key, "history is in the response store", api)
+            return self._unkeyed(route, key, "the history is in a Responses store the front door has not got", api)
         try:
             call = await self.adapters[api].parse(data, request, self.ctx)
             renderer, model = await self.service.renderer_for(call.model)

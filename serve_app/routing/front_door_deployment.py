@@ -27,7 +27,8 @@ than HAProxy waits (it then answers 503 itself) or cancelled; a request the ingr
 through an engine (count_tokens, an auth or limit error, a client gone before generation: `abandoned`); and a
 pin-miss, where HAProxy's replica map lacks the chosen replica (right after a deploy or scale-up) and Serve's
 fallback proxy delivers the request elsewhere without its route id (`unrouted`, by the x-request-id HAProxy set).
-Which body becomes which prompt: routing/front_door.py.
+Which body becomes which prompt: routing/front_door.py; a Responses continuation's history comes from the same
+Responses store the ingress reads (`history_reader`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from serve_app import metrics
 from serve_app.keyring import KeyRing
 from serve_app.routing.deployment import RouterMethods
-from serve_app.routing.front_door import FrontDoor
+from serve_app.routing.front_door import FrontDoor, HistoryReader
 from serve_app.routing.table import RoutingTable
 from serve_app.routing.types import ROUTE_ID_HEADER, Decision
 from serve_app.serve_tuning import freeze_startup_heap
@@ -65,10 +66,25 @@ def hook_timeout_s() -> float:
     return float(timeout)
 
 
+def history_reader(cfg: AppSettings, response_store, hook_timeout: float) -> HistoryReader | None:
+    """The Responses store the ingress reads `previous_response_id` histories from, for the front door to render
+    a continuation's whole prompt: the store deployment's handle, or the database opened here as each ingress
+    replica opens it (`response_store_placement: ingress`). A read gets at most half of HAProxy's wait, leaving the
+    rest for rendering and choosing."""
+    from serve_app.ingress.responses.store import StoreClient, open_local_store
+
+    if response_store is None and cfg.ingress.response_store_placement == "ingress":
+        response_store = open_local_store(cfg.ingress)
+    if response_store is None:
+        return None
+    timeout = cfg.ingress.response_store_timeout_s
+    return HistoryReader(StoreClient(response_store, timeout), min(timeout, hook_timeout / 2))
+
+
 def decision_outcome(decision: Decision | None, went_to_target: bool) -> tuple[str, str]:
     """`router_decisions_total`'s (policy, outcome) for one front-door answer, as the ingress records the Engine
     placement's decisions (ingress/clients.py), so the dashboard's routing panel reads the same in both."""
-    if decision is None:  # a body without a key (unreadable, unknown model, stored history) or no request id
+    if decision is None:  # a body without a key (unreadable, unknown model, history not read) or no request id
         return "fallback", "no_decision"
     if not went_to_target:
         return "fallback", "replica_gone"
@@ -86,10 +102,13 @@ class Target:
 
 @serve.deployment(name="Router", max_ongoing_requests=10_000, ray_actor_options={"num_cpus": 0})
 class FrontDoorRouter(RouterMethods):
-    def __init__(self, settings: dict, secret: KeyRing, ingress):
+    def __init__(self, settings: dict, secret: KeyRing, ingress, response_store=None):
+        """`response_store`: the ResponseStore deployment the ingress calls, None when each ingress replica opens
+        the store itself (then this replica opens it too) or there is none."""
         cfg = AppSettings.model_validate(settings)
         self.table = RoutingTable(cfg.router, kv_events=cfg.router.kv_events)
-        self.door = FrontDoor(cfg, secret, self._block_size)
+        self.timeout_s = hook_timeout_s()
+        self.door = FrontDoor(cfg, secret, self._block_size, history_reader(cfg, response_store, self.timeout_s))
         self.door.warm()
         ctx = serve.get_replica_context()
         self.replica_id = ctx.replica_id.unique_id
@@ -99,7 +118,6 @@ class FrontDoorRouter(RouterMethods):
         # Reservations released because the answer went unused: too late or cancelled, received but never run
         # through an engine, delivered elsewhere by Serve's fallback proxy (module docstring).
         self.late = self.abandoned_requests = self.pin_misses = 0
-        self.timeout_s = hook_timeout_s()
         self.route_ms = 0.0
         freeze_startup_heap()
 

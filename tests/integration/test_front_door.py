@@ -7,7 +7,8 @@ OpenAI SDK, run interleaved in an order round robin cannot keep sticky by accide
 replica served each turn is the response's `x-serve-replica` header. With the default policy every later turn goes
 to the replica that served its session's first turn and finds >= 90% of its prompt cached there, the two sessions
 sit on different replicas, and the Router keyed every request by its prompt; switched to round robin, turns land
-where their prefix is not. Bad bodies still get their API's own errors through the front door, and each request's
+where their prefix is not. A Responses conversation continued by `previous_response_id` goes where its prefix is
+too: the Router reads its history from the store the ingress replicas share. Bad bodies still get their API's own errors through the front door, and each request's
 load is released in the Router when it ends. What is asserted is where requests went and the engines' own
 cached-token counts, not timings.
 """
@@ -220,31 +221,45 @@ def test_bad_bodies_get_their_apis_own_errors_through_the_front_door(app):
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
 
 
-def test_a_stored_response_continues_on_the_default_sqlite_store_through_the_front_door(app, store_path):
+def test_a_stored_conversation_continues_where_its_prefix_is_through_the_front_door(app, store_path):
     """Responses' `previous_response_id` across two ingress replicas: each opens the store itself, one SQLite file
-    on this host (cpu-front-door.yaml's `response_store_placement: ingress`), and the Router, which cannot see a
-    stored history, routes the continuation on load without refusing it."""
+    on this host (cpu-front-door.yaml's `response_store_placement: ingress`), and so does the Router, which reads
+    a continuation's stored history to key it by its whole prompt: every continuation goes to the replica that
+    holds the conversation's prefix and finds it cached there."""
     import sqlite3
 
     url, _ = app
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
     before = front_door_metrics()
-    first = client.responses.create(model=MODEL, input="Remember the word teal.", max_output_tokens=8, store=True,
-                                    extra_body={"nvext": {"forced_script": "Noted: teal."}})
-    assert first.output_text == "Noted: teal."
-    second = client.responses.create(model=MODEL, input="Which word?", previous_response_id=first.id,
-                                     max_output_tokens=8, extra_body={"nvext": {"forced_script": "teal"}})
-    assert second.output_text == "teal"
-    # The continuation's prompt is the stored turn plus the new input: longer than the first turn's whole exchange.
-    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens, (first.usage,
-                                                                                              second.usage)
+    turns, previous = [], None
+    for n, (said, script) in enumerate([("Remember the word teal.", "Noted: teal."), ("Which word?", "teal"),
+                                         ("And its colour family?", "blue-green")]):
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, instructions=system_prompt(21), input=said, max_output_tokens=8, store=True,
+            previous_response_id=previous, extra_body={"nvext": {"forced_script": script}})
+        r = raw.parse()
+        assert r.output_text == script
+        turns.append({"id": r.id, "replica": raw.headers["x-serve-replica"], "prompt": r.usage.input_tokens,
+                      "cached": r.usage.input_tokens_details.cached_tokens, "output": r.usage.output_tokens})
+        previous = r.id
+    # Each continuation's prompt is the stored turns plus the new input: longer than the turns before it.
+    for a, b in zip(turns, turns[1:]):
+        assert b["prompt"] > a["prompt"] + a["output"], turns
+    assert turns[0]["prompt"] > 1500, turns  # many KV blocks of 128 tokens
+    assert all(t["replica"] == turns[0]["replica"] for t in turns[1:]), turns
+    assert all(t["cached"] >= 0.9 * t["prompt"] for t in turns[1:]), turns
     after = front_door_metrics()
-    assert after["keyed"] - before["keyed"] == 1 and after["unkeyed"] - before["unkeyed"] == 1, (before, after)
+    # Every turn keyed by its rendered prompt, the continuations' from the store.
+    assert after["keyed"] - before["keyed"] == 3 and after["unkeyed"] == before["unkeyed"], (before, after)
     with sqlite3.connect(store_path) as db:
         ids = [row[0] for row in db.execute("SELECT id FROM responses")]
-    assert any(first.id in i for i in ids) and any(second.id in i for i in ids), ids
-    r = client.responses.retrieve(second.id)
-    assert r.output_text == "teal"
+    assert all(any(t["id"] in i for i in ids) for t in turns), ids
+    assert client.responses.retrieve(turns[1]["id"]).output_text == "teal"
+    # A continuation of an id the store has not got: the ingress's own 404, in the Responses envelope.
+    with pytest.raises(openai.NotFoundError) as e:
+        client.responses.create(model=MODEL, input="x", previous_response_id="resp_" + "0" * 32,
+                                max_output_tokens=4)
+    assert e.value.body["code"] == "previous_response_not_found", e.value.body
 
 
 def test_the_front_doors_answers_reach_the_routing_panel(app):

@@ -57,6 +57,30 @@ def test_the_app_is_the_ingress_alone_with_the_engines_environment():
     assert split.init_args[2] and split.init_args[3] is not None
 
 
+def test_the_front_doors_router_reads_the_store_the_ingress_uses(monkeypatch):
+    """With `router.front_door` the Router renders Responses continuations from the ingress's store: the one
+    ResponseStore deployment both are bound to (Serve builds one bound object once), or, when each ingress replica
+    opens the database itself, none (the Router opens it too: front_door_deployment.history_reader)."""
+    import ray.serve._private.build_app as serve_build
+
+    from serve_app.app import build_app
+
+    monkeypatch.setattr(serve_build, "RAY_SERVE_ENABLE_HA_PROXY", True)
+    base = {"models": [MODEL], "engine_placement": "ingress", "router": {"front_door": True},
+            "ingress": {"direct_ingress": True}}
+    app = build_app(base)
+    ingress, router = app._bound_deployment, app._ingress_request_router._bound_deployment
+    assert router.name == "Router"
+    store = ingress.init_args[4]
+    assert store._bound_deployment.name == "ResponseStore" and router.init_args[3] is store
+    built = serve_build.build_app(app, name="t")
+    assert sorted(d.name for d in built.deployments) == ["Ingress", "ResponseStore"]
+    assert built.ingress_request_router_deployment.name == "Router"
+
+    local = build_app({**base, "ingress": {"direct_ingress": True, "response_store_placement": "ingress"}})
+    assert local._bound_deployment.init_args[4] is None and local._ingress_request_router._bound_deployment.init_args[3] is None
+
+
 class StandIn:
     """VLLMEngine's interface, recording what was asked of it."""
 

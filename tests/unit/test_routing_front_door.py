@@ -218,11 +218,95 @@ def test_unknown_models_and_stored_histories_are_routed_by_load_and_session(door
         {"role": "user", "content": "hi"}]}).encode(), hook_request({}), "r2"))
     assert unknown.engine_key is None and unknown.request.block_hashes == []
 
+    # A door built without the Responses store (an app without one) cannot see a continuation's history.
     stored = asyncio.run(door.route_request(json.dumps({"model": "gpt-5.5", "input": "next",
                                                         "previous_response_id": "resp_1"}).encode(),
                                             hook_request({}), "r3", "conv-7"))
     assert stored.engine_key == engine_key(settings.models[0]) and stored.request.block_hashes == []
-    assert stored.request.session_key == "conv-7"
+    assert stored.request.session_key == "conv-7" and "Responses store" in stored.why_unkeyed
+
+
+# ---- a Responses continuation: its history read from the store the ingress uses ----
+
+def store_door(settings, model_dir, store, budget_s: float = 5.0) -> FrontDoor:
+    from serve_app.ingress.responses.store import StoreClient
+    from serve_app.routing.front_door import HistoryReader
+
+    d = FrontDoor(settings, SECRET, lambda key: BLOCK, HistoryReader(StoreClient(store), budget_s))
+    d.service._model_paths["smollm2-135m-instruct"] = model_dir
+    return d
+
+
+def serve_with_store(settings, model_dir, store, body: dict, headers: dict | None = None):
+    """One Responses request through the ingress's real routes with `store`: (engines, response JSON)."""
+    from serve_app.ingress.responses.store import StoreClient
+
+    engines = RecordingEngines()
+    service = GenerationService(settings, engines, model_paths={"smollm2-135m-instruct": model_dir})
+    app = create_app(IngressContext(settings=settings, service=service, secret=SECRET,
+                                    response_store=StoreClient(store)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            return await c.post("/v1/responses", json=body, headers=headers or {})
+
+    r = asyncio.run(go())
+    assert r.status_code == 200, r.text
+    return engines, r.json()
+
+
+def test_a_responses_continuation_is_keyed_by_its_stored_history(settings, model_dir):
+    """`previous_response_id`: the front door reads the chain from the store the ingress uses and keys the
+    continuation by its whole prompt — the same hashes the ingress routes it by, extending the turns before it,
+    so it goes where they ran."""
+    from serve_app.ingress.responses.store import ResponseStoreCore
+
+    store = ResponseStoreCore(max_items=100, ttl_s=600)
+    door = store_door(settings, model_dir, store)
+    turn = {"model": "gpt-5.5", "instructions": SYSTEM, "tools": [BASH_RESPONSES], "max_output_tokens": 20,
+            "input": "List the files."}
+    engines, first = serve_with_store(settings, model_dir, store, turn)
+    first_hashes = engines.routes[0][1].block_hashes
+    previous, chain_hashes = first["id"], [first_hashes]
+    for n in range(2):  # two continuations: the second's history is a chain of two stored turns
+        body = {"model": "gpt-5.5", "instructions": SYSTEM, "tools": [BASH_RESPONSES], "max_output_tokens": 20,
+                "previous_response_id": previous, "input": f"And now step {n}: " + "read the file " * 10}
+        headers = {ROUTE_ID_HEADER: f"router-1/cont-{n}"}
+        routed = asyncio.run(door.route_request(json.dumps(body).encode(), hook_request(headers),
+                                                f"router-1/cont-{n}"))
+        engines, answer = serve_with_store(settings, model_dir, store, body, headers)
+        served = engines.routes[0][1]
+        assert routed.api == "responses" and routed.why_unkeyed is None, routed.why_unkeyed
+        assert routed.request.block_hashes == served.block_hashes
+        assert routed.request.num_prompt_tokens == served.num_prompt_tokens
+        # Every earlier turn's full blocks but its last (its end-of-turn tokens may render differently).
+        for earlier in chain_hashes:
+            assert routed.request.block_hashes[: len(earlier) - 1] == earlier[: len(earlier) - 1]
+        assert len(routed.request.block_hashes) > len(chain_hashes[-1])
+        chain_hashes.append(served.block_hashes)
+        previous = answer["id"]
+    assert door.keyed == 2 and door.unkeyed == 0
+
+
+def test_a_continuation_whose_history_is_missing_or_slow_is_routed_without_a_key(settings, model_dir):
+    from serve_app.ingress.responses.store import ResponseStoreCore
+
+    body = json.dumps({"model": "gpt-5.5", "input": "next", "previous_response_id": "resp_gone"}).encode()
+    gone = asyncio.run(store_door(settings, model_dir, ResponseStoreCore()).route_request(
+        body, hook_request({}), "r4", "conv-8"))
+    assert gone.request.block_hashes == [] and "no stored response with id 'resp_gone'" in gone.why_unkeyed
+    assert gone.request.session_key == "conv-8" and gone.engine_key is not None
+
+    class StuckStore(ResponseStoreCore):
+        async def chain(self, key):  # a database that stopped answering
+            await asyncio.sleep(60)
+
+    async def route_stuck():
+        door = store_door(settings, model_dir, StuckStore(), budget_s=0.2)
+        return await asyncio.wait_for(door.route_request(body, hook_request({}), "r5"), 30)
+
+    stuck = asyncio.run(route_stuck())
+    assert stuck.request.block_hashes == [] and "did not answer within 0.2 s" in stuck.why_unkeyed
 
 
 def test_before_any_replica_registered_there_is_no_block_size_to_hash_with(settings, model_dir):
@@ -635,3 +719,23 @@ def test_the_reports_middleware_settles_each_post_after_its_response():
     with pytest.raises(RuntimeError):
         call("POST", "/boom", [(ROUTE_ID_HEADER.encode(), b"rtr/r4")])
     assert [(r, q) for r, q, _ in settled] == [("rtr/r1", "r1"), (None, "r3"), ("rtr/r4", None)]
+
+
+def test_the_front_doors_router_opens_the_store_as_the_ingress_does(tmp_path):
+    """`response_store_placement: ingress`: the Router opens the same database itself; a store deployment: its
+    handle; each read gets at most half of HAProxy's wait for the hook."""
+    from serve_app.ingress.responses.store import AsyncStore, ResponseStoreCore
+    from serve_app.routing.front_door_deployment import history_reader
+
+    def cfg(**ingress):
+        return AppSettings.model_validate({"models": [{"id": "m"}], "engine_placement": "ingress",
+                                           "router": {"front_door": True}, "ingress": {"direct_ingress": True, **ingress}})
+
+    local = history_reader(cfg(response_store_placement="ingress", response_store_path=str(tmp_path / "r.db"),
+                               response_store_timeout_s=1.0), None, 5.0)
+    assert isinstance(local.store.backend, AsyncStore) and local.budget_s == 1.0
+    assert (tmp_path / "r.db").exists()
+    handle = ResponseStoreCore()
+    through = history_reader(cfg(), handle, 5.0)
+    assert through.store.backend is handle and through.budget_s == 2.5
+    assert history_reader(cfg(), None, 5.0) is None
