@@ -221,9 +221,24 @@ def test_deleting_a_record_a_later_one_continues_hides_it_and_keeps_that_chain(o
     assert s.delete("a") is True and s.get("a") is None and s.chain("a") is None
     assert s.delete("a") is False and s.put("x", 9, parent="a") is True  # hidden, yet a chain may still go on
     assert s.chain("b") == [1, 2] and s.chain("x") == [1, 9] and len(s) == 3
-    assert s.delete("b") and s.delete("x") and s.chain("b") is None and len(s) == 1  # a: kept until it ages out
+    assert s.delete("b") and s.chain("b") is None and len(s) == 2  # a: x still continues it
+    assert s.delete("x") and len(s) == 0  # a went with the last record that continued it
     s.put("a", 7)  # stored again: visible again
     assert s.get("a") == 7 and s.chain("a") == [7]
+
+
+def test_hidden_records_go_with_the_last_record_that_needs_them(open_store):
+    """A chain a → b → c → d with b and c deleted (hidden, kept for d): deleting d takes c and b with it, not a
+    (visible) nor a fork's ancestors that another record still continues."""
+    s = open_store()
+    for key, parent in [("a", None), ("b", "a"), ("c", "b"), ("d", "c"), ("e", "b")]:
+        assert s.put(key, key, parent=parent)
+    assert s.delete("b") and s.delete("c") and len(s) == 5
+    assert s.chain("d") == ["a", "b", "c", "d"] and s.chain("e") == ["a", "b", "e"]
+    assert s.delete("d") and len(s) == 3  # c went; b stays for e
+    assert s.chain("e") == ["a", "b", "e"] and s.get("a") == "a"
+    assert s.delete("e") and len(s) == 1 and s.chain("a") == ["a"]  # b went; a is visible: it stays
+    assert s.delete("a") and len(s) == 0
 
 
 # -- persistent backends: a second store object on the same database --------------------------------------------

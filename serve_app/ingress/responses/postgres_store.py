@@ -40,6 +40,7 @@ from serve_app.ingress.responses.store import (
     chain_records,
     encode_record,
 )
+from serve_app.ingress.responses.store_sql import store_queries
 
 log = logging.getLogger(__name__)
 
@@ -99,32 +100,8 @@ _COUNT_ONCE = f"""
 LOCK TABLE {TABLE} IN SHARE ROW EXCLUSIVE MODE;
 INSERT INTO {TABLE}_totals SELECT 0, COUNT(*), COALESCE(SUM(size), 0) FROM {TABLE} ON CONFLICT (one) DO NOTHING;
 """
-# `key`'s chain and a record's visibility, as the SQLite store's `_CHAIN` and `_GET` (sqlite_store.py).
-_CHAIN = f"""
-WITH RECURSIVE up(k, id) AS (
-    SELECT 0, %(key)s::text
-    UNION ALL
-    SELECT up.k + 1, r.parent FROM up JOIN {TABLE} r ON r.id = up.id WHERE r.parent IS NOT NULL AND up.k < %(limit)s
-)
-SELECT up.k, r.id, r.parent, r.expires, r.deleted, r.record FROM up LEFT JOIN {TABLE} r ON r.id = up.id
-"""
-_GET = f"""
-SELECT r.record FROM {TABLE} r JOIN {TABLE} c ON c.id = COALESCE(r.root, r.id)
-WHERE r.id = %s AND NOT r.deleted AND c.expires > %s
-"""
-# What a put decides on, in one round trip: is `k` continued by another record, the size of `k`'s row where it is
-# stored, the conversation `p` belongs to (NULL where `p` is not stored), what that conversation holds besides `k`,
-# and the totals the caps are checked against.
-_PUT_STATE = f"""
-WITH c AS (SELECT COALESCE(root, id) AS r FROM {TABLE} WHERE id = %(p)s)
-SELECT EXISTS (SELECT 1 FROM {TABLE} WHERE parent = %(k)s),
-       (SELECT size FROM {TABLE} WHERE id = %(k)s),
-       (SELECT r FROM c),
-       (SELECT COUNT(*) FROM {TABLE} t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> %(k)s),
-       (SELECT COALESCE(SUM(t.size), 0) FROM {TABLE} t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> %(k)s),
-       items, bytes
-FROM {TABLE}_totals
-"""
+# Chains, visibility and a put's state, as the SQLite store asks them (store_sql.py).
+_SQL = store_queries(TABLE, f"{TABLE}_totals", lambda name: f"%({name})s")
 _NEXT_SEQ = f"nextval(pg_get_serial_sequence('{TABLE}', 'seq'))"
 _EVICT_BATCH = 16  # oldest conversations read at a time when the byte cap (not the item cap) says how many must go
 
@@ -282,7 +259,7 @@ class PostgresResponseStore:
 
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
         await conn.execute(f"DELETE FROM {TABLE} WHERE expires <= %s", (now,))
-        continued, old_size, root, held_items, held_bytes, count, total = await one(_PUT_STATE, {"k": key, "p": parent})
+        continued, old_size, root, held_items, held_bytes, count, total = await one(_SQL.put_state, {"k": key, "p": parent})
         if continued or parent == key or (parent is not None and root is None):
             raise _Refused
         if root is not None and (held_items >= self.max_items or held_bytes + size > self.max_bytes):
@@ -326,7 +303,7 @@ class PostgresResponseStore:
         now = self.clock()
 
         async def get(conn):
-            return await (await conn.execute(_GET, (key, now))).fetchone()
+            return await (await conn.execute(_SQL.get, {"key": key, "now": now})).fetchone()
 
         row = await self._run(get)
         return None if row is None else json.loads(row[0])
@@ -337,7 +314,7 @@ class PostgresResponseStore:
         now = self.clock()
 
         async def chain(conn):
-            return await (await conn.execute(_CHAIN, {"key": key, "limit": self.max_items})).fetchall()
+            return await (await conn.execute(_SQL.chain, {"key": key, "limit": self.max_items})).fetchall()
 
         return chain_records(await self._run(chain), now)
 
@@ -348,16 +325,30 @@ class PostgresResponseStore:
             async with conn.transaction():
                 # Under the put lock: a put continuing this record cannot slip in between the statements.
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
-                if await (await conn.execute(_GET, (key, now))).fetchone() is None:
+                if await (await conn.execute(_SQL.visible, {"key": key, "now": now})).fetchone() is None:
                     return False
-                # Kept, hidden, while a later record continues it (that record's chain needs its items).
-                if await (await conn.execute(f"SELECT 1 FROM {TABLE} WHERE parent = %s LIMIT 1", (key,))).fetchone():
-                    await conn.execute(f"UPDATE {TABLE} SET deleted = true WHERE id = %s", (key,))
-                else:
-                    await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))
+                await self._delete(conn, key)
                 return True
 
         return await self._run(delete)
+
+    @staticmethod
+    async def _delete(conn: psycopg.AsyncConnection, key: str) -> None:
+        """Delete visible `key` in the caller's transaction (sqlite_store.py `_delete`)."""
+        async def state(k):  # (parent, hidden, continued by another record)
+            return await (await conn.execute(_SQL.delete_state, {"key": k})).fetchone()
+
+        parent, _, continued = await state(key)
+        if continued:  # kept, hidden, for the chains of the records that continue it
+            await conn.execute(f"UPDATE {TABLE} SET deleted = true WHERE id = %s", (key,))
+            return
+        await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))
+        while parent is not None:  # hidden records it was the last to continue: no chain needs them now
+            row = await state(parent)
+            if row is None or not row[1] or row[2]:
+                break
+            await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (parent,))
+            parent = row[0]
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []

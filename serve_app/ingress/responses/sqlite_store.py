@@ -33,6 +33,7 @@ from serve_app.ingress.responses.store import (
     chain_records,
     encode_record,
 )
+from serve_app.ingress.responses.store_sql import store_queries
 
 log = logging.getLogger(__name__)
 
@@ -86,38 +87,10 @@ CREATE INDEX IF NOT EXISTS responses_root ON responses (root);
 CREATE TRIGGER IF NOT EXISTS responses_conversation_dropped AFTER DELETE ON responses WHEN OLD.root IS NULL
     BEGIN DELETE FROM responses WHERE root = OLD.id; END;
 """
-# `?1`'s chain: (k, id, parent, expires, deleted, text) per id walked, k = 0 for `?1` itself, the columns after k NULL
-# where an id is not stored; the walk stops at ?2 steps (a chain never holds more records than the item cap). Rows
-# come in any order: an ORDER BY would sort the texts in a temporary b-tree, which past SQLite's page cache spills
-# to disk (a 200-record chain of 8 KB records read in 5.0 ms with it, 1.9 ms without; load/probe_store_chain.py).
-_CHAIN = """
-WITH RECURSIVE up(k, id) AS (
-    SELECT 0, ?1
-    UNION ALL
-    SELECT up.k + 1, r.parent FROM up JOIN responses r ON r.id = up.id WHERE r.parent IS NOT NULL AND up.k < ?2
-)
-SELECT up.k, r.id, r.parent, r.expires, r.deleted, COALESCE(x.record, r.record) FROM up
-LEFT JOIN responses r ON r.id = up.id LEFT JOIN records x ON x.id = r.id
-"""
-# What a put decides on: is `k` continued by another record, the size of `k`'s row where it is stored, the
-# conversation `p` belongs to (NULL where `p` is not stored), what that conversation holds besides `k`, and the
-# totals the caps are checked against (postgres_store.py asks the same in one round trip).
-_PUT_STATE = """
-WITH c AS (SELECT COALESCE(root, id) AS r FROM responses WHERE id = :p)
-SELECT EXISTS (SELECT 1 FROM responses WHERE parent = :k),
-       (SELECT size FROM responses WHERE id = :k),
-       (SELECT r FROM c),
-       (SELECT COUNT(*) FROM responses t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> :k),
-       (SELECT COALESCE(SUM(t.size), 0) FROM responses t, c WHERE (t.id = c.r OR t.root = c.r) AND t.id <> :k),
-       items, bytes
-FROM totals
-"""
-# A record's text, where it is visible: not deleted, in a conversation that has not expired. The text is in
+# Chains, visibility and a put's state, as the PostgreSQL store asks them (store_sql.py). A record's text is in
 # `records`, or in its row where a database from before that table stored it.
-_GET = """
-SELECT COALESCE(x.record, r.record) FROM responses r JOIN responses c ON c.id = COALESCE(r.root, r.id)
-LEFT JOIN records x ON x.id = r.id WHERE r.id = ? AND r.deleted = 0 AND c.expires > ?
-"""
+_SQL = store_queries("responses", "totals", lambda name: f":{name}", text="COALESCE(x.record, r.record)",
+                     text_join="LEFT JOIN records x ON x.id = r.id")
 _COUNT_ONCE = ("INSERT OR IGNORE INTO totals SELECT 0, COUNT(*), COALESCE(SUM(size), 0) FROM responses "
                "WHERE NOT EXISTS (SELECT 1 FROM totals)")
 
@@ -258,14 +231,15 @@ class SqliteResponseStore:
     def _put(self, db: sqlite3.Connection, key: str, text: str, size: int, parent: str | None, now: float) -> bool:
         # Expired conversations go first (their first records; the trigger takes the rest).
         db.execute("DELETE FROM responses WHERE expires <= ?", (now,))
-        continued, old_size, root, held_items, held_bytes, *_ = db.execute(
-            _PUT_STATE, {"k": key, "p": parent}).fetchone()
+        continued, old_size, root, held_items, held_bytes, count, total = db.execute(
+            _SQL.put_state, {"k": key, "p": parent}).fetchone()
         if continued or parent == key or (parent is not None and root is None):
             return False
         if root is not None and (held_items >= self.max_items or held_bytes + size > self.max_bytes):
             return False
         if old_size is not None:  # replaced: a record nothing continues (a first one has then no others)
             db.execute("DELETE FROM responses WHERE id = ?", (key,))
+            count, total = count - 1, total - old_size
         insert = "INSERT INTO responses (id, seq, expires, size, record, parent, root) VALUES (?, ?, ?, ?, '', ?, ?)"
         seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM responses WHERE seq < ?",
                          (CONTINUED_SEQ,)).fetchone()[0]
@@ -276,7 +250,7 @@ class SqliteResponseStore:
             # Continued: the conversation's TTL starts again, and it is now the newest.
             db.execute("UPDATE responses SET seq = ?, expires = ? WHERE id = ?", (seq, now + self.ttl_s, root))
         db.execute("INSERT OR REPLACE INTO records (id, record) VALUES (?, ?)", (key, text))
-        count, total = db.execute("SELECT items, bytes FROM totals").fetchone()
+        count, total = count + 1, total + size  # what the trigger added
         while count > self.max_items or total > self.max_bytes:  # the least recently continued conversations go
             row = db.execute("SELECT id FROM responses WHERE seq < ? ORDER BY seq LIMIT 1",
                              (CONTINUED_SEQ,)).fetchone()
@@ -287,14 +261,14 @@ class SqliteResponseStore:
         return True
 
     def get(self, key: str, wait: bool = True) -> Any | None:
-        row = self._run(lambda db: db.execute(_GET, (key, self.clock())).fetchone(), wait)
+        row = self._run(lambda db: db.execute(_SQL.get, {"key": key, "now": self.clock()}).fetchone(), wait)
         return None if row is None else json.loads(row[0])
 
     def chain(self, key: str, wait: bool = True) -> list[Any] | None:
         """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
         not stored."""
         now = self.clock()
-        rows = self._run(lambda db: db.execute(_CHAIN, (key, self.max_items)).fetchall(), wait)
+        rows = self._run(lambda db: db.execute(_SQL.chain, {"key": key, "limit": self.max_items}).fetchall(), wait)
         return chain_records(rows, now)
 
     def delete(self, key: str, wait: bool = True) -> bool:
@@ -303,13 +277,9 @@ class SqliteResponseStore:
         def delete(db):
             db.execute("BEGIN IMMEDIATE")
             try:
-                found = db.execute(_GET, (key, now)).fetchone() is not None
+                found = db.execute(_SQL.visible, {"key": key, "now": now}).fetchone() is not None
                 if found:
-                    # Kept, hidden, while a later record continues it (that record's chain needs its items).
-                    if db.execute("SELECT 1 FROM responses WHERE parent = ? LIMIT 1", (key,)).fetchone():
-                        db.execute("UPDATE responses SET deleted = 1 WHERE id = ?", (key,))
-                    else:
-                        db.execute("DELETE FROM responses WHERE id = ?", (key,))
+                    self._delete(db, key)
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -318,6 +288,24 @@ class SqliteResponseStore:
             return found
 
         return self._run(delete, wait)
+
+    @staticmethod
+    def _delete(db: sqlite3.Connection, key: str) -> None:
+        """Delete visible `key` in the caller's transaction (postgres_store.py `_delete`)."""
+        def state(k):  # (parent, hidden, continued by another record)
+            return db.execute(_SQL.delete_state, {"key": k}).fetchone()
+
+        parent, _, continued = state(key)
+        if continued:  # kept, hidden, for the chains of the records that continue it
+            db.execute("UPDATE responses SET deleted = 1 WHERE id = ?", (key,))
+            return
+        db.execute("DELETE FROM responses WHERE id = ?", (key,))
+        while parent is not None:  # hidden records it was the last to continue: no chain needs them now
+            row = state(parent)
+            if row is None or not row[1] or row[2]:
+                break
+            db.execute("DELETE FROM responses WHERE id = ?", (parent,))
+            parent = row[0]
 
     def close(self) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ filled the caps) and every put encode all of it (load/probe_store_chain.py). A c
 every record that continues it, forks included) lives and goes as one: each put into it refreshes its TTL and makes
 it the newest, and the caps evict the least recently continued conversation whole, so no record outlives one its
 chain needs. A record deleted through the API while a later one continues it is kept, hidden, for that one's
-chain; a record another continues cannot be replaced. Records stored before conversations existed have no parent
+chain, and goes when the last record continuing it is deleted; a record another continues cannot be replaced. Records stored before conversations existed have no parent
 and hold their whole history, so they read the same.
 """
 
@@ -197,8 +197,14 @@ class ResponseStoreCore:
             return False
         if self._children.get(key):  # later records continue it: gone from the API, kept for their chains
             self._entries[key] = entry._replace(deleted=True)
-        else:
-            self._drop(key)
+            return True
+        self._drop(key)
+        # Hidden records it was the last to continue: no chain needs them any more.
+        parent = entry.parent
+        while parent is not None and self._entries[parent].deleted and not self._children.get(parent):
+            up = self._entries[parent].parent
+            self._drop(parent)
+            parent = up
         return True
 
 
