@@ -8,6 +8,8 @@ prompts (a harness's prompt shared by many sessions), each turn replaying the wh
 `--concurrency` sessions in flight, half through the Anthropic Messages API and half through Chat Completions
 (`--api mixed`), or all through the Responses API continuing the stored conversation by `previous_response_id`, each
 turn sending only its new input (`--api responses`: the front door reads the history from the Responses store).
+`--tenants N` spreads the sessions over N tenants, each with its own API key and prefix-cache namespace, all sharing
+the system prompts: the front door never sees a key, so it must find the namespace a prompt is cached under.
 `--baseline-tree DIR` adds a third arm, the front door served from another checkout (say, a worktree of an
 earlier commit: its serve_app, this script's workload), so a change to the front door is measured against the code
 before it in the same run. Per arm: TTFT p50/p95 (request sent -> first generated token), the share of prompt tokens the serving engine had
@@ -16,6 +18,7 @@ front door its own time per request (the Router's `front_door_metrics`: parse, r
 
     python -m load.bench_front_door --json load/results/front_door.json
     python -m load.bench_front_door --api responses --baseline-tree /tmp/before --json load/results/front_door_responses.json
+    python -m load.bench_front_door --tenants 2 --families 2 --baseline-tree /tmp/before --json load/results/front_door_tenants.json
 """
 
 from __future__ import annotations
@@ -42,11 +45,19 @@ BASE = ROOT / "deployments" / "cpu-front-door.yaml"
 MODEL = "smollm2-135m-instruct"
 
 
-def arm_config(port: int, front_door: bool) -> dict:
+def tenant_keys(n: int) -> list[str]:
+    return [f"bench-key-{i}" for i in range(n)]
+
+
+def arm_config(port: int, front_door: bool, tenants: int = 0) -> dict:
+    """`tenants`: that many tenants, one API key each, each with its own prefix-cache namespace (the default)."""
     cfg = yaml.safe_load(BASE.read_text())
     cfg["http_options"] = {"host": "127.0.0.1", "port": port}
     args = cfg["applications"][0]["args"]
     args["router"]["front_door"] = front_door
+    if tenants:
+        args["ingress"]["api_keys"] = [{"key": k, "tenant": f"team-{i}"} for i, k in enumerate(tenant_keys(tenants))]
+        args["ingress"]["tenants"] = {f"team-{i}": {} for i in range(tenants)}
     return cfg
 
 
@@ -71,12 +82,12 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 900) -> None:
     raise RuntimeError(f"{url} did not become ready")
 
 
-def wait_routing(url: str, timeout: float = 120) -> None:
+def wait_routing(url: str, headers: dict, timeout: float = 120) -> None:
     """Until the front door routes: the app answers before Serve's HAProxy has the Router's address (requests
     then go to HAProxy's own choice), so probe until the Router has keyed one."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        httpx.post(url + "/v1/chat/completions", timeout=60,
+        httpx.post(url + "/v1/chat/completions", timeout=60, headers=headers,
                    json={"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
         fd = front_door_metrics() or {}
         if fd.get("keyed"):
@@ -100,11 +111,10 @@ def _first_output(api: str, ev: dict) -> bool:
 
 
 async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, history: list[dict],
-                   max_tokens: int) -> dict:
+                   max_tokens: int, previous: str | None = None, api_key: str | None = None) -> dict:
     """Stream one request; returns TTFT, prompt and cached tokens, the replica and the answer text. Responses:
-    `history` is this turn's input only, its last entry's `previous_response_id` (if any) names the stored rest."""
+    only `history`'s last entry is sent, `previous` (the last response's id, if any) names the stored rest."""
     if api == "responses":
-        previous = history[-1].get("previous_response_id")
         body = {"model": MODEL, "max_output_tokens": max_tokens, "temperature": 0, "stream": True, "store": True,
                 "instructions": system, "input": [{"role": "user", "content": history[-1]["content"]}],
                 **({"previous_response_id": previous} if previous else {})}
@@ -121,7 +131,8 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
     sent = time.perf_counter()
     ttft = None
     text, prompt, cached, response_id = [], 0, 0, None
-    async with client.stream("POST", url + path, json=body) as resp:
+    headers = {"x-api-key": api_key} if api_key else {}
+    async with client.stream("POST", url + path, json=body, headers=headers) as resp:
         resp.raise_for_status()
         replica = resp.headers.get("x-serve-replica", "?")
         async for _, data in aiter_sse(resp):
@@ -160,27 +171,28 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
 
 
 async def run_arm(url: str, prompts: list[str], sessions: int, turns: int, concurrency: int, max_tokens: int,
-                  seed: int, turn_words: int = 400, api: str = "mixed") -> dict:
+                  seed: int, turn_words: int = 400, api: str = "mixed", tenants: int = 0) -> dict:
+    """`tenants`: session i calls with tenant i mod `tenants`'s key (the tenants share the system prompts)."""
     rng = random.Random(seed)
     plan = [(s, prompts[rng.randrange(len(prompts))], api if api != "mixed" else "messages" if s % 2 else "chat")
             for s in range(sessions)]
+    keys = tenant_keys(tenants)
     results: list[dict] = []
-    results_of: dict[int, list[dict]] = {}
     sem = asyncio.Semaphore(concurrency)
 
     async def session(sid: int, system: str, api: str, client: httpx.AsyncClient) -> None:
         async with sem:
             history: list[dict] = []
+            previous = None  # Responses: the conversation stored so far
             for t in range(turns):
                 # What an agent's turn adds: a tool's output, hundreds of tokens, the session's own.
                 history.append({"role": "user", "content": f"Session {sid}, step {t}, tool output:\n"
                                 + stable_text(turn_words, f"s{seed}-{sid}-{t}")})
-                if api == "responses" and t:  # the stored conversation holds the turns before this one
-                    history[-1]["previous_response_id"] = results_of[sid][-1]["id"]
-                r = await one_turn(client, url, api, system, history, max_tokens)
+                r = await one_turn(client, url, api, system, history, max_tokens, previous,
+                                   keys[sid % tenants] if tenants else None)
                 r.update(session=sid, turn=t, api=api)
                 results.append(r)
-                results_of.setdefault(sid, []).append(r)
+                previous = r["id"]
                 history.append({"role": "assistant", "content": r["text"] or "ok"})
 
     started = time.perf_counter()
@@ -208,8 +220,8 @@ def _delta(after: dict | None, before: dict | None) -> dict | None:
     """The front door's counts for the measured requests only (the readiness probes excluded)."""
     if not after or not before or "error" in after or "error" in before:
         return after
-    counters = ("decisions", "fallbacks", "keyed", "unkeyed", "route_ms_total")
-    out = {k: round(after[k] - before.get(k, 0), 1) if k in counters else after[k] for k in after}
+    counters = ("decisions", "fallbacks", "keyed", "unkeyed", "namespace_ties", "route_ms_total")
+    out = {k: round(after[k] - before.get(k, 0), 1) if k in counters and k in before else after[k] for k in after}
     routed = out.get("keyed", 0) + out.get("unkeyed", 0)
     out["route_ms_per_request"] = round(out["route_ms_total"] / routed, 2) if routed else None
     return out
@@ -243,6 +255,9 @@ def main() -> None:
     ap.add_argument("--api", choices=("mixed", "responses"), default="mixed",
                     help="mixed: half Anthropic Messages, half Chat Completions, each turn resending the history; "
                          "responses: Responses continuing by previous_response_id")
+    ap.add_argument("--tenants", type=int, default=0,
+                    help="tenants with their own API keys and prefix-cache namespaces, sharing the system prompts "
+                         "(session i calls as tenant i mod N); 0: no keys, the default tenant")
     ap.add_argument("--baseline-tree", default=None,
                     help="another checkout whose serve_app a third arm, front door on, serves")
     ap.add_argument("--log", default="/tmp/bench_front_door.log")
@@ -263,15 +278,15 @@ def main() -> None:
             for name in order:
                 port = free_port()
                 url = f"http://127.0.0.1:{port}"
-                proc = start(arm_config(port, arms[name]), log, a.launcher, trees.get(name))
+                proc = start(arm_config(port, arms[name], a.tenants), log, a.launcher, trees.get(name))
                 try:
                     wait_ready(url, proc)
                     before = None
                     if arms[name]:
-                        wait_routing(url)
+                        wait_routing(url, {"x-api-key": tenant_keys(a.tenants)[0]} if a.tenants else {})
                         before = front_door_metrics()
                     out = asyncio.run(run_arm(url, prompts, a.sessions, a.turns, a.concurrency, a.max_tokens,
-                                              seed=rnd, turn_words=a.turn_words, api=a.api))
+                                              seed=rnd, turn_words=a.turn_words, api=a.api, tenants=a.tenants))
                     fd = _delta(front_door_metrics(), before) if arms[name] else None
                 finally:
                     stop([proc])
@@ -291,7 +306,7 @@ def main() -> None:
                               "at": provenance.git_commit(a.baseline_tree)}} if a.baseline_tree else {}),
         "launcher": a.launcher,
         "workload": {k: getattr(a, k) for k in ("rounds", "families", "family_words", "sessions", "turns", "turn_words",
-                                                "concurrency", "max_tokens", "api")},
+                                                "concurrency", "max_tokens", "api", "tenants")},
         "arms": {name: summarize(rs) for name, rs in per_arm.items()},
         "rounds": rounds,
     }

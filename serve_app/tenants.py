@@ -80,6 +80,21 @@ def cache_salt(ingress: IngressConfig, tenant: str | None) -> str | None:
     return f"tenant-cache:{group or name}"
 
 
+def routing_salts(ingress: IngressConfig) -> list[str | None]:
+    """Every prefix-cache namespace a request can be served under: those of the tenants the configured keys (and
+    the open entry) lead to, the default tenant's first, each once. Keys are static configuration, so this is the
+    whole set; the front door, which never sees a request's key, chooses among them (routing/front_door.py)."""
+    names = {DEFAULT} if not ingress.api_keys else set()
+    for entry in ingress.api_keys:
+        names.add(DEFAULT if isinstance(entry, str) else entry.tenant)
+    salts: list[str | None] = []
+    for name in sorted(names, key=lambda n: (n != DEFAULT, n)):
+        salt = cache_salt(ingress, name)
+        if salt not in salts:
+            salts.append(salt)
+    return salts
+
+
 def allows(ingress: IngressConfig, tenant: str | None, model: ModelConfig) -> bool:
     allowed = config_of(ingress, tenant).models
     return allowed is None or bool(set(allowed) & set(model.all_ids))

@@ -14,8 +14,12 @@ JSON, truncated by HAProxy's buffer, an unknown model, a stored history that is 
 bound) gives no hashes: the request is still routed, on load and session alone, and the ingress replica answers
 any error in the API's own envelope. Routing never refuses a request.
 
-Not seen here, so not in the key: the tenant (HAProxy forwards no credentials; the default tenant's cache
-namespace is assumed) and headers other than the session id.
+Not seen here: the request's API key (HAProxy forwards no credentials) and headers other than the session id. The
+key names the tenant, and a tenant's prompts are cached in its own namespace (vLLM's cache_salt, which the block
+hashes start from: tenants.cache_salt). With one namespace the hashes are exact. With several, the prompt is hashed
+in each that some replica holds its first block under, and the namespace with the longest run held wins: a later
+turn's own history is cached under its tenant's namespace alone, so only a prompt several tenants have cached (a
+first turn on a harness prompt they share) is a guess, the earliest namespace of the tie (`namespace_ties`).
 """
 
 from __future__ import annotations
@@ -99,9 +103,12 @@ class HistoryReader:
 
 class FrontDoor:
     def __init__(self, settings: AppSettings, secret: KeyRing, block_size: Callable[[str], int | None],
-                 history: HistoryReader | None = None):
+                 history: HistoryReader | None = None,
+                 held_prefix: Callable[[str, list[int]], int] | None = None):
         """`block_size(engine_key)`: the engine's KV block size once one of its replicas registered, else None;
-        `history`: the Responses store the ingress uses, None when the app has none."""
+        `history`: the Responses store the ingress uses, None when the app has none; `held_prefix(engine_key,
+        hashes)`: the longest leading run of `hashes` a replica holds (the Router's KV index), to tell which
+        tenant's namespace a prompt is cached under when there are several."""
         from serve_app.ingress.context import IngressContext
         from serve_app.service import GenerationService
 
@@ -110,9 +117,11 @@ class FrontDoor:
         # Renderers only: this service never reaches an engine.
         self.service = GenerationService(settings, engines=None)
         self.ctx = IngressContext(settings=settings, service=self.service, secret=secret, response_store=history)
-        self.salt = tenants.cache_salt(settings.ingress, tenants.DEFAULT)
+        self.salts = tenants.routing_salts(settings.ingress)
+        self.held_prefix = held_prefix
         self.adapters = _adapters()
         self.keyed = self.unkeyed = 0
+        self.namespace_ties = 0  # prompts held under several tenants' namespaces alike: the first one was taken
 
     def warm(self) -> None:
         self.service.warm_renderers()
@@ -148,9 +157,30 @@ class FrontDoor:
         block = self.block_size(key)
         if not block:
             return self._unkeyed(route, key, "no replica of the engine has registered yet", api)
-        route.block_hashes = block_hashes(rendered.token_ids, block, salt=self.salt)
+        route.block_hashes = self._hashes(key, rendered.token_ids, block)
         self.keyed += 1
         return Routed(key, route, api)
+
+    def _hashes(self, key: str, token_ids: list[int], block: int) -> list[int]:
+        """The prompt's block hashes in the namespace its longest cached run is held under (module docstring).
+        A namespace no replica holds the first block under costs one block's hash, not the whole prompt's."""
+        default = self.salts[0]
+        if len(self.salts) == 1 or self.held_prefix is None or len(token_ids) < block:
+            return block_hashes(token_ids, block, salt=default)
+        best: list[int] | None = None
+        best_run = tied = 0
+        for salt in self.salts:
+            if not self.held_prefix(key, block_hashes(token_ids[:block], block, salt=salt)):
+                continue
+            hashes = block_hashes(token_ids, block, salt=salt)
+            run = self.held_prefix(key, hashes)
+            if run > best_run:
+                best, best_run, tied = hashes, run, 0
+            elif run == best_run:
+                tied += 1
+        if tied:
+            self.namespace_ties += 1
+        return best if best is not None else block_hashes(token_ids, block, salt=default)
 
     def _engine_key(self, model_id: Any) -> str | None:
         from serve_app.service import engine_key

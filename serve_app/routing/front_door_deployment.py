@@ -108,7 +108,8 @@ class FrontDoorRouter(RouterMethods):
         cfg = AppSettings.model_validate(settings)
         self.table = RoutingTable(cfg.router, kv_events=cfg.router.kv_events)
         self.timeout_s = hook_timeout_s()
-        self.door = FrontDoor(cfg, secret, self._block_size, history_reader(cfg, response_store, self.timeout_s))
+        self.door = FrontDoor(cfg, secret, self._block_size, history_reader(cfg, response_store, self.timeout_s),
+                              held_prefix=self.table.held_prefix)
         self.door.warm()
         ctx = serve.get_replica_context()
         self.replica_id = ctx.replica_id.unique_id
@@ -245,13 +246,15 @@ class FrontDoorRouter(RouterMethods):
 
     async def front_door_metrics(self) -> dict:
         """Requests routed by this table's decision / by Serve's fallback; with / without their prefix's hashes;
+        prompts held alike under several tenants' cache namespaces (the first was taken, routing/front_door.py);
         time spent answering the hook; engines registered here (one per engine per ingress replica); reservations
         released because their ingress no longer ran them (their end reported elsewhere, or never); and those
         released because the answer went unused: too late for HAProxy or cancelled (`late`), received but never
         run through an engine (`abandoned`), delivered elsewhere by Serve's fallback proxy (`pin_misses`, also
         counted in `fallbacks`)."""
         return {"decisions": self.decisions, "fallbacks": self.fallbacks, "keyed": self.door.keyed,
-                "unkeyed": self.door.unkeyed, "route_ms_total": round(self.route_ms, 1),
+                "unkeyed": self.door.unkeyed, "namespace_ties": self.door.namespace_ties,
+                "route_ms_total": round(self.route_ms, 1),
                 "registered_replicas": sum(r.stats()["registered"] for r in self.table.registrations.values()),
                 "reconciled": sum(c.reconciled_reservations for c in self.table.cores.values()),
                 "late": self.late, "abandoned": self.abandoned_requests, "pin_misses": self.pin_misses}

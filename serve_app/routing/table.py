@@ -113,6 +113,13 @@ class RoutingTable:
             return None
         return core.choose(req, candidates)
 
+    def held_prefix(self, engine_key: str, hashes: list[int]) -> int:
+        """The longest leading run of `hashes` that any live replica of the engine holds (0 before any has)."""
+        core = self.cores.get(engine_key)
+        if core is None or not core.loads or not hashes:
+            return 0
+        return max(core.index.overlaps(hashes, core.loads, core.now()).values())
+
     def mark_prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
         """The request's first token exists: its prefill no longer loads the replica. `cached_tokens` (the
         engine's num_cached_tokens) lets the router measure the replica's prefill rate on what it computed."""

@@ -1,51 +1,20 @@
 """A tenant's cache salt in the router's block hashes: the same blocks as vLLM's salted prefix cache.
 
-The events come from vLLM's own BlockPool (the code that publishes them in the engine), so a change in how vLLM
+The events come from vLLM's own BlockPool (the code that publishes them in the engine; tests/support/vllm_blocks.py), so a change in how vLLM
 reports the salt fails here rather than silently making every salted block unindexable.
 """
 
 from hypothesis import given
 from hypothesis import strategies as st
-from vllm import SamplingParams
-from vllm.utils.hashing import get_hash_fn_by_name
-from vllm.v1.core import kv_cache_utils
-from vllm.v1.core.block_pool import BlockPool
-from vllm.v1.request import Request
 
 from serve_app.routing.core import RouterCore
 from serve_app.routing.kv_events import KvFeeds
 from serve_app.routing.types import RouteRequest
 from serve_app.routing.hashing import block_hashes, extend_block_hashes
+from tests.support.vllm_blocks import BlockPoolEngine
 
 BS = 4
 TOKENS = list(range(100, 124))  # 6 blocks
-
-_fn = get_hash_fn_by_name("sha256")
-kv_cache_utils.init_none_hash(_fn)
-_hasher = kv_cache_utils.get_request_block_hasher(BS, _fn)
-
-
-class Engine:
-    """vLLM's block pool with events on: `run` caches a request's full blocks the way the scheduler does."""
-
-    def __init__(self):
-        self.pool = BlockPool(256, True, BS, enable_kv_cache_events=True)
-        self.n = 0
-
-    def run(self, tokens, salt=None):
-        self.n += 1
-        req = Request(f"r{self.n}", tokens, SamplingParams(max_tokens=1), None, cache_salt=salt,
-                      block_hasher=_hasher)
-        cached = 0
-        for h in req.block_hashes:
-            if not self.pool.get_cached_block(h, [0]):
-                break
-            cached += 1
-        n = len(tokens) // BS
-        blocks = [self.pool.get_cached_block(h, [0])[0] for h in req.block_hashes[:cached]]
-        blocks += self.pool.get_new_blocks(n - cached)
-        self.pool.cache_full_blocks(req, blocks, cached, n, BS, 0)
-        return cached, self.pool.take_events()
 
 
 def core_fed(engine_events):
@@ -64,7 +33,7 @@ def cached_blocks(core, tokens, salt=None):
 
 
 def test_salted_events_index_exactly_the_salted_hashes():
-    eng = Engine()
+    eng = BlockPoolEngine(BS)
     _, evs = eng.run(TOKENS, salt="tenant:a")
     assert evs[0].extra_keys[0] == ("tenant:a",)  # what the translator relies on
     core = core_fed([evs])
@@ -75,7 +44,7 @@ def test_salted_events_index_exactly_the_salted_hashes():
 
 
 def test_router_and_engine_agree_on_hits_across_tenants_and_continuations():
-    eng = Engine()
+    eng = BlockPoolEngine(BS)
     batches = []
     for tokens, salt in [(TOKENS[:12], "tenant:a"), (TOKENS, "tenant:a"), (TOKENS, None), (TOKENS[:8], "tenant:b")]:
         predicted = cached_blocks(core_fed(batches), tokens, salt) if batches else 0

@@ -13,14 +13,17 @@ import json
 import httpx
 import pytest
 from starlette.requests import Request
+from vllm.distributed.kv_events import KVEventBatch
 
 from serve_app.engine.types import EngineChunk
 from serve_app.ingress.context import IngressContext
 from serve_app.ingress.server import create_app
 from serve_app.routing.front_door import FrontDoor, detect_api
+from serve_app.routing.table import RoutingTable
 from serve_app.routing.types import ROUTE_ID_HEADER, Decision
 from serve_app.service import GenerationService, engine_key
-from serve_app.settings import AppSettings
+from serve_app.settings import AppSettings, IngressConfig
+from tests.support.vllm_blocks import BlockPoolEngine
 
 SECRET = b"unit-test-secret"
 BLOCK = 16
@@ -31,7 +34,7 @@ class RecordingEngines:
     """The ingress's engine client: records what the service routes and reports, answers one token."""
 
     def __init__(self):
-        self.routes, self.prefilled_ids, self.released_ids = [], [], []
+        self.routes, self.prefilled_ids, self.released_ids, self.opened = [], [], [], []
 
     async def block_size(self, key):
         return BLOCK
@@ -50,6 +53,8 @@ class RecordingEngines:
         self.released_ids.append(request_id)
 
     async def open(self, key, req):
+        self.opened.append(req)
+
         async def chunks():
             yield EngineChunk("ok", [1], finish_reason="stop", num_cached_tokens=0)
 
@@ -198,6 +203,100 @@ def test_a_longer_history_extends_the_same_prefix(door):
     assert len(long_) > len(short)
     # All but the last full block of the shorter prompt (its end-of-turn tokens may render differently).
     assert long_[: len(short) - 1] == short[: len(short) - 1]
+
+
+# ---- tenants: the front door never sees the key, so it finds the namespace a prompt is cached under ----
+
+TWO_TENANTS = {"direct_ingress": True, "api_keys": [{"key": "key-a", "tenant": "alice"},
+                                                    {"key": "key-b", "tenant": "bob"}],
+               "tenants": {"alice": {}, "bob": {}}}
+
+
+def with_ingress(settings: AppSettings, ingress: dict) -> AppSettings:
+    return settings.model_copy(update={"ingress": IngressConfig.model_validate(ingress)})
+
+
+def table_holding(settings: AppSettings, key: str, held: dict[str, list]) -> RoutingTable:
+    """A Router's table whose replicas have each served these engine requests, indexed from the KV events vLLM's
+    own block pool publishes as it caches their prompts under their tenants' salts."""
+    table = RoutingTable(settings.router)
+    core = table.core(key, BLOCK)
+    core.sync_replicas(list(held))
+    for rid, reqs in held.items():
+        engine = BlockPoolEngine(BLOCK, num_blocks=1024)
+        for seq, req in enumerate(reqs):
+            _, events = engine.run(req.prompt_token_ids, req.cache_salt)
+            table.feeds[key].apply(rid, KVEventBatch(ts=0.0, events=events), seq=seq)
+    return table
+
+
+def tenant_door(settings, model_dir, table: RoutingTable) -> FrontDoor:
+    d = FrontDoor(settings, SECRET, lambda key: BLOCK, held_prefix=table.held_prefix)
+    d.service._model_paths["smollm2-135m-instruct"] = model_dir
+    return d
+
+
+def turns_of(body: dict, n: int) -> list[dict]:
+    """A Chat session's first `n` requests: each resends the whole history and adds a tool output."""
+    out, messages = [], list(body["messages"][:2])
+    for t in range(n):
+        out.append({**body, "messages": list(messages)})
+        messages += [{"role": "assistant", "content": f"Step {t} done."},
+                     {"role": "user", "content": f"Tool output {t}: " + "lines of a listing " * 12}]
+    return out
+
+
+def test_each_tenants_prompt_is_keyed_in_its_own_cache_namespace(settings, model_dir):
+    """HAProxy forwards no API key, yet a tenant's later turn is keyed exactly as the ingress keys it (its
+    tenant's salt) and goes to the replica holding its history, even when another tenant's copy of the shared
+    system prompt sits on the other replica."""
+    cfg = with_ingress(settings, TWO_TENANTS)
+    key = engine_key(cfg.models[0])
+    path, _, body = CASES["chat tool loop"]
+    first, second, third = turns_of(body, 3)
+
+    def served(b, api_key):
+        engines = served_route(cfg, model_dir, path, b, {"x-api-key": api_key})
+        return engines.routes[0][1], engines.opened[0]
+
+    (_, alice_first), (_, bob_first), (_, bob_second) = (served(first, "key-a"), served(first, "key-b"),
+                                                         served(second, "key-b"))
+    assert alice_first.cache_salt != bob_first.cache_salt  # two namespaces: the same prompt is cached twice
+    bob_third, _ = served(third, "key-b")
+
+    table = table_holding(cfg, key, {"r-alice": [alice_first], "r-bob": [bob_first, bob_second]})
+    door = tenant_door(cfg, model_dir, table)
+    routed = asyncio.run(door.route_request(json.dumps(third).encode(), hook_request({}), "r/1"))
+    assert routed.request.block_hashes == bob_third.block_hashes
+    decision = table.choose(key, routed.request)
+    assert decision.replica_id == "r-bob" and decision.cached_blocks >= len(bob_second.prompt_token_ids) // BLOCK
+    assert door.namespace_ties == 0
+
+    # A first turn both tenants have cached is a tie: the earliest namespace is taken, and the tie is counted.
+    tied = asyncio.run(door.route_request(json.dumps(first).encode(), hook_request({}), "r/2"))
+    alice_key, _ = served(first, "key-a")
+    assert tied.request.block_hashes == alice_key.block_hashes and door.namespace_ties == 1
+
+
+def test_a_prompt_no_replica_holds_and_a_single_namespace_are_keyed_without_a_probe(settings, model_dir):
+    path, _, body = CASES["chat tool loop"]
+    # One keyed tenant: its namespace is the only one a request can be served under, so it is exact.
+    only_bob = with_ingress(settings, {**TWO_TENANTS, "api_keys": [{"key": "key-b", "tenant": "bob"}]})
+    probed = []
+    door = FrontDoor(only_bob, SECRET, lambda key: BLOCK, held_prefix=lambda key, h: probed.append(h) or 0)
+    door.service._model_paths["smollm2-135m-instruct"] = model_dir
+    routed = asyncio.run(door.route_request(json.dumps(body).encode(), hook_request({}), "r/1"))
+    served = served_route(only_bob, model_dir, path, body, {"x-api-key": "key-b"}).routes[0][1]
+    assert routed.request.block_hashes == served.block_hashes and probed == []
+
+    # Several namespaces, nothing cached anywhere: one first-block probe each, the first namespace's hashes.
+    cfg = with_ingress(settings, TWO_TENANTS)
+    door = FrontDoor(cfg, SECRET, lambda key: BLOCK, held_prefix=lambda key, h: probed.append(h) or 0)
+    door.service._model_paths["smollm2-135m-instruct"] = model_dir
+    routed = asyncio.run(door.route_request(json.dumps(body).encode(), hook_request({}), "r/2"))
+    alice = served_route(cfg, model_dir, path, body, {"x-api-key": "key-a"}).routes[0][1]
+    assert routed.request.block_hashes == alice.block_hashes
+    assert [len(h) for h in probed] == [1, 1] and door.namespace_ties == 0
 
 
 @pytest.mark.parametrize("raw, why", [

@@ -101,6 +101,18 @@ def test_cache_salts_separate_tenants_and_join_an_organisation():
     assert salts[tenants.DEFAULT] is None  # the shared cache the service always had
 
 
+def test_the_namespaces_a_request_can_be_served_under_are_the_keyed_tenants_salts():
+    # Plain keys reach the default tenant; alice and carol share one group: three namespaces, the default's first.
+    assert tenants.routing_salts(ingress()) == [None, "tenant-cache:acme", "tenant-cache:bob"]
+    # Named tenants only: the unkeyed default namespace is never served, so it is not a candidate.
+    named = ingress(api_keys=[{"key": "key-a", "tenant": "alice"}, {"key": "key-c", "tenant": "carol"}])
+    assert tenants.routing_salts(named) == ["tenant-cache:acme"]
+    # An open entry's tenant is reachable too; no keys at all is the default tenant alone.
+    opened = ingress(api_keys=[{"key": "key-b", "tenant": "bob"}, {"tenant": "alice"}])
+    assert tenants.routing_salts(opened) == ["tenant-cache:acme", "tenant-cache:bob"]
+    assert tenants.routing_salts(ingress(api_keys=[])) == [None]
+
+
 # -- the limit state (deterministic clock: no timing in these tests) -------------------------------------------
 
 
