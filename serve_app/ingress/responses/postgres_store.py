@@ -327,28 +327,11 @@ class PostgresResponseStore:
                 await conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PUT_LOCK,))
                 if await (await conn.execute(_SQL.visible, {"key": key, "now": now})).fetchone() is None:
                     return False
-                await self._delete(conn, key)
+                for statement in _SQL.delete:
+                    await conn.execute(statement, {"key": key})
                 return True
 
         return await self._run(delete)
-
-    @staticmethod
-    async def _delete(conn: psycopg.AsyncConnection, key: str) -> None:
-        """Delete visible `key` in the caller's transaction (sqlite_store.py `_delete`)."""
-        async def state(k):  # (parent, hidden, continued by another record)
-            return await (await conn.execute(_SQL.delete_state, {"key": k})).fetchone()
-
-        parent, _, continued = await state(key)
-        if continued:  # kept, hidden, for the chains of the records that continue it
-            await conn.execute(f"UPDATE {TABLE} SET deleted = true WHERE id = %s", (key,))
-            return
-        await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (key,))
-        while parent is not None:  # hidden records it was the last to continue: no chain needs them now
-            row = await state(parent)
-            if row is None or not row[1] or row[2]:
-                break
-            await conn.execute(f"DELETE FROM {TABLE} WHERE id = %s", (parent,))
-            parent = row[0]
 
     async def close(self) -> None:
         idle, self._idle = self._idle, []

@@ -279,7 +279,8 @@ class SqliteResponseStore:
             try:
                 found = db.execute(_SQL.visible, {"key": key, "now": now}).fetchone() is not None
                 if found:
-                    self._delete(db, key)
+                    for statement in _SQL.delete:
+                        db.execute(statement, {"key": key})
                 db.execute("COMMIT")
             except BaseException:
                 if db.in_transaction:
@@ -288,24 +289,6 @@ class SqliteResponseStore:
             return found
 
         return self._run(delete, wait)
-
-    @staticmethod
-    def _delete(db: sqlite3.Connection, key: str) -> None:
-        """Delete visible `key` in the caller's transaction (postgres_store.py `_delete`)."""
-        def state(k):  # (parent, hidden, continued by another record)
-            return db.execute(_SQL.delete_state, {"key": k}).fetchone()
-
-        parent, _, continued = state(key)
-        if continued:  # kept, hidden, for the chains of the records that continue it
-            db.execute("UPDATE responses SET deleted = 1 WHERE id = ?", (key,))
-            return
-        db.execute("DELETE FROM responses WHERE id = ?", (key,))
-        while parent is not None:  # hidden records it was the last to continue: no chain needs them now
-            row = state(parent)
-            if row is None or not row[1] or row[2]:
-                break
-            db.execute("DELETE FROM responses WHERE id = ?", (parent,))
-            parent = row[0]
 
     def close(self) -> None:
         with self._lock:

@@ -22,8 +22,10 @@ class StoreQueries:
     get: str
     # Whether it is visible, without reading its text (delete's check).
     visible: str
-    # What a delete decides on: `key`'s parent, whether it is hidden, whether another record continues it.
-    delete_state: str
+    # Deleting visible `key` (the caller checked), run in order in one transaction: where another record continues
+    # it, it is kept, hidden, for that one's chain; else its row goes, with each hidden record above it that it was
+    # the last to continue (no chain needs them now), up to the first that is visible or continued by another.
+    delete: tuple[str, str]
     # What a put decides on, in one round trip: is `k` continued by another record, the size of `k`'s row where it
     # is stored, the conversation `p` belongs to (NULL where `p` is not stored), what that conversation holds
     # besides `k` (records, bytes), and the totals the caps are checked against.
@@ -49,8 +51,17 @@ SELECT up.k, r.id, r.parent, r.expires, r.deleted, {text} FROM up LEFT JOIN {tab
 """,
         get=f"SELECT {text} {visible_rows} {text_join} {visible_where}",
         visible=f"SELECT 1 {visible_rows} {visible_where}",
-        delete_state=(f"SELECT r.parent, r.deleted, EXISTS (SELECT 1 FROM {table} x WHERE x.parent = r.id) "
-                      f"FROM {table} r WHERE r.id = {key}"),
+        delete=(f"UPDATE {table} SET deleted = TRUE WHERE id = {key} AND EXISTS (SELECT 1 FROM {table} x "
+                f"WHERE x.parent = {key})",
+                f"""
+WITH RECURSIVE gone(id, parent) AS (
+    SELECT id, parent FROM {table} WHERE id = {key} AND NOT EXISTS (SELECT 1 FROM {table} x WHERE x.parent = {key})
+    UNION ALL
+    SELECT r.id, r.parent FROM gone JOIN {table} r ON r.id = gone.parent
+    WHERE r.deleted AND (SELECT COUNT(*) FROM {table} x WHERE x.parent = r.id) = 1
+)
+DELETE FROM {table} WHERE id IN (SELECT id FROM gone)
+"""),
         put_state=f"""
 WITH c AS (SELECT COALESCE(root, id) AS r FROM {table} WHERE id = {p})
 SELECT EXISTS (SELECT 1 FROM {table} WHERE parent = {k}),
