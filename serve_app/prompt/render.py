@@ -8,6 +8,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+from array import array
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -83,9 +84,14 @@ def load_tokenizer(path_or_id: str, chat_template: str | None = None):
     return tok
 
 
-# Memoised prompt pieces (per renderer, per process): long pieces only, bounded by their total length.
-_MEMO_MIN_CHARS = 2048
+# Memoised prompt pieces (per renderer, per process), short ones too: a tokenizer call costs ~50 us however short
+# the piece, and a tool loop is several pieces per turn, all but the newest turn's repeated from the turn before (100
+# turns of ~1 KB tool output: 1,005 pieces, 50 ms of tokenizing per render when only pieces of 2,048+ characters
+# were memoised; load/probe_render_turns.py). Bounded by the pieces' length plus an allowance per entry (the dict
+# entry, the key's and the ids' objects: ~250 bytes), so many short pieces count for what they hold. The ids are
+# kept as 4-byte arrays: a list of ints costs ~36 bytes a token.
 _MEMO_MAX_CHARS = 32 * 1024 * 1024
+_MEMO_ENTRY_CHARS = 256
 # In the render pool a piece this long is tokenized with the GIL released (the loop streams meanwhile); a shorter
 # one keeps it: releasing costs the pool thread a fresh wait for the GIL beside a busy loop (PromptRenderer.render).
 _RELEASE_GIL_CHARS = 2048
@@ -194,7 +200,7 @@ class PromptRenderer:
             # change the prompt if it were encoded in pieces: encode it whole.
             self.turn_starts, self._cut_before = (), []
         self._backend = self._probe_backend()
-        self._memo: OrderedDict[str, list[int]] = OrderedDict()
+        self._memo: OrderedDict[str, array] = OrderedDict()
         self._memo_chars = 0
         self._format_starts_in_reasoning = _format_default(model.reasoning_parser)
         fmt = REASONING_PARSERS.get(model.reasoning_parser) if model.reasoning_parser else None
@@ -601,7 +607,7 @@ class PromptRenderer:
     def _uncached_chars(self, pieces: list[str]) -> int:
         """Characters of `pieces` the memo does not hold: what tokenizing them would cost."""
         memo = self._memo
-        return sum(len(p) for p in pieces if len(p) < _MEMO_MIN_CHARS or p not in memo)
+        return sum(len(p) for p in pieces if p not in memo)
 
     def _encode_text(self, text: str, release_gil: bool = False) -> list[int]:
         if self._backend is None:
@@ -629,20 +635,18 @@ class PromptRenderer:
             return None
         return backend
 
-    def _encode_piece(self, piece: str, release_gil: bool = False) -> list[int]:
-        if len(piece) < _MEMO_MIN_CHARS:
-            return self._encode_text(piece, release_gil)
+    def _encode_piece(self, piece: str, release_gil: bool = False) -> array:
         memo = self._memo
         hit = memo.get(piece)
         if hit is not None:
             memo.move_to_end(piece)
             return hit
-        out = list(self._encode_text(piece, release_gil))
+        out = array("I", self._encode_text(piece, release_gil))
         memo[piece] = out
-        self._memo_chars += len(piece)
+        self._memo_chars += len(piece) + _MEMO_ENTRY_CHARS
         while self._memo_chars > _MEMO_MAX_CHARS and memo:
             old, _ = memo.popitem(last=False)
-            self._memo_chars -= len(old)
+            self._memo_chars -= len(old) + _MEMO_ENTRY_CHARS
         return out
 
     def _pieces_concatenate(self) -> bool:

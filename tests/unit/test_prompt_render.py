@@ -467,13 +467,36 @@ def test_cutting_in_front_of_special_tokens_leaves_the_ids_unchanged(tok):
 def test_the_piece_memo_is_bounded(tok, monkeypatch):
     import serve_app.prompt.render as render_mod
 
-    monkeypatch.setattr(render_mod, "_MEMO_MIN_CHARS", 10)
-    monkeypatch.setattr(render_mod, "_MEMO_MAX_CHARS", 100)
+    entry = render_mod._MEMO_ENTRY_CHARS
+    monkeypatch.setattr(render_mod, "_MEMO_MAX_CHARS", 4 * (entry + 40))
     r = renderer(tok, "qwen3_like.jinja")
     for i in range(20):
         r.encode_prompt(f"<|im_start|>user\npiece number {i:04d} with some words<|im_end|>")
-    assert 0 < r._memo_chars <= 100
-    assert sum(len(k) for k in r._memo) == r._memo_chars
+    assert 0 < r._memo_chars <= 4 * (entry + 40)
+    assert sum(len(k) + entry for k in r._memo) == r._memo_chars
+    assert "<|im_start|>user\npiece number 0019 with some words" in r._memo  # the newest stay, the oldest went
+    assert "<|im_start|>user\npiece number 0000 with some words" not in r._memo
+
+
+def test_a_turn_tokenizes_only_its_own_pieces(tok):
+    """Every piece is memoised, however short: the next turn of a tool loop resends the conversation, and only the
+    pieces it adds reach the tokenizer. The ids are the pieces' own, memo or not."""
+    r = renderer(tok, "qwen3_like.jinja")
+    calls = []
+    encode = r._encode_text
+    r._encode_text = lambda text, release_gil=False: calls.append(text) or encode(text, release_gil)
+    messages = [Message("system", [TextPart("You are a coding agent.")])]
+    for turn in range(6):
+        messages += [Message("user", [TextPart(f"Tool output {turn}: " + "a line of output\n" * 8)]),
+                     Message("assistant", [TextPart(f"Read output {turn}.")])]
+    before = r.render_sync(Conversation(messages=messages[:-2]), GenerationOptions(thinking=False))
+    calls.clear()
+    after = r.render_sync(Conversation(messages=messages), GenerationOptions(thinking=False))
+    assert after.text.startswith(before.text[: before.text.rfind("<|im_start|>assistant")])
+    assert after.token_ids == [i for piece in r._pieces(after.text) for i in tok.encode(piece, add_special_tokens=False)]
+    pieces = r._pieces(after.text)
+    new = [p for p in pieces if p not in set(r._pieces(before.text))]
+    assert calls == new and 0 < len(new) < len(pieces) // 5, (calls, len(pieces))
 
 
 @pytest.mark.parametrize("template,reasoning,exact", [
