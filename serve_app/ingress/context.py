@@ -36,6 +36,9 @@ class IngressContext:
     secret: KeyRing  # server keys: sign thinking blocks, encrypt Responses reasoning (serve_app/keyring.py)
     response_store: RecordStore | None = None  # None: `store` and `previous_response_id` are unavailable
     replica_tag: str = ""  # this ingress replica's name, sent as `x-serve-replica` ("" outside Serve)
+    # The front door's Router parses bodies only to route them and sees no API key: a stored history is read
+    # whoever's it is, for its hashes alone (routing/front_door.py); the ingress then checks the owner.
+    routing_only: bool = False
 
 
 def build_context(cfg: AppSettings, secret: KeyRing, engines: Any, *, limits: Any = None, response_store: Any = None,

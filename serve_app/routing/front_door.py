@@ -116,7 +116,8 @@ class FrontDoor:
         self.block_size = block_size
         # Renderers only: this service never reaches an engine.
         self.service = GenerationService(settings, engines=None)
-        self.ctx = IngressContext(settings=settings, service=self.service, secret=secret, response_store=history)
+        self.ctx = IngressContext(settings=settings, service=self.service, secret=secret, response_store=history,
+                                  routing_only=True)
         self.salts = tenants.routing_salts(settings.ingress)
         self.held_prefix = held_prefix
         self.adapters = _adapters()

@@ -433,3 +433,45 @@ async def test_a_tool_type_the_sdk_lacks_is_a_400_naming_it(replicas, stream):
     assert err["param"] == "tools[2].type" and err["code"] == "invalid_value"
     assert "Invalid value: 'telepathy'" in err["message"] and "'web_search'" in err["message"]
     assert svc.prepared == []  # refused before generation
+
+
+TENANTS = AppSettings.model_validate({
+    "models": [{"id": "m1", "reasoning_parser": "qwen3"}],
+    "ingress": {"api_keys": [{"key": "key-a", "tenant": "alice"}, {"key": "key-b", "tenant": "bob"}],
+                "tenants": {"alice": {}, "bob": {}}}})
+
+
+async def test_a_stored_response_is_its_tenants_alone():
+    """Another tenant's stored response is not found, as an unknown one, whether it is retrieved, continued or
+    deleted (an OpenAI response is its project's alone); its owner keeps it."""
+    store = ResponseStoreCore(max_items=100, ttl_s=600)
+    app = create_app(IngressContext(settings=TENANTS, service=StubService(), secret=b"s3cret",
+                                    response_store=StoreClient(store)))
+
+    def as_(key):
+        return openai.AsyncOpenAI(api_key=key, base_url="http://app/v1", max_retries=0,
+                                  http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+
+    alice, bob = as_("key-a"), as_("key-b")
+    first = await alice.responses.create(model="m1", input="alice's plan")
+    second = await alice.responses.create(model="m1", input="go on", previous_response_id=first.id)
+    assert store.get(first.id)["tenant"] == store.get(second.id)["tenant"] == "alice"
+    for rid in (first.id, second.id):
+        with pytest.raises(openai.NotFoundError):
+            await bob.responses.retrieve(rid)
+        with pytest.raises(openai.NotFoundError) as e:
+            await bob.responses.create(model="m1", input="and then?", previous_response_id=rid)
+        assert e.value.body["param"] == "previous_response_id"
+        with pytest.raises(openai.NotFoundError):
+            await bob.responses.delete(rid)
+    assert (await alice.responses.retrieve(second.id)).output_text == "Hello"
+    await alice.responses.delete(second.id)
+    with pytest.raises(openai.NotFoundError):
+        await alice.responses.retrieve(second.id)
+
+    # A record stored before records named their tenant is anyone's until it expires.
+    legacy = {k: v for k, v in store.get(first.id).items() if k != "tenant"}
+    store.put("resp_legacy", {**legacy, "response": {**legacy["response"], "id": "resp_legacy"}})
+    assert (await bob.responses.retrieve("resp_legacy")).id == "resp_legacy"
+    third = await bob.responses.create(model="m1", input="next", previous_response_id="resp_legacy")
+    assert store.get(third.id)["tenant"] == "bob"

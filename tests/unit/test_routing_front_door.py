@@ -354,17 +354,24 @@ def serve_with_store(settings, model_dir, store, body: dict, headers: dict | Non
     return engines, r.json()
 
 
-def test_a_responses_continuation_is_keyed_by_its_stored_history(settings, model_dir):
+@pytest.mark.parametrize("tenant", ["default", "bob"])
+def test_a_responses_continuation_is_keyed_by_its_stored_history(settings, model_dir, tenant):
     """`previous_response_id`: the front door reads the chain from the store the ingress uses and keys the
     continuation by its whole prompt — the same hashes the ingress routes it by, extending the turns before it,
-    so it goes where they ran."""
+    so it goes where they ran. A named tenant's stored responses are its own, but the front door, which sees no
+    key, reads them to route (the ingress checks the owner)."""
     from serve_app.ingress.responses.store import ResponseStoreCore
 
+    key = {}
+    if tenant != "default":  # bob's keys only: one namespace, so the front door's hashes are exact
+        settings = with_ingress(settings, {**TWO_TENANTS, "api_keys": [{"key": "key-b", "tenant": "bob"}]})
+        key = {"x-api-key": "key-b"}
     store = ResponseStoreCore(max_items=100, ttl_s=600)
     door = store_door(settings, model_dir, store)
     turn = {"model": "gpt-5.5", "instructions": SYSTEM, "tools": [BASH_RESPONSES], "max_output_tokens": 20,
             "input": "List the files."}
-    engines, first = serve_with_store(settings, model_dir, store, turn)
+    engines, first = serve_with_store(settings, model_dir, store, turn, key)
+    assert store.get(first["id"])["tenant"] == tenant
     first_hashes = engines.routes[0][1].block_hashes
     previous, chain_hashes = first["id"], [first_hashes]
     for n in range(2):  # two continuations: the second's history is a chain of two stored turns
@@ -373,7 +380,7 @@ def test_a_responses_continuation_is_keyed_by_its_stored_history(settings, model
         headers = {ROUTE_ID_HEADER: f"router-1/cont-{n}"}
         routed = asyncio.run(door.route_request(json.dumps(body).encode(), hook_request(headers),
                                                 f"router-1/cont-{n}"))
-        engines, answer = serve_with_store(settings, model_dir, store, body, headers)
+        engines, answer = serve_with_store(settings, model_dir, store, body, {**headers, **key})
         served = engines.routes[0][1]
         assert routed.api == "responses" and routed.why_unkeyed is None, routed.why_unkeyed
         assert routed.request.block_hashes == served.block_hashes

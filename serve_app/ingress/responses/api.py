@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from serve_app import tenants
 from serve_app.conversation import Event, Finish
 from serve_app.errors import PromptTooLong, ServiceError
 from serve_app.ingress import sse
@@ -44,6 +45,14 @@ def sealer(secret: bytes) -> ReasoningSealer:
 class ResponsesCall:
     request: ResponsesRequest
     history: list[dict[str, Any]]  # the stored items of the previous_response_id chain, as stored
+    tenant: str = tenants.DEFAULT  # who asked: the stored response is theirs alone
+
+
+def owned_by(record: dict[str, Any], tenant: str) -> bool:
+    """Whether a stored record is `tenant`'s to read, continue or delete: a response is its tenant's alone, as an
+    OpenAI response is its project's. A record stored before records named their tenant is anyone's (it expires
+    within the store's TTL)."""
+    return record.get("tenant", tenant) == tenant
 
 
 class ResponsesWire:
@@ -88,13 +97,16 @@ class ResponsesApi(AdapterDefaults):
     async def parse(self, body: Any, request: Request, ctx: IngressContext) -> Call:
         req = parse_responses_request(body)
         ctx.service.resolve_model(req.model)
-        history = await _history(ctx.response_store, req.previous_response_id) if req.previous_response_id else []
+        # Set by the route's key check; None at the front door, which only routes (IngressContext.routing_only).
+        tenant = None if ctx.routing_only else tenants.CURRENT.get() or tenants.DEFAULT
+        history = (await _history(ctx.response_store, req.previous_response_id, tenant)
+                   if req.previous_response_id else [])
         seal = sealer(ctx.secret)
         conv, opts = responses_to_conversation(req, lambda token, param: seal.open(token, param=param),
                                                INPUT_ITEMS.validate_python(history) if history else None)
         if opts.session_key is None:  # Codex sends its conversation id as a header too
             opts.session_key = request.headers.get("session_id") or request.headers.get("x-session-id")
-        return Call(wire=ResponsesCall(req, history), model=req.model, conversation=conv, options=opts,
+        return Call(wire=ResponsesCall(req, history, tenant or tenants.DEFAULT), model=req.model, conversation=conv, options=opts,
                     stream=req.stream)
 
     def encoder(self, call: Call, request_id: str, prompt_tokens: int, ctx: IngressContext) -> ResponsesWire:
@@ -117,12 +129,14 @@ class ResponsesApi(AdapterDefaults):
         if store is None or req.store is False:
             return
         items = [*_dump_items(req), *response["output"]]
-        parent = req.previous_response_id
+        parent, tenant = req.previous_response_id, call.wire.tenant
         try:
             # This turn's items only, continuing the chain of the response it follows (store.py).
-            if not await store.put(response["id"], {"response": response, "items": items}, parent) and parent:
+            if not await store.put(response["id"], {"response": response, "items": items, "tenant": tenant},
+                                   parent) and parent:
                 # The chain went while this answer was generated (expired, evicted, deleted): stored whole instead.
-                await store.put(response["id"], {"response": response, "items": [*call.wire.history, *items]})
+                await store.put(response["id"], {"response": response, "items": [*call.wire.history, *items],
+                                                 "tenant": tenant})
         except Exception:  # the answer still goes out; only later lookups of this id will miss
             log.exception("could not store response %s", response["id"])
 
@@ -144,10 +158,11 @@ def _dump_items(req: ResponsesRequest) -> list[dict[str, Any]]:
     return [item.model_dump(exclude_none=True) for item in req.input]
 
 
-async def _history(store: RecordStore | None, response_id: str) -> list[dict[str, Any]]:
-    """The items of the stored conversation `response_id` ends: every record's of its chain, in order."""
+async def _history(store: RecordStore | None, response_id: str, tenant: str | None) -> list[dict[str, Any]]:
+    """The items of the stored conversation `response_id` ends: every record's of its chain, in order. Another
+    tenant's response is not found, as an unknown one (`tenant` None: routing only, no owner to check)."""
     records = await store.chain(response_id) if store is not None else None
-    if records is None:
+    if records is None or (tenant is not None and not owned_by(records[-1], tenant)):
         raise ServiceError("not_found", f"previous_response_id: no stored response with id {response_id!r}",
                            param="previous_response_id", code="previous_response_not_found")
     return [item for record in records for item in record["items"]]

@@ -11,7 +11,7 @@ from serve_app.ingress import streaming
 from serve_app.ingress.auth import check_api_key
 from serve_app.ingress.context import IngressContext, get_ctx, replica_headers
 from serve_app.ingress.envelope import api_router, responses_envelope
-from serve_app.ingress.responses.api import RESPONSES
+from serve_app.ingress.responses.api import RESPONSES, owned_by
 
 router = api_router(responses_envelope)
 
@@ -28,19 +28,21 @@ def _not_found(response_id: str) -> ServiceError:
 
 @router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request, ctx: IngressContext = Depends(get_ctx)):
-    check_api_key(request.headers, ctx.settings.ingress.api_keys)
+    tenant = check_api_key(request.headers, ctx.settings.ingress.api_keys)
     store = ctx.response_store
     record = await store.get(response_id) if store is not None else None
-    if record is None:
+    if record is None or not owned_by(record, tenant):
         raise _not_found(response_id)
     return JSONResponse(record["response"], headers=replica_headers(ctx))
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request, ctx: IngressContext = Depends(get_ctx)):
-    check_api_key(request.headers, ctx.settings.ingress.api_keys)
+    tenant = check_api_key(request.headers, ctx.settings.ingress.api_keys)
     store = ctx.response_store
-    if store is None or not await store.delete(response_id):
+    record = await store.get(response_id) if store is not None else None
+    # Records never change once stored, so the owner read here is the one deleted below.
+    if record is None or not owned_by(record, tenant) or not await store.delete(response_id):
         raise _not_found(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True},
                         headers=replica_headers(ctx))
