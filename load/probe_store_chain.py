@@ -4,11 +4,13 @@ history (how records were kept before conversations) against each turn stored on
 Conversations of `--turns` turns of ~`--turn-kb` KB each (a user message and the model's answer, as Responses
 items), put through the service's own AsyncStore into a fresh store each, the layouts alternating (`--rounds` of
 each) in one run. Per turn it times what the Responses API does with the store: the history lookup a follow-up
-makes (`whole`: get the parent's record, read its items; `chain`: `chain(parent)`, the records' items joined) and
-the put of the new response (SQLite's on the event loop when they would not wait: this is the loop's time).
+makes (`whole`: get the parent's record, read its items; `chain`: `chain(parent)`, the records' items joined;
+`recent`: the same through the ingress's StoreClient, which keeps the records it stored and asks the store only
+whether the parent is visible) and the put of the new response (SQLite's on the event loop when they would not
+wait: this is the loop's time).
 Reported per turn bucket (the median over the bucket of each turn's median over the rounds), with the bytes one
 conversation holds in the store at the end and how many such conversations the default 512 MiB byte cap holds.
-Both layouts must read back the same history at every turn (checked, so the probe cannot compare two different
+Every layout must read back the same history at every turn (checked, so the probe cannot compare two different
 things).
 
     .venv/bin/python load/probe_store_chain.py --json load/results/store_chain.json
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from load import provenance  # noqa: E402
 from load.store_backends import databases  # noqa: E402
-from serve_app.ingress.responses.store import AsyncStore  # noqa: E402
+from serve_app.ingress.responses.store import AsyncStore, StoreClient  # noqa: E402
 
 CAP = 512 * 1024 * 1024  # ingress.response_store_max_bytes's default
 
@@ -44,6 +46,9 @@ async def converse(layout: str, backend: str, where: str, turns: int, turn_kb: i
     sqlite = backend == "sqlite"
     store = AsyncStore(turns + 1, 1e9, 1 << 42, backend=backend, path=where if sqlite else None,
                        dsn=where if backend == "postgres" else None)
+    # `recent`: as `chain`, through the ingress's StoreClient keeping the records it stored (ingress/responses/
+    # recent.py): the chain from memory, the store asked only whether the last record is visible.
+    client = StoreClient(store, timeout_s=60, recent_bytes=64 << 20) if layout == "recent" else store
     history: list[dict] = []
     reads, puts = [], []
     for n in range(turns):
@@ -53,7 +58,7 @@ async def converse(layout: str, backend: str, where: str, turns: int, turn_kb: i
             if layout == "whole":
                 got = (await store.get(parent))["items"]
             else:
-                got = [item for record in await store.chain(parent) for item in record["items"]]
+                got = [item for record in await client.chain(parent) for item in record["items"]]
             if got != history:
                 raise AssertionError(f"{layout}: turn {n} read back a different history")
         t1 = time.perf_counter()
@@ -62,7 +67,7 @@ async def converse(layout: str, backend: str, where: str, turns: int, turn_kb: i
         if layout == "whole":
             stored = await store.put(f"resp_{n}", {"response": response, "items": [*history, *items]})
         else:
-            stored = await store.put(f"resp_{n}", {"response": response, "items": items}, parent)
+            stored = await client.put(f"resp_{n}", {"response": response, "items": items}, parent)
         t2 = time.perf_counter()
         if not stored:
             raise AssertionError(f"{layout}: turn {n} was not stored")
@@ -108,10 +113,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="conversations per layout (each turn's median is reported)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    runs: dict[str, list[dict]] = {"whole": [], "chain": []}
+    runs: dict[str, list[dict]] = {"whole": [], "chain": [], "recent": []}
     with databases("postgres" if args.backend == "postgres" else "sqlite", "store_chain_") as where:
         for r in range(args.rounds):  # the layouts alternate, each in a fresh store
-            for layout in ("whole", "chain"):
+            for layout in runs:
                 runs[layout].append(asyncio.run(converse(layout, args.backend, where(f"{layout}{r}"), args.turns,
                                                          args.turn_kb)))
     out = {}
@@ -120,11 +125,14 @@ def main() -> None:
                   for k in ("reads", "puts")}
         out[layout] = summarize({**merged, "bytes": results[0]["bytes"]}, args.buckets, args.turns)
         print(layout, out[layout], flush=True)
-    w, c = out["whole"], out["chain"]
+    w, c, m = out["whole"], out["chain"], out["recent"]
     ratios = {"bytes_held_whole_over_chain": round(w["bytes_held"] / c["bytes_held"], 2),
               "last_bucket_put_whole_over_chain": round(w["buckets"][-1]["put_ms"] / c["buckets"][-1]["put_ms"], 2),
               "last_bucket_read_whole_over_chain": round(w["buckets"][-1]["history_read_ms"]
-                                                         / c["buckets"][-1]["history_read_ms"], 2)}
+                                                         / c["buckets"][-1]["history_read_ms"], 2),
+              "last_bucket_read_recent_over_chain": round(m["buckets"][-1]["history_read_ms"]
+                                                          / c["buckets"][-1]["history_read_ms"], 3),
+              "last_bucket_put_recent_over_chain": round(m["buckets"][-1]["put_ms"] / c["buckets"][-1]["put_ms"], 2)}
     print(ratios)
     if args.json:
         provenance.write(args.json, {**provenance.header("load/probe_store_chain.py", sys.argv[1:]),

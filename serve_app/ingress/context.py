@@ -54,7 +54,8 @@ def build_context(cfg: AppSettings, secret: KeyRing, engines: Any, *, limits: An
     # Tokenizers load here, one after another: building them lazily from several request threads at once raced
     # inside transformers' lazy imports.
     service.warm_renderers()
-    store = (StoreClient(response_store, cfg.ingress.response_store_timeout_s)
+    store = (StoreClient(response_store, cfg.ingress.response_store_timeout_s,
+                         recent_bytes=cfg.ingress.response_store_recent_bytes)
              if response_store is not None else None)
     return IngressContext(settings=cfg, service=service, secret=secret, response_store=store,
                           replica_tag=replica_tag)

@@ -51,6 +51,9 @@ class Blocking:
     def chain(self, key):
         return self.run(self.store.chain(key))
 
+    def visible(self, key):
+        return self.run(self.store.visible(key))
+
     def delete(self, key):
         return self.run(self.store.delete(key))
 

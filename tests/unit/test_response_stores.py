@@ -85,7 +85,8 @@ def test_put_get_delete(open_store):
     record = {"response": {"id": "resp_1", "output": [{"text": "ünïcode \u0000 nul"}]}, "items": [1, [2], None]}
     assert s.put("resp_1", record) is True
     assert s.get("resp_1") == record and s.get("resp_nope") is None
-    assert s.delete("resp_1") is True and s.get("resp_1") is None
+    assert s.visible("resp_1") is True and s.visible("resp_nope") is False
+    assert s.delete("resp_1") is True and s.get("resp_1") is None and s.visible("resp_1") is False
     assert s.delete("resp_1") is False and len(s) == 0
 
 
@@ -98,6 +99,7 @@ def test_entries_expire_after_the_ttl(open_store):
     assert s.get("a") == {"v": 1}
     clock.t += 31  # a is 61 s old, b 31 s
     assert s.get("a") is None and s.get("b") == {"v": 2} and len(s) == 1
+    assert s.visible("a") is False and s.visible("b") is True
     clock.t += 30
     assert s.get("b") is None and len(s) == 0
 
@@ -235,6 +237,7 @@ def test_hidden_records_go_with_the_last_record_that_needs_them(open_store):
         assert s.put(key, key, parent=parent)
     assert s.delete("b") and s.delete("c") and len(s) == 5
     assert s.chain("d") == ["a", "b", "c", "d"] and s.chain("e") == ["a", "b", "e"]
+    assert not s.visible("b") and not s.visible("c") and s.visible("d")  # hidden: in chains only
     assert s.delete("d") and len(s) == 3  # c went; b stays for e
     assert s.chain("e") == ["a", "b", "e"] and s.get("a") == "a"
     assert s.delete("e") and len(s) == 1 and s.chain("a") == ["a"]  # b went; a is visible: it stays

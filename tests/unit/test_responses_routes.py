@@ -69,15 +69,26 @@ class StubService:
         return [ev async for ev in self.stream(prepared)]
 
 
-@pytest.fixture
-def replicas():
-    """Two ingress apps ("replicas") with one shared store and one server secret."""
-    store = ResponseStoreCore(max_items=100, ttl_s=600)
+class CountingStore(ResponseStoreCore):
+    """The in-memory store, counting the chains read from it."""
+
+    chains = 0
+
+    def chain(self, key):
+        self.chains += 1
+        return super().chain(key)
+
+
+@pytest.fixture(params=[0, 1 << 20], ids=["store", "recent"])
+def replicas(request):
+    """Two ingress apps ("replicas") with one shared store and one server secret; each keeps the records it stored
+    to read chains from (`recent`: ingress/responses/recent.py) or reads every chain from the store."""
+    store = CountingStore(max_items=100, ttl_s=600)
     apps = []
     for _ in range(2):
         svc = StubService()
         app = create_app(IngressContext(settings=SETTINGS, service=svc, secret=b"s3cret",
-                                        response_store=StoreClient(store)))
+                                        response_store=StoreClient(store, recent_bytes=request.param)))
         apps.append((app, svc))
     return apps
 
@@ -196,6 +207,62 @@ async def test_a_response_whose_chain_went_while_it_was_generated_is_stored_whol
 
 def _store(app) -> ResponseStoreCore:
     return app.state.ctx.response_store.backend
+
+
+@pytest.mark.parametrize("replicas", [1 << 20], indirect=True, ids=["recent"])
+async def test_a_replica_reads_the_chains_it_stored_from_memory_and_the_store_says_what_is_gone(replicas):
+    """A session continued through the replica that stored its turns reads its history from that replica's
+    records (the store is asked only whether the last one is visible), the same history the store gives; deleted,
+    expired or evicted through anyone, it is not found, as from the store."""
+    (a, svc_a), (b, svc_b) = replicas
+    store = _store(a)
+    ids, previous = [], None
+    for n in range(4):
+        r = await client(a).responses.create(model="m1", input=f"q{n}", previous_response_id=previous)
+        ids.append(previous := r.id)
+    assert store.chains == 0 and a.state.ctx.response_store.recent.served == 3
+    await client(b).responses.create(model="m1", input="q4", previous_response_id=ids[-1])  # b holds none of them
+    assert store.chains == 1
+    # The same history from memory (a, turn q3) as from the store (b, which adds q3's answer and q4).
+    assert _turns(svc_b.prepared[-1].conversation)[:-2] == _turns(svc_a.prepared[-1].conversation)
+
+    await client(b).responses.delete(ids[2])  # through the other replica: only the store knows
+    with pytest.raises(openai.NotFoundError):
+        await client(a).responses.create(model="m1", input="x", previous_response_id=ids[2])
+    # ids[3] continues the deleted one, which the store keeps hidden for its chain: still the whole history.
+    await client(a).responses.create(model="m1", input="q5", previous_response_id=ids[3])
+    assert _turns(svc_a.prepared[-1].conversation)[:6] == [
+        ("user", "q0"), ("assistant", "Hello"), ("user", "q1"), ("assistant", "Hello"), ("user", "q2"),
+        ("assistant", "Hello")]
+
+    await client(a).responses.delete(ids[1])  # through this replica: forgotten here, hidden in the store
+    chains = store.chains
+    await client(a).responses.create(model="m1", input="q6", previous_response_id=ids[3])
+    assert store.chains == chains + 1  # a record of the chain is no longer here: read from the store whole
+    assert _turns(svc_a.prepared[-1].conversation)[:2] == [("user", "q0"), ("assistant", "Hello")]
+
+    store.clock = lambda: 10**9  # every conversation expired
+    with pytest.raises(openai.NotFoundError):
+        await client(a).responses.create(model="m1", input="x", previous_response_id=ids[3])
+
+
+def test_recent_records_are_bounded_and_a_chain_missing_a_record_is_not_theirs():
+    from serve_app.ingress.responses.recent import RecentRecords
+
+    record = {"items": [{"type": "message", "role": "user", "content": "x" * 100}]}
+    size = len(json.dumps(record, separators=(",", ":")))
+    recent = RecentRecords(3 * size)
+    for n in range(4):
+        recent.remember(f"r{n}", record, f"r{n - 1}" if n else None)
+    assert len(recent) == 3 and recent.bytes == 3 * size  # r0, the least recently used, went
+    assert recent.chain("r3") is None  # its chain reaches r0: read from the store
+    recent.remember("s0", record, None)  # r1 goes now
+    recent.remember("s1", record, "s0")
+    assert recent.chain("s1") == [record, record] and recent.chain("r2") is None
+    recent.forget("s0")
+    assert recent.chain("s1") is None and recent.bytes == 2 * size
+    recent.remember("big", {"items": ["y" * 4 * size]}, None)  # larger than the bound: not kept
+    assert recent.chain("big") is None and recent.bytes <= 3 * size
 
 
 async def test_store_false_is_not_retrievable_and_unknown_id_404(replicas):

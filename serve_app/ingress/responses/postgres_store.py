@@ -308,6 +308,15 @@ class PostgresResponseStore:
         row = await self._run(get)
         return None if row is None else json.loads(row[0])
 
+    async def visible(self, key: str) -> bool:
+        """Whether `key` is stored and visible, without reading it (ingress/responses/recent.py)."""
+        now = self.clock()
+
+        async def visible(conn):
+            return await (await conn.execute(_SQL.visible, {"key": key, "now": now})).fetchone()
+
+        return await self._run(visible) is not None
+
     async def chain(self, key: str) -> list[Any] | None:
         """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
         not stored."""

@@ -264,6 +264,11 @@ class SqliteResponseStore:
         row = self._run(lambda db: db.execute(_SQL.get, {"key": key, "now": self.clock()}).fetchone(), wait)
         return None if row is None else json.loads(row[0])
 
+    def visible(self, key: str, wait: bool = True) -> bool:
+        """Whether `key` is stored and visible, without reading it (ingress/responses/recent.py)."""
+        now = self.clock()
+        return self._run(lambda db: db.execute(_SQL.visible, {"key": key, "now": now}).fetchone(), wait) is not None
+
     def chain(self, key: str, wait: bool = True) -> list[Any] | None:
         """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
         not stored."""

@@ -178,6 +178,9 @@ class ResponseStoreCore:
         entry = self._entries.get(key)
         return None if entry is None or entry.deleted else entry.record
 
+    def visible(self, key: str) -> bool:
+        return self.get(key) is not None
+
     def chain(self, key: str) -> list[Any] | None:
         """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
         not stored."""
@@ -312,6 +315,9 @@ class AsyncStore:
     async def get(self, key: str) -> Any | None:
         return await self._call(self.core.get, key)
 
+    async def visible(self, key: str) -> bool:
+        return await self._call(self.core.visible, key)
+
     async def chain(self, key: str) -> list[Any] | None:
         return await self._call(self.core.chain, key)
 
@@ -356,13 +362,18 @@ class StoreClient:
     """What the routes use: async put/get over a DeploymentHandle, over an `AsyncStore` in this process, or over a
     plain store object (unit tests)."""
 
-    def __init__(self, backend: Any, timeout_s: float = 5.0):
+    def __init__(self, backend: Any, timeout_s: float = 5.0, recent_bytes: int = 0):
         """`timeout_s`: the store's own bound on a call (`ingress.response_store_timeout_s`). The call through the
         handle gets twice that: past it the store's replica is gone or not yet replaced (Serve would hold the call
-        until one runs), not merely slow, and the request gets the same 503 as an unreachable database."""
+        until one runs), not merely slow, and the request gets the same 503 as an unreachable database.
+        `recent_bytes`: keep the records this client stored, up to about that many bytes, to read chains from
+        (`ingress.response_store_recent_bytes`; ingress/responses/recent.py); 0: every chain is read from the store."""
+        from serve_app.ingress.responses.recent import RecentRecords
+
         self.backend = backend
         self._bound_s = 2 * timeout_s
         self._local = getattr(backend.put, "remote", None) is None  # a store object, not a deployment handle
+        self.recent = RecentRecords(recent_bytes) if recent_bytes else None
 
     async def _call(self, method: str, *args, **kwargs) -> Any:
         try:
@@ -382,15 +393,32 @@ class StoreClient:
             raise
 
     async def put(self, key: str, record: Any, parent: str | None = None) -> bool:
-        return await self._call("put", key, record, parent=parent)
+        stored = await self._call("put", key, record, parent=parent)
+        if stored and self.recent is not None:
+            self.recent.remember(key, record, parent)
+        return stored
 
     async def get(self, key: str) -> Any | None:
         return await self._call("get", key)
 
     async def chain(self, key: str) -> list[Any] | None:
+        """`key`'s chain (store.py). Where this client stored the whole chain lately, its records come from memory
+        and the store is asked only whether `key` is still visible (not deleted, expired or evicted: then the chain
+        is not found, as from the store). Records never change once stored, and a record that others continue is
+        kept while they are, so the chain read back would be the same."""
+        if self.recent is not None:
+            records = self.recent.chain(key)
+            if records is not None:
+                if await self._call("visible", key):
+                    self.recent.served += 1
+                    return records
+                self.recent.forget(key)
+                return None
         return await self._call("chain", key)
 
     async def delete(self, key: str) -> bool:
+        if self.recent is not None:
+            self.recent.forget(key)
         return await self._call("delete", key)
 
 
