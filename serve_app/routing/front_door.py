@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from serve_app import tenants
 from serve_app.keyring import KeyRing
-from serve_app.routing.hashing import block_hashes
+from serve_app.routing.hashing import block_hashes, extend_block_hashes
 from serve_app.routing.types import RouteRequest
 from serve_app.settings import AppSettings
 
@@ -170,10 +170,12 @@ class FrontDoor:
             return block_hashes(token_ids, block, salt=default)
         best: list[int] | None = None
         best_run = tied = 0
+        firsts: dict[str, list[int]] = {}
         for salt in self.salts:
-            if not self.held_prefix(key, block_hashes(token_ids[:block], block, salt=salt)):
+            firsts[salt] = first = block_hashes(token_ids[:block], block, salt=salt)
+            if not self.held_prefix(key, first):
                 continue
-            hashes = block_hashes(token_ids, block, salt=salt)
+            hashes = extend_block_hashes(first, token_ids, block, salt=salt)  # the first block is hashed already
             run = self.held_prefix(key, hashes)
             if run > best_run:
                 best, best_run, tied = hashes, run, 0
@@ -181,7 +183,7 @@ class FrontDoor:
                 tied += 1
         if tied:
             self.namespace_ties += 1
-        return best if best is not None else block_hashes(token_ids, block, salt=default)
+        return best if best is not None else extend_block_hashes(firsts[default], token_ids, block, salt=default)
 
     def _engine_key(self, model_id: Any) -> str | None:
         from serve_app.service import engine_key
