@@ -6,7 +6,9 @@ items), put through the service's own AsyncStore into a fresh store each, the la
 each) in one run. Per turn it times what the Responses API does with the store: the history lookup a follow-up
 makes (`whole`: get the parent's record, read its items; `chain`: `chain(parent)`, the records' items joined;
 `recent`: the same through the ingress's StoreClient, which keeps the records it stored and asks the store only
-whether the parent is visible) and the put of the new response (SQLite's on the event loop when they would not
+whether the parent is visible; `reader`: stored as `recent`, read through another StoreClient that stores
+nothing, as the front door's Router reads every continuation, keeping the records it read and reading only the
+parent's record when it holds the rest) and the put of the new response (SQLite's on the event loop when they would not
 wait: this is the loop's time).
 Reported per turn bucket (the median over the bucket of each turn's median over the rounds), with the bytes one
 conversation holds in the store at the end and how many such conversations the default 512 MiB byte cap holds.
@@ -48,7 +50,9 @@ async def converse(layout: str, backend: str, where: str, turns: int, turn_kb: i
                        dsn=where if backend == "postgres" else None)
     # `recent`: as `chain`, through the ingress's StoreClient keeping the records it stored (ingress/responses/
     # recent.py): the chain from memory, the store asked only whether the last record is visible.
-    client = StoreClient(store, timeout_s=60, recent_bytes=64 << 20) if layout == "recent" else store
+    client = StoreClient(store, timeout_s=60, recent_bytes=64 << 20) if layout in ("recent", "reader") else store
+    # `reader`: the chain read by a client that stored none of it (the Router), keeping what it reads.
+    reader = StoreClient(store, timeout_s=60, recent_bytes=64 << 20) if layout == "reader" else client
     history: list[dict] = []
     reads, puts = [], []
     for n in range(turns):
@@ -58,7 +62,7 @@ async def converse(layout: str, backend: str, where: str, turns: int, turn_kb: i
             if layout == "whole":
                 got = (await store.get(parent))["items"]
             else:
-                got = [item for record in await client.chain(parent) for item in record["items"]]
+                got = [item for record in await reader.chain(parent) for item in record["items"]]
             if got != history:
                 raise AssertionError(f"{layout}: turn {n} read back a different history")
         t1 = time.perf_counter()
@@ -113,7 +117,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="conversations per layout (each turn's median is reported)")
     ap.add_argument("--json")
     args = ap.parse_args()
-    runs: dict[str, list[dict]] = {"whole": [], "chain": [], "recent": []}
+    runs: dict[str, list[dict]] = {"whole": [], "chain": [], "recent": [], "reader": []}
     with databases("postgres" if args.backend == "postgres" else "sqlite", "store_chain_") as where:
         for r in range(args.rounds):  # the layouts alternate, each in a fresh store
             for layout in runs:
@@ -131,6 +135,8 @@ def main() -> None:
               "last_bucket_read_whole_over_chain": round(w["buckets"][-1]["history_read_ms"]
                                                          / c["buckets"][-1]["history_read_ms"], 2),
               "last_bucket_read_recent_over_chain": round(m["buckets"][-1]["history_read_ms"]
+                                                          / c["buckets"][-1]["history_read_ms"], 3),
+              "last_bucket_read_reader_over_chain": round(out["reader"]["buckets"][-1]["history_read_ms"]
                                                           / c["buckets"][-1]["history_read_ms"], 3),
               "last_bucket_put_recent_over_chain": round(m["buckets"][-1]["put_ms"] / c["buckets"][-1]["put_ms"], 2)}
     print(ratios)

@@ -248,8 +248,9 @@ class IngressConfig(_Strict):
     # docs/serving-path.md "No proxy"). Not with direct_ingress (HAProxy's front door) or router.front_door.
     listen: ListenConfig | None = None
     response_store_max_bytes: int = 512 * 1024 * 1024
-    # Each ingress replica keeps the records it stored lately, up to about this many bytes, and reads a
-    # follow-up's chain from them, asking the store only whether the response it continues is still there
+    # Each ingress replica (and the front door's Router) keeps the records it stored or read lately, up to about
+    # this many bytes, and reads a follow-up's chain from them, asking the store only whether the response it
+    # continues is still there, or reading that one record alone when it holds the rest
     # (ingress/responses/recent.py): the next turn of a session comes back to the replica that stored the last one
     # (the front door sends it there, and one replica always is). 0: every chain is read from the store.
     response_store_recent_bytes: int = Field(default=64 * 1024 * 1024, ge=0)

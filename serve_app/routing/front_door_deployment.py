@@ -78,7 +78,10 @@ def history_reader(cfg: AppSettings, response_store, hook_timeout: float) -> His
     if response_store is None:
         return None
     timeout = cfg.ingress.response_store_timeout_s
-    return HistoryReader(StoreClient(response_store, timeout), min(timeout, hook_timeout / 2))
+    # It keeps the records it reads as an ingress keeps those it stores (ingress/responses/recent.py): a session's
+    # next turn then costs it one record's read, not the whole chain's.
+    client = StoreClient(response_store, timeout, recent_bytes=cfg.ingress.response_store_recent_bytes)
+    return HistoryReader(client, min(timeout, hook_timeout / 2))
 
 
 def decision_outcome(decision: Decision | None, went_to_target: bool) -> tuple[str, str]:

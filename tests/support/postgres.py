@@ -48,8 +48,11 @@ class Blocking:
     def get(self, key):
         return self.run(self.store.get(key))
 
-    def chain(self, key):
-        return self.run(self.store.chain(key))
+    def head(self, key):
+        return self.run(self.store.head(key))
+
+    def chain(self, key, links=False):
+        return self.run(self.store.chain(key, links))
 
     def visible(self, key):
         return self.run(self.store.visible(key))

@@ -238,6 +238,8 @@ def test_hidden_records_go_with_the_last_record_that_needs_them(open_store):
     assert s.delete("b") and s.delete("c") and len(s) == 5
     assert s.chain("d") == ["a", "b", "c", "d"] and s.chain("e") == ["a", "b", "e"]
     assert not s.visible("b") and not s.visible("c") and s.visible("d")  # hidden: in chains only
+    assert s.head("d") == ("c", "d") and s.head("c") is None and s.head("a") == (None, "a")
+    assert s.chain("d", links=True) == [("a", None, "a"), ("b", "a", "b"), ("c", "b", "c"), ("d", "c", "d")]
     assert s.delete("d") and len(s) == 3  # c went; b stays for e
     assert s.chain("e") == ["a", "b", "e"] and s.get("a") == "a"
     assert s.delete("e") and len(s) == 1 and s.chain("a") == ["a"]  # b went; a is visible: it stays
@@ -376,6 +378,8 @@ def test_random_calls_agree_with_the_in_memory_store_and_keep_the_totals_exact(b
             key = rng.choice([key, *recent[-2:]])
             assert s.get(key) == model.get(key), (step, key)
             assert s.chain(key) == model.chain(key), (step, key)
+            assert s.chain(key, links=True) == model.chain(key, links=True), (step, key)
+            assert s.head(key) == model.head(key), (step, key)
         elif op < 0.9:
             key = rng.choice([key, *recent[-6:]])
             expected = model.get(key) is not None  # an expired key may linger in either store until swept

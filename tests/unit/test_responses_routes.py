@@ -70,13 +70,17 @@ class StubService:
 
 
 class CountingStore(ResponseStoreCore):
-    """The in-memory store, counting the chains read from it."""
+    """The in-memory store, counting the chains and single records (`head`) read from it."""
 
-    chains = 0
+    chains = heads = 0
 
-    def chain(self, key):
+    def chain(self, key, links=False):
         self.chains += 1
-        return super().chain(key)
+        return super().chain(key, links)
+
+    def head(self, key):
+        self.heads += 1
+        return super().head(key)
 
 
 @pytest.fixture(params=[0, 1 << 20], ids=["store", "recent"])
@@ -244,6 +248,44 @@ async def test_a_replica_reads_the_chains_it_stored_from_memory_and_the_store_sa
     store.clock = lambda: 10**9  # every conversation expired
     with pytest.raises(openai.NotFoundError):
         await client(a).responses.create(model="m1", input="x", previous_response_id=ids[3])
+
+
+@pytest.mark.parametrize("replicas", [1 << 20], indirect=True, ids=["recent"])
+async def test_a_session_alternating_replicas_reads_one_record_a_turn(replicas):
+    """Each replica keeps the records it read as well as those it stored: a session whose turns alternate between
+    two replicas reads, each turn, only the record the other replica stored, never the whole chain again."""
+    (a, svc_a), (b, svc_b) = replicas
+    store = _store(a)
+    ids, previous = [], None
+    for n in range(6):
+        r = await client((a, b)[n % 2]).responses.create(model="m1", input=f"q{n}", previous_response_id=previous)
+        ids.append(previous := r.id)
+    assert store.chains == 0 and store.heads == 5
+    assert _turns(svc_b.prepared[-1].conversation) == [
+        turn for n in range(5) for turn in (("user", f"q{n}"), ("assistant", "Hello"))] + [("user", "q5")]
+    assert a.state.ctx.response_store.recent.extended == 2 and b.state.ctx.response_store.recent.extended == 3
+
+
+async def test_a_reader_that_stores_nothing_reads_each_new_turn_alone():
+    """The front door's Router reads every continuation's chain and stores nothing: from its second read of a
+    session on, it reads only the newest record. One that comes to a session late reads it whole once."""
+    store = CountingStore(max_items=100, ttl_s=600)
+    writer, reader, late = (StoreClient(store, recent_bytes=b) for b in (0, 1 << 20, 1 << 20))
+    previous = None
+    for n in range(8):
+        key = f"r{n}"
+        assert await writer.put(key, {"items": [n]}, previous)
+        previous = key
+        chains = store.chains
+        assert [r["items"][0] for r in await reader.chain(key)] == list(range(n + 1))
+        assert store.chains == chains  # the reader's: the newest record alone
+        if n >= 4:
+            assert [r["items"][0] for r in await late.chain(key)] == list(range(n + 1))
+            assert store.chains == chains + (n == 4)  # the late one's: whole the first time, then the newest
+    assert store.heads == 8 + 4
+    store.delete("r7")
+    assert await reader.chain("r7") is None and await late.chain("r7") is None
+    assert [r["items"][0] for r in await reader.chain("r6")] == list(range(7))
 
 
 def test_recent_records_are_bounded_and_a_chain_missing_a_record_is_not_theirs():

@@ -331,7 +331,8 @@ def store_door(settings, model_dir, store, budget_s: float = 5.0) -> FrontDoor:
     from serve_app.ingress.responses.store import StoreClient
     from serve_app.routing.front_door import HistoryReader
 
-    d = FrontDoor(settings, SECRET, lambda key: BLOCK, HistoryReader(StoreClient(store), budget_s))
+    client = StoreClient(store, recent_bytes=settings.ingress.response_store_recent_bytes)  # as the deployment's
+    d = FrontDoor(settings, SECRET, lambda key: BLOCK, HistoryReader(client, budget_s))
     d.service._model_paths["smollm2-135m-instruct"] = model_dir
     return d
 
@@ -392,6 +393,8 @@ def test_a_responses_continuation_is_keyed_by_its_stored_history(settings, model
         chain_hashes.append(served.block_hashes)
         previous = answer["id"]
     assert door.keyed == 2 and door.unkeyed == 0
+    # Each continuation's chain but its newest record came from the records the Router read before.
+    assert door.ctx.response_store.store.recent.extended == 2
 
 
 def test_a_continuation_whose_history_is_missing_or_slow_is_routed_without_a_key(settings, model_dir):
@@ -404,8 +407,10 @@ def test_a_continuation_whose_history_is_missing_or_slow_is_routed_without_a_key
     assert gone.request.session_key == "conv-8" and gone.engine_key is not None
 
     class StuckStore(ResponseStoreCore):
-        async def chain(self, key):  # a database that stopped answering
+        async def chain(self, key, links=False):  # a database that stopped answering
             await asyncio.sleep(60)
+
+        head = chain
 
     async def route_stuck():
         door = store_door(settings, model_dir, StuckStore(), budget_s=0.2)
@@ -844,4 +849,6 @@ def test_the_front_doors_router_opens_the_store_as_the_ingress_does(tmp_path):
     handle = ResponseStoreCore()
     through = history_reader(cfg(), handle, 5.0)
     assert through.store.backend is handle and through.budget_s == 2.5
+    assert through.store.recent.max_bytes == 64 << 20  # keeps what it reads, as the ingress keeps what it stores
+    assert history_reader(cfg(response_store_recent_bytes=0), handle, 5.0).store.recent is None
     assert history_reader(cfg(), None, 5.0) is None

@@ -300,13 +300,18 @@ class PostgresResponseStore:
         return evicted
 
     async def get(self, key: str) -> Any | None:
+        head = await self.head(key)
+        return None if head is None else head[1]
+
+    async def head(self, key: str) -> tuple[str | None, Any] | None:
+        """`key`'s parent and record, where it is visible (StoreClient.chain)."""
         now = self.clock()
 
-        async def get(conn):
+        async def head(conn):
             return await (await conn.execute(_SQL.get, {"key": key, "now": now})).fetchone()
 
-        row = await self._run(get)
-        return None if row is None else json.loads(row[0])
+        row = await self._run(head)
+        return None if row is None else (row[1], json.loads(row[0]))
 
     async def visible(self, key: str) -> bool:
         """Whether `key` is stored and visible, without reading it (ingress/responses/recent.py)."""
@@ -317,15 +322,15 @@ class PostgresResponseStore:
 
         return await self._run(visible) is not None
 
-    async def chain(self, key: str) -> list[Any] | None:
+    async def chain(self, key: str, links: bool = False) -> list[Any] | None:
         """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
-        not stored."""
+        not stored. `links`: each as (id, parent, record)."""
         now = self.clock()
 
         async def chain(conn):
             return await (await conn.execute(_SQL.chain, {"key": key, "limit": self.max_items})).fetchall()
 
-        return chain_records(await self._run(chain), now)
+        return chain_records(await self._run(chain), now, links)
 
     async def delete(self, key: str) -> bool:
         now = self.clock()

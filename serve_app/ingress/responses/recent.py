@@ -1,16 +1,21 @@
-"""The records an ingress replica stored lately, to read a follow-up's `previous_response_id` chain from memory.
+"""The records a StoreClient stored or read lately, to read a follow-up's `previous_response_id` chain from memory.
 
 A session's next turn comes back to the replica that stored its last one: the front door routes it to the replica
 holding its prefix, and a service of one replica has no other. Its chain is then all here: the records this
 replica stored, each with the id it continues. Reading them from the store instead costs a query over every turn
 and decoding each record (SQLite: 3.6 ms at 100 turns of ~1 KB; PostgreSQL: ~30 ms at 200 turns of ~8 KB,
-README "A long previous_response_id conversation"), and with the front door the Router has read the same chain
-already. StoreClient still asks the store whether the continued response is visible, so a delete through another
-replica, expiry and eviction answer as before; this replica's own deletes are forgotten here at once.
+README "A long previous_response_id conversation"). StoreClient still asks the store whether the continued response
+is visible, so a delete through another replica, expiry and eviction answer as before; this client's own deletes
+are forgotten here at once.
+
+Records read from the store are kept too. The front door's Router stores nothing but reads every continuation's
+chain, and a replica the session's last turn did not go through lacks only that turn: holding the rest, either
+reads just the continued record (`head`: it is visible, and the id it continues), and a chain it held none of
+(a session it sees for the first time) is read whole once.
 
 Records are kept by reference and must not be changed by their readers (the in-memory store hands out its records
 the same way). Bounded by the records' encoded sizes, least recently used first out; a chain missing any record
-(evicted here, or stored through another replica) is read from the store whole.
+but the continued one (evicted here, or never seen) is read from the store whole.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class RecentRecords:
         self._records: OrderedDict[str, tuple[str | None, Any, int]] = OrderedDict()  # id -> (parent, record, size)
         self.bytes = 0
         self.served = 0  # chains read from here (the store only asked whether the last one is visible)
+        self.extended = 0  # chains read from here but for their last record (read from the store)
 
     def __len__(self) -> int:
         return len(self._records)

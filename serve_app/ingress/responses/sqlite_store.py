@@ -261,20 +261,25 @@ class SqliteResponseStore:
         return True
 
     def get(self, key: str, wait: bool = True) -> Any | None:
+        head = self.head(key, wait)
+        return None if head is None else head[1]
+
+    def head(self, key: str, wait: bool = True) -> tuple[str | None, Any] | None:
+        """`key`'s parent and record, where it is visible (StoreClient.chain)."""
         row = self._run(lambda db: db.execute(_SQL.get, {"key": key, "now": self.clock()}).fetchone(), wait)
-        return None if row is None else json.loads(row[0])
+        return None if row is None else (row[1], json.loads(row[0]))
 
     def visible(self, key: str, wait: bool = True) -> bool:
         """Whether `key` is stored and visible, without reading it (ingress/responses/recent.py)."""
         now = self.clock()
         return self._run(lambda db: db.execute(_SQL.visible, {"key": key, "now": now}).fetchone(), wait) is not None
 
-    def chain(self, key: str, wait: bool = True) -> list[Any] | None:
+    def chain(self, key: str, links: bool = False, wait: bool = True) -> list[Any] | None:
         """The records of `key`'s chain, its conversation's first first and `key`'s own last; None where `key` is
-        not stored."""
+        not stored. `links`: each as (id, parent, record)."""
         now = self.clock()
         rows = self._run(lambda db: db.execute(_SQL.chain, {"key": key, "limit": self.max_items}).fetchall(), wait)
-        return chain_records(rows, now)
+        return chain_records(rows, now, links)
 
     def delete(self, key: str, wait: bool = True) -> bool:
         now = self.clock()

@@ -18,7 +18,8 @@ class StoreQueries:
     # in a temporary b-tree, which past the page cache spills to disk (a 200-record chain of 8 KB records read in
     # 5.0 ms with it, 1.9 ms without; load/probe_store_chain.py).
     chain: str
-    # A record's text, where it is visible: not deleted, in a conversation that has not expired (`key`, `now`).
+    # A record's text and the id it continues, where it is visible: not deleted, in a conversation that has not
+    # expired (`key`, `now`).
     get: str
     # Whether it is visible, without reading its text (delete's check).
     visible: str
@@ -49,7 +50,7 @@ WITH RECURSIVE up(k, id) AS (
 )
 SELECT up.k, r.id, r.parent, r.expires, r.deleted, {text} FROM up LEFT JOIN {table} r ON r.id = up.id {text_join}
 """,
-        get=f"SELECT {text} {visible_rows} {text_join} {visible_where}",
+        get=f"SELECT {text}, r.parent {visible_rows} {text_join} {visible_where}",
         visible=f"SELECT 1 {visible_rows} {visible_where}",
         delete=(f"UPDATE {table} SET deleted = TRUE WHERE id = {key} AND EXISTS (SELECT 1 FROM {table} x "
                 f"WHERE x.parent = {key})",
