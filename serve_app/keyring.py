@@ -7,10 +7,19 @@ lets an operator rotate: add the new key in front, keep the old one until the se
 
 `KeyRing` IS the newest key as `bytes`, so code that signs (`ThinkingSigner(secret)`, `ReasoningSealer(secret)`)
 takes it unchanged; code that verifies iterates `keys_of(secret)`.
+
+What a tenant is given is its own (`for_tenant`): each server key is derived for the tenant, as OpenAI binds
+`encrypted_content` to the organisation, so another tenant's sealed reasoning does not open into a prompt of
+yours. The server keys themselves stay last in every tenant's ring, to verify and open only: they signed
+everything before tenants had keys of their own, so sessions go on across the upgrade (and across a rolling
+deploy's older replicas).
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
 import logging
 import os
 import secrets as _secrets
@@ -43,6 +52,25 @@ class KeyRing(bytes):
 
 def keys_of(secret: bytes) -> tuple[bytes, ...]:
     return secret.keys if isinstance(secret, KeyRing) else (secret,)
+
+
+def for_tenant(secret: bytes, tenant: str) -> KeyRing:
+    """`tenant`'s ring: the server keys derived for it (newest first, the newest signs), then the server keys
+    (module docstring)."""
+    return for_tenants(secret, (tenant,))
+
+
+@functools.lru_cache(maxsize=256)
+def _derived(keys: tuple[bytes, ...], tenants: tuple[str, ...]) -> KeyRing:
+    derived = [hmac.new(key, b"serve_app tenant key\x00" + tenant.encode("utf-8"), hashlib.sha256).digest()
+               for tenant in tenants for key in keys]
+    return KeyRing([*derived, *keys])
+
+
+def for_tenants(secret: bytes, tenants: Iterable[str]) -> KeyRing:
+    """A ring that verifies and opens what any of `tenants` was given (the front door's Router renders any
+    tenant's prompt to route it and never signs); its newest key is the first tenant's."""
+    return _derived(keys_of(secret), tuple(tenants))
 
 
 def _split(value: str) -> list[str]:

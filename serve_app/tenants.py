@@ -80,15 +80,20 @@ def cache_salt(ingress: IngressConfig, tenant: str | None) -> str | None:
     return f"tenant-cache:{group or name}"
 
 
-def routing_salts(ingress: IngressConfig) -> list[str | None]:
-    """Every prefix-cache namespace a request can be served under: those of the tenants the configured keys (and
-    the open entry) lead to, the default tenant's first, each once. Keys are static configuration, so this is the
-    whole set; the front door, which never sees a request's key, chooses among them (routing/front_door.py)."""
-    names = {DEFAULT} if not ingress.api_keys else set()
+def names(ingress: IngressConfig) -> list[str]:
+    """Every tenant a request can be served as: those the configured keys (and the open entry) lead to, the
+    default tenant first. Keys are static configuration, so this is the whole set."""
+    found = {DEFAULT} if not ingress.api_keys else set()
     for entry in ingress.api_keys:
-        names.add(DEFAULT if isinstance(entry, str) else entry.tenant)
+        found.add(DEFAULT if isinstance(entry, str) else entry.tenant)
+    return sorted(found, key=lambda n: (n != DEFAULT, n))
+
+
+def routing_salts(ingress: IngressConfig) -> list[str | None]:
+    """Every prefix-cache namespace a request can be served under: those of `names`, the default tenant's first,
+    each once. The front door, which never sees a request's key, chooses among them (routing/front_door.py)."""
     salts: list[str | None] = []
-    for name in sorted(names, key=lambda n: (n != DEFAULT, n)):
+    for name in names(ingress):
         salt = cache_salt(ingress, name)
         if salt not in salts:
             salts.append(salt)

@@ -54,6 +54,8 @@ DEVELOPER = "Sandbox: workspace-write. Approvals: on-request."
 @pytest.fixture(scope="module")
 def renderers(serve_config):
     from serve_app.engine.provision import ensure_model
+    from serve_app.keyring import for_tenant
+    from serve_app.tenants import DEFAULT
 
     args = serve_config["applications"][0]["args"]
     settings = AppSettings.model_validate(args)
@@ -62,7 +64,8 @@ def renderers(serve_config):
         model = settings.find_model(f"family-{name}")
         tok = load_tokenizer(ensure_model(model.model_source, settings.model_cache_dir), model.chat_template)
         out[name] = PromptRenderer(tok, model, strip_preamble=settings.ingress.strip_preamble)
-    return out, args["ingress"]["server_secret"].encode()
+    # The keys the server signs and seals the default tenant's items with (keyring.for_tenant).
+    return out, for_tenant(args["ingress"]["server_secret"].encode(), DEFAULT)
 
 
 def first_body(api: str, model: str, nonce: str) -> dict:

@@ -53,6 +53,8 @@ REPORT: list[tuple[str, str, str, int, int, float, int]] = []
 @pytest.fixture(scope="module")
 def renderers(serve_config):
     from serve_app.engine.provision import ensure_model
+    from serve_app.keyring import for_tenant
+    from serve_app.tenants import DEFAULT
 
     args = serve_config["applications"][0]["args"]
     settings = AppSettings.model_validate(args)
@@ -61,7 +63,8 @@ def renderers(serve_config):
         model = settings.find_model(model_id)
         tok = load_tokenizer(ensure_model(model.model_source, settings.model_cache_dir), model.chat_template)
         out[model_id] = PromptRenderer(tok, model, strip_preamble=settings.ingress.strip_preamble)
-    return out, args["ingress"]["server_secret"].encode()
+    # The keys the server signs and seals the default tenant's items with (keyring.for_tenant).
+    return out, for_tenant(args["ingress"]["server_secret"].encode(), DEFAULT)
 
 
 def post(url: str, body: dict) -> dict:

@@ -86,6 +86,7 @@ class FakeService:
     def __init__(self, settings: AppSettings):
         self.settings = settings
         self.closed = 0
+        self.conversations: list = []  # as prepared
 
     def resolve_model(self, model_id):
         from serve_app.errors import ModelNotFound
@@ -101,6 +102,7 @@ class FakeService:
 
     async def prepare(self, conv, opts, model_id, received=None, routed=None):
         model = self.resolve_model(model_id)
+        self.conversations.append(conv)
         fs = opts.forced_script or "text"
         if fs.startswith("raise:"):
             kind = fs.split(":", 1)[1]
@@ -145,7 +147,8 @@ def make_settings(api_keys=(), ping=10.0) -> AppSettings:
                     "max_output_tokens": 1024,
                 }
             ],
-            "ingress": {"api_keys": list(api_keys), "ping_interval_s": ping, "max_body_bytes": 200_000},
+            "ingress": {"api_keys": list(api_keys), "ping_interval_s": ping, "max_body_bytes": 200_000,
+                        "tenants": {k["tenant"]: {} for k in api_keys if isinstance(k, dict)}},
         }
     )
 
@@ -171,6 +174,8 @@ import httpx2  # noqa: E402  (the transport the anthropic SDK is built on)
 import pytest  # noqa: E402
 
 from serve_app.ingress.anthropic import signatures  # noqa: E402
+from serve_app.keyring import for_tenant  # noqa: E402
+from serve_app.tenants import DEFAULT  # noqa: E402
 
 USER = [{"role": "user", "content": "hi"}]
 
@@ -205,7 +210,9 @@ async def test_create_and_stream_agree_and_the_sdk_accumulator_accepts_the_strea
     for m in (created, streamed):
         assert [b.type for b in m.content] == ["thinking", "text", "tool_use"]
         assert m.content[0].thinking == "Let me look."
-        assert signatures.verify(SECRET, "Let me look.", m.content[0].signature)
+        # Signed with the default tenant's key (keyring.for_tenant), not the server key itself.
+        assert signatures.verify(for_tenant(SECRET, DEFAULT), "Let me look.", m.content[0].signature)
+        assert not signatures.verify(SECRET, "Let me look.", m.content[0].signature)
         assert m.content[1].text == "\n\nI'll list."
         assert m.content[2].id == "toolu_abc123" and m.content[2].input == {"command": "ls"}
         assert m.stop_reason == "tool_use" and m.stop_sequence is None
@@ -265,6 +272,31 @@ async def test_omitted_thinking_streams_only_a_signature_and_the_next_turn_is_ac
     with pytest.raises(anthropic.BadRequestError) as e:
         await client.messages.create(model="test-model", max_tokens=2048, messages=follow, thinking=thinking)
     assert e.value.body["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
+
+
+@pytest.mark.parametrize("display", ["summarized", "omitted"])
+async def test_a_thinking_signature_is_its_tenants_alone(display):
+    """Thinking signatures are made with the tenant's own keys (keyring.for_tenant): a block signed for one
+    tenant is refused, in the API's words, when another sends it back, sealed text (`display: "omitted"`) or not.
+    One signed with the server key itself (before tenants had keys of their own) verifies for every tenant."""
+    app, service = make_app(api_keys=[{"key": "key-a", "tenant": "alice"}, {"key": "key-b", "tenant": "bob"}])
+    alice, bob = sdk(app, api_key="key-a"), sdk(app, api_key="key-b")
+    thinking = {"type": "adaptive", "display": display}
+    m = await alice.messages.create(model="test-model", max_tokens=2048, messages=USER, thinking=thinking,
+                                    extra_body={"nvext": {"forced_script": "think_text_tool"}})
+    follow = [*USER, {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+              {"role": "user", "content": [{"type": "tool_result", "tool_use_id": m.content[-1].id, "content": "ok"}]}]
+    assert (await alice.messages.create(model="test-model", max_tokens=2048, messages=follow,
+                                        thinking=thinking)).stop_reason == "end_turn"
+    with pytest.raises(anthropic.BadRequestError) as e:
+        await bob.messages.create(model="test-model", max_tokens=2048, messages=follow, thinking=thinking)
+    assert e.value.body["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
+    follow[1]["content"][0] = {"type": "thinking", "thinking": "Let me look.",
+                               "signature": signatures.sign(SECRET, "Let me look.")}
+    for tenant in (alice, bob):
+        assert (await tenant.messages.create(model="test-model", max_tokens=2048, messages=follow,
+                                             thinking=thinking)).stop_reason == "end_turn"
+        assert service.conversations[-1].messages[1].parts[0].text == "Let me look."
 
 
 async def test_stream_wire_format():

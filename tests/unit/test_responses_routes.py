@@ -584,3 +584,39 @@ async def test_a_stored_response_is_its_tenants_alone():
     assert (await bob.responses.retrieve("resp_legacy")).id == "resp_legacy"
     third = await bob.responses.create(model="m1", input="next", previous_response_id="resp_legacy")
     assert store.get(third.id)["tenant"] == "bob"
+
+
+async def test_encrypted_reasoning_is_its_tenants_alone():
+    """A tenant's `encrypted_content` is sealed under keys of its own (keyring.for_tenant), as OpenAI binds it to
+    the organisation: another tenant sending it back gets the 400 of a blob this server did not seal, and the
+    reasoning never reaches that tenant's prompt. One sealed with the server key itself (before tenants had keys
+    of their own) still opens for every tenant, so sessions go on across the upgrade."""
+    from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
+
+    svc = StubService()
+    app = create_app(IngressContext(settings=TENANTS, service=svc, secret=b"s3cret"))
+
+    def as_(key):
+        return openai.AsyncOpenAI(api_key=key, base_url="http://app/v1", max_retries=0,
+                                  http_client=httpx.AsyncClient(transport=httpx.ASGITransport(app=app)))
+
+    alice, bob = as_("key-a"), as_("key-b")
+    r = await alice.responses.create(model="m1", input="q", include=["reasoning.encrypted_content"], store=False,
+                                     extra_body={"nvext": {"forced_script": "think_call"}})
+    item = r.output[0].model_dump(exclude_none=True)
+
+    def follow(reasoning):
+        return [{"role": "user", "content": "q"}, reasoning, r.output[1].model_dump(exclude_none=True),
+                {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}]
+
+    await alice.responses.create(model="m1", input=follow(item), store=False)
+    assert svc.prepared[-1].conversation.messages[1].parts[0].text == "I should run ls."
+    prepared = len(svc.prepared)
+    with pytest.raises(openai.BadRequestError) as e:
+        await bob.responses.create(model="m1", input=follow(item), store=False)
+    assert e.value.body["param"] == "input.1.encrypted_content" and e.value.body["code"] == "invalid_encrypted_content"
+    assert len(svc.prepared) == prepared  # refused before anything was rendered
+    legacy = {**item, "encrypted_content": ReasoningSealer(b"s3cret").seal("sealed before tenants")}
+    for tenant in (alice, bob):
+        await tenant.responses.create(model="m1", input=follow(legacy), store=False)
+        assert svc.prepared[-1].conversation.messages[1].parts[0].text == "sealed before tenants"

@@ -161,3 +161,22 @@ async def test_signed_thinking_continues_after_a_restart(tmp_path):
 
 ANTHROPIC = AppSettings.model_validate({"models": [{"id": "test-model", "reasoning_parser": "qwen3",
                                                     "max_output_tokens": 1024}]})
+
+
+def test_a_tenants_keys_rotate_with_the_servers_and_open_nothing_of_anothers():
+    """keyring.for_tenant: each server key derived for the tenant, the server keys last (to open what was sealed
+    before tenants had keys of their own). Rotating the server keys rotates every tenant's."""
+    old = keyring.load(["k-old"])
+    alice = keyring.for_tenant(old, "alice")
+    assert alice.keys[-1:] == old.keys and bytes(alice) not in old.keys
+    assert bytes(keyring.for_tenant(old, "bob")) != bytes(alice)
+    sig, sealed = signatures.sign(alice, "thinking"), ReasoningSealer(alice).seal("reasoning")
+    bob = keyring.for_tenant(old, "bob")
+    assert not signatures.verify(bob, "thinking", sig)
+    with pytest.raises(InvalidRequest):
+        ReasoningSealer(bob).open(sealed)
+    rotated = keyring.for_tenant(keyring.load(["k-new", "k-old"]), "alice")
+    assert signatures.verify(rotated, "thinking", sig) and ReasoningSealer(rotated).open(sealed) == "reasoning"
+    assert bytes(rotated) not in alice.keys  # it signs with the new key's derivation
+    both = keyring.for_tenants(old, ["alice", "bob"])  # the front door's: opens either's, signs nothing
+    assert ReasoningSealer(both).open(sealed) == "reasoning" and signatures.verify(both, "thinking", sig)

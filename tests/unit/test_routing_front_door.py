@@ -327,6 +327,35 @@ def test_unknown_models_and_stored_histories_are_routed_by_load_and_session(door
 
 # ---- a Responses continuation: its history read from the store the ingress uses ----
 
+def test_the_front_door_opens_any_tenants_encrypted_reasoning_to_route_it(settings, model_dir):
+    """Encrypted reasoning is sealed with its tenant's keys (keyring.for_tenant) and the front door sees no key:
+    it opens whichever configured tenant's it is, to render the prompt the ingress will (the ingress then checks
+    it is the sender's own). One no configured tenant's keys sealed is routed without a key."""
+    from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
+    from serve_app.keyring import for_tenant
+
+    settings = with_ingress(settings, TWO_TENANTS)
+    door = FrontDoor(settings, SECRET, lambda key: BLOCK)
+    door.service._model_paths["smollm2-135m-instruct"] = model_dir
+
+    def body(tenant: str) -> dict:
+        sealed = ReasoningSealer(for_tenant(SECRET, tenant)).seal("The listing comes first.")
+        return {"model": "gpt-5.5", "instructions": SYSTEM, "tools": [BASH_RESPONSES], "max_output_tokens": 20,
+                "store": False, "input": [
+                    {"role": "user", "content": "List the files."},
+                    {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": sealed},
+                    {"type": "function_call", "call_id": "call_1", "name": "Bash", "arguments": '{"command": "ls"}'},
+                    {"type": "function_call_output", "call_id": "call_1", "output": "a.txt"}]}
+
+    for tenant, key in (("alice", "key-a"), ("bob", "key-b")):
+        routed = asyncio.run(door.route_request(json.dumps(body(tenant)).encode(), hook_request({}), f"r-{tenant}"))
+        assert routed.why_unkeyed is None, routed.why_unkeyed
+        served = served_route(settings, model_dir, "/v1/responses", body(tenant), {"authorization": f"Bearer {key}"})
+        assert routed.request.num_prompt_tokens == served.routes[0][1].num_prompt_tokens
+    stranger = asyncio.run(door.route_request(json.dumps(body("mallory")).encode(), hook_request({}), "r-m"))
+    assert stranger.request.block_hashes == [] and "encrypted_content" in stranger.why_unkeyed
+
+
 def store_door(settings, model_dir, store, budget_s: float = 5.0) -> FrontDoor:
     from serve_app.ingress.responses.store import StoreClient
     from serve_app.routing.front_door import HistoryReader

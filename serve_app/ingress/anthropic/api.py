@@ -69,14 +69,14 @@ class MessagesWire:
 class MessagesApi(AdapterDefaults):
     async def parse(self, body: Any, request: Request, ctx: IngressContext) -> Call:
         req = messages_request(body)
-        conv, opts = to_conversation(req, ctx.secret, request.headers)
+        conv, opts = to_conversation(req, ctx.tenant_secret(), request.headers)
         return Call(wire=MessagesCall(req, eager_tools(req, request.headers)), model=req.model, conversation=conv,
                     options=opts, stream=bool(req.stream))
 
     def encoder(self, call: Call, request_id: str, prompt_tokens: int, ctx: IngressContext) -> MessagesWire:
         req = call.wire.request
         return MessagesWire(MessageEncoder(req.model, "msg_" + request_id, thinking=bool(call.options.thinking),
-                                           secret=ctx.secret, prompt_tokens=prompt_tokens, prewarm=prewarming(req),
+                                           secret=ctx.tenant_secret(), prompt_tokens=prompt_tokens, prewarm=prewarming(req),
                                            omit_thinking=thinking_omitted(req), eager_tools=call.wire.eager_tools))
 
     def headers(self, request: Request, ctx: IngressContext) -> dict[str, str]:

@@ -24,7 +24,7 @@ async def head_root() -> Response:
 async def count_tokens(request: Request, ctx: IngressContext = Depends(get_ctx)):
     rid = request_id(request)
     req = count_tokens_request(await streaming.read_body(request, ctx))
-    conv, opts = to_conversation(req, ctx.secret, request.headers)
+    conv, opts = to_conversation(req, ctx.tenant_secret(), request.headers)
     n = await ctx.service.count_tokens(conv, opts, req.model)
     return JSONResponse({"input_tokens": n}, headers={"request-id": rid})
 

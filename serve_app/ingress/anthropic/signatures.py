@@ -2,8 +2,9 @@
 
 Every thinking block this server streams ends with one `signature_delta` carrying `sign(...)`. When a client sends
 the block back in history, `verify` proves the text is what this deployment generated, so a tampered block (or
-one signed by another server, e.g. the real API) is detected. The key is `ctx.secret`, shared by all ingress
-replicas, so any replica can verify any other's signature. With `thinking.display: "omitted"` the block goes out
+one signed by another server, e.g. the real API) is detected. The key is the tenant's (`ctx.tenant_secret()`,
+derived from the server key ring every ingress replica shares), so any replica verifies any other's signature and
+no tenant's verifies for another. With `thinking.display: "omitted"` the block goes out
 without its text and the signature seals the text instead (`ThinkingSealer`, `unseal`).
 """
 

@@ -23,6 +23,7 @@ from serve_app.ingress.responses.convert import (
 from serve_app.ingress.responses.encode import ResponsesEncoder, error_code, fold, new_id
 from serve_app.ingress.responses.reasoning_crypto import ReasoningSealer
 from serve_app.ingress.streaming import AdapterDefaults, Call, until_finished
+from serve_app.keyring import KeyRing, keys_of
 from serve_app.protocols.responses import INPUT_ITEMS, ResponsesRequest
 
 log = logging.getLogger(__name__)
@@ -36,9 +37,15 @@ KEEPALIVE = b": keep-alive\n\n"
 STREAMED_FAILURES = ("rate_limit", "overloaded")
 
 
-@functools.lru_cache(maxsize=4)
 def sealer(secret: bytes) -> ReasoningSealer:
-    return ReasoningSealer(secret)  # one per server secret: its key is derived once
+    """One per key ring (a tenant's, keyring.for_tenant): its keys are derived once. Cached by the whole ring, not
+    the ring's bytes (its newest key alone): the Router's ring shares its newest key with the default tenant's."""
+    return _sealer(keys_of(secret))
+
+
+@functools.lru_cache(maxsize=256)
+def _sealer(keys: tuple[bytes, ...]) -> ReasoningSealer:
+    return ReasoningSealer(KeyRing(keys))
 
 
 @dataclass
@@ -101,7 +108,7 @@ class ResponsesApi(AdapterDefaults):
         tenant = None if ctx.routing_only else tenants.CURRENT.get() or tenants.DEFAULT
         history = (await _history(ctx.response_store, req.previous_response_id, tenant)
                    if req.previous_response_id else [])
-        seal = sealer(ctx.secret)
+        seal = sealer(ctx.tenant_secret())
         conv, opts = responses_to_conversation(req, lambda token, param: seal.open(token, param=param),
                                                INPUT_ITEMS.validate_python(history) if history else None)
         if opts.session_key is None:  # Codex sends its conversation id as a header too
@@ -117,7 +124,7 @@ class ResponsesApi(AdapterDefaults):
             echo=echo_fields(req),
             custom_tools=custom_tool_names(req),
             summaries=wants_summary(req),
-            seal=sealer(ctx.secret).seal if req.wants_encrypted_reasoning() else None,
+            seal=sealer(ctx.tenant_secret()).seal if req.wants_encrypted_reasoning() else None,
         ))
 
     def fails_in_stream(self, call: Call, err: ServiceError) -> bool:

@@ -1,7 +1,8 @@
 """Responses `reasoning.encrypted_content`: the server's reasoning, encrypted and authenticated with its key.
 
 When a request's `include` has `reasoning.encrypted_content`, each reasoning item carries the exact reasoning text
-sealed with AES-256-GCM under a key derived from the server secret (shared by every ingress replica). When the item
+sealed with AES-256-GCM under a key derived from the tenant's ring (`ctx.tenant_secret()`: the server secret,
+shared by every ingress replica, derived for the tenant, so one tenant's items do not open for another). When the item
 comes back in a later request the text is opened again, so the next prompt carries the model's own reasoning byte
 for byte (prefix-cache reuse), and an item the server did not produce — or one altered in transit — is refused.
 
