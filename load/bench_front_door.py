@@ -10,6 +10,10 @@ prompts (a harness's prompt shared by many sessions), each turn replaying the wh
 turn sending only its new input (`--api responses`: the front door reads the history from the Responses store).
 `--tenants N` spreads the sessions over N tenants, each with its own API key and prefix-cache namespace, all sharing
 the system prompts: the front door never sees a key, so it must find the namespace a prompt is cached under.
+`--users N` gives the sessions N users (session i is user i mod N's, of that user's tenant, user mod tenants),
+each naming itself as its harness does (Claude Code's `metadata.user_id`, OpenAI's `safety_identifier`): a user's
+later session's first turn on a prompt several tenants cached is then the front door's guess from the user's earlier
+turns (reported apart, `repeat_first_turns`).
 `--baseline-tree DIR` adds a third arm, the front door served from another checkout (say, a worktree of an
 earlier commit: its serve_app, this script's workload), so a change to the front door is measured against the code
 before it in the same run. Per arm: TTFT p50/p95 (request sent -> first generated token), the share of prompt tokens the serving engine had
@@ -19,6 +23,7 @@ front door its own time per request (the Router's `front_door_metrics`: parse, r
     python -m load.bench_front_door --json load/results/front_door.json
     python -m load.bench_front_door --api responses --baseline-tree /tmp/before --json load/results/front_door_responses.json
     python -m load.bench_front_door --tenants 2 --families 2 --baseline-tree /tmp/before --json load/results/front_door_tenants.json
+    python -m load.bench_front_door --tenants 2 --users 4 --sessions 12 --families 2 --baseline-tree /tmp/before --json load/results/front_door_users.json
 """
 
 from __future__ import annotations
@@ -111,9 +116,11 @@ def _first_output(api: str, ev: dict) -> bool:
 
 
 async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, history: list[dict],
-                   max_tokens: int, previous: str | None = None, api_key: str | None = None) -> dict:
+                   max_tokens: int, previous: str | None = None, api_key: str | None = None,
+                   who: tuple[str, str] | None = None) -> dict:
     """Stream one request; returns TTFT, prompt and cached tokens, the replica and the answer text. Responses:
-    only `history`'s last entry is sent, `previous` (the last response's id, if any) names the stored rest."""
+    only `history`'s last entry is sent, `previous` (the last response's id, if any) names the stored rest.
+    `who`: (user, session), named as each harness names them."""
     if api == "responses":
         body = {"model": MODEL, "max_output_tokens": max_tokens, "temperature": 0, "stream": True, "store": True,
                 "instructions": system, "input": [{"role": "user", "content": history[-1]["content"]}],
@@ -128,6 +135,12 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
                 "stream_options": {"include_usage": True},
                 "messages": [{"role": "system", "content": system}, *history]}
         path = "/v1/chat/completions"
+    if who is not None:
+        user, sid = who
+        if api == "messages":  # Claude Code's: a JSON string, the session's id beside the device's and account's
+            body["metadata"] = {"user_id": json.dumps({"device_id": user, "account_uuid": "", "session_id": sid})}
+        else:
+            body["safety_identifier"] = user
     sent = time.perf_counter()
     ttft = None
     text, prompt, cached, response_id = [], 0, 0, None
@@ -171,8 +184,9 @@ async def one_turn(client: httpx.AsyncClient, url: str, api: str, system: str, h
 
 
 async def run_arm(url: str, prompts: list[str], sessions: int, turns: int, concurrency: int, max_tokens: int,
-                  seed: int, turn_words: int = 400, api: str = "mixed", tenants: int = 0) -> dict:
-    """`tenants`: session i calls with tenant i mod `tenants`'s key (the tenants share the system prompts)."""
+                  seed: int, turn_words: int = 400, api: str = "mixed", tenants: int = 0, users: int = 0) -> dict:
+    """`tenants`: session i calls with tenant i mod `tenants`'s key (the tenants share the system prompts);
+    `users`: session i is user i mod `users`'s, calling with that user's tenant's key (user mod `tenants`)."""
     rng = random.Random(seed)
     plan = [(s, prompts[rng.randrange(len(prompts))], api if api != "mixed" else "messages" if s % 2 else "chat")
             for s in range(sessions)]
@@ -188,9 +202,11 @@ async def run_arm(url: str, prompts: list[str], sessions: int, turns: int, concu
                 # What an agent's turn adds: a tool's output, hundreds of tokens, the session's own.
                 history.append({"role": "user", "content": f"Session {sid}, step {t}, tool output:\n"
                                 + stable_text(turn_words, f"s{seed}-{sid}-{t}")})
+                user = sid % users if users else sid
                 r = await one_turn(client, url, api, system, history, max_tokens, previous,
-                                   keys[sid % tenants] if tenants else None)
-                r.update(session=sid, turn=t, api=api)
+                                   keys[user % tenants] if tenants else None,
+                                   (f"user-{user}", f"s{seed}-{sid}") if users else None)
+                r.update(session=sid, turn=t, api=api, repeat=bool(users) and sid >= users)
                 results.append(r)
                 previous = r["id"]
                 history.append({"role": "assistant", "content": r["text"] or "ok"})
@@ -220,7 +236,8 @@ def _delta(after: dict | None, before: dict | None) -> dict | None:
     """The front door's counts for the measured requests only (the readiness probes excluded)."""
     if not after or not before or "error" in after or "error" in before:
         return after
-    counters = ("decisions", "fallbacks", "keyed", "unkeyed", "namespace_ties", "route_ms_total")
+    counters = ("decisions", "fallbacks", "keyed", "unkeyed", "namespace_ties", "namespace_ties_by_user",
+                "route_ms_total")
     out = {k: round(after[k] - before.get(k, 0), 1) if k in counters and k in before else after[k] for k in after}
     routed = out.get("keyed", 0) + out.get("unkeyed", 0)
     out["route_ms_per_request"] = round(out["route_ms_total"] / routed, 2) if routed else None
@@ -235,11 +252,19 @@ def summarize(results: list[dict]) -> dict:
     spread: dict[str, int] = {}
     for r in results:
         spread[r["replica"]] = spread.get(r["replica"], 0) + 1
-    return {"requests": len(results), "ttft_p50_ms": round(pct(ttft, 0.5), 1), "ttft_p95_ms": round(pct(ttft, 0.95), 1),
-            "later_turns_ttft_p50_ms": round(pct(later, 0.5), 1) if later else None,
-            "prompt_tokens": prompt, "cached_tokens": cached,
-            "cached_fraction": round(cached / prompt, 3) if prompt else 0.0,
-            "requests_per_replica": sorted(spread.values(), reverse=True)}
+    out = {"requests": len(results), "ttft_p50_ms": round(pct(ttft, 0.5), 1), "ttft_p95_ms": round(pct(ttft, 0.95), 1),
+           "later_turns_ttft_p50_ms": round(pct(later, 0.5), 1) if later else None,
+           "prompt_tokens": prompt, "cached_tokens": cached,
+           "cached_fraction": round(cached / prompt, 3) if prompt else 0.0,
+           "requests_per_replica": sorted(spread.values(), reverse=True)}
+    # `--users`: the first turns of a user's later sessions, where the user's earlier turns can tell the namespace.
+    repeat = [r for r in results if r.get("repeat") and r["turn"] == 0]
+    if repeat:
+        rp, rc = sum(r["prompt"] for r in repeat), sum(r["cached"] for r in repeat)
+        rt = [r["ttft"] * 1000 for r in repeat]
+        out["repeat_first_turns"] = {"requests": len(repeat), "cached_fraction": round(rc / rp, 3) if rp else 0.0,
+                                     "ttft_p50_ms": round(pct(rt, 0.5), 1), "ttft_p95_ms": round(pct(rt, 0.95), 1)}
+    return out
 
 
 def main() -> None:
@@ -258,6 +283,9 @@ def main() -> None:
     ap.add_argument("--tenants", type=int, default=0,
                     help="tenants with their own API keys and prefix-cache namespaces, sharing the system prompts "
                          "(session i calls as tenant i mod N); 0: no keys, the default tenant")
+    ap.add_argument("--users", type=int, default=0,
+                    help="users the sessions belong to (session i is user i mod N's, of tenant user mod --tenants), "
+                         "each named as its harness names it; 0: none named")
     ap.add_argument("--baseline-tree", default=None,
                     help="another checkout whose serve_app a third arm, front door on, serves")
     ap.add_argument("--log", default="/tmp/bench_front_door.log")
@@ -286,7 +314,8 @@ def main() -> None:
                         wait_routing(url, {"x-api-key": tenant_keys(a.tenants)[0]} if a.tenants else {})
                         before = front_door_metrics()
                     out = asyncio.run(run_arm(url, prompts, a.sessions, a.turns, a.concurrency, a.max_tokens,
-                                              seed=rnd, turn_words=a.turn_words, api=a.api, tenants=a.tenants))
+                                              seed=rnd, turn_words=a.turn_words, api=a.api, tenants=a.tenants,
+                                              users=a.users))
                     fd = _delta(front_door_metrics(), before) if arms[name] else None
                 finally:
                     stop([proc])
@@ -307,7 +336,7 @@ def main() -> None:
                               "at": provenance.git_commit(a.baseline_tree)}} if a.baseline_tree else {}),
         "launcher": a.launcher,
         "workload": {k: getattr(a, k) for k in ("rounds", "families", "family_words", "sessions", "turns", "turn_words",
-                                                "concurrency", "max_tokens", "api", "tenants")},
+                                                "concurrency", "max_tokens", "api", "tenants", "users")},
         "arms": {name: summarize(rs) for name, rs in per_arm.items()},
         "rounds": rounds,
     }
@@ -318,6 +347,10 @@ def main() -> None:
         base = result["arms"]["front_door_baseline"]
         result["ratios_to_baseline"] = {k: round(fd[k] / base[k], 3) if base[k] else None
                                         for k in ("ttft_p50_ms", "ttft_p95_ms", "cached_fraction")}
+        if "repeat_first_turns" in fd and "repeat_first_turns" in base:
+            f, b = fd["repeat_first_turns"], base["repeat_first_turns"]
+            result["ratios_to_baseline"]["repeat_first_turns"] = {
+                k: round(f[k] / b[k], 3) if b[k] else None for k in ("ttft_p50_ms", "ttft_p95_ms", "cached_fraction")}
     print(json.dumps({"arms": result["arms"], "ratios": result["ratios"]}, indent=1))
     if a.json:
         provenance.write(a.json, result, indent=1)

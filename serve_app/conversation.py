@@ -139,6 +139,9 @@ class GenerationOptions:
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     session_key: str | None = None  # sticky-routing tie-breaker (Claude Code session id, prompt_cache_key, ...)
+    # Who the session is for, the same across their sessions (Claude Code's account and device, OpenAI's
+    # safety_identifier or user): the front door's guess at a first turn's tenant (routing/front_door.py).
+    user_key: str | None = None
     # The front door's route id for this request (`<Router replica>/<x-request-id>`, routing/types.ROUTE_ID_HEADER)
     # when its Router chose this replica (`router.front_door`): the Router's load for it is reported under this id.
     route_id: str | None = None

@@ -115,6 +115,7 @@ class ChatCompletionRequest(OpenModel):
     enable_thinking: bool | None = None
     prompt_cache_key: str | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # `user`'s successor in OpenAI's API
     nvext: NvExt | None = None
     # vLLM's sampling extensions, accepted so benchmarks can ask both servers for exactly N tokens.
     ignore_eos: bool = False

@@ -202,6 +202,7 @@ class ResponsesRequest(OpenModel):
     metadata: dict[str, Any] | None = None
     previous_response_id: str | None = None
     user: str | None = None
+    safety_identifier: str | None = None  # `user`'s successor in OpenAI's API
     truncation: str | None = None
     service_tier: str | None = None
     # vLLM's extension, as on Chat Completions: kwargs for the chat template (enable_thinking over reasoning.effort)

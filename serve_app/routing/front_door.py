@@ -19,7 +19,10 @@ key names the tenant, and a tenant's prompts are cached in its own namespace (vL
 hashes start from: tenants.cache_salt). With one namespace the hashes are exact. With several, the prompt is hashed
 in each that some replica holds its first block under, and the namespace with the longest run held wins: a later
 turn's own history is cached under its tenant's namespace alone, so only a prompt several tenants have cached (a
-first turn on a harness prompt they share) is a guess, the earliest namespace of the tie (`namespace_ties`).
+first turn on a harness prompt they share) is a tie (`namespace_ties`). A later turn decided by its own history
+also tells whose namespace its user's is (`GenerationOptions.user_key`: Claude Code's account and device, OpenAI's
+safety_identifier or user), so that user's next first turn takes it (`namespace_ties_by_user`); a user not seen
+yet gets the earliest namespace of the tie.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -85,6 +89,10 @@ class Routed:
     why_unkeyed: str | None = None  # why the request has no block hashes, when it has none
 
 
+_UNKNOWN = object()  # a user whose namespace no decided turn has told yet
+_USERS_KEPT = 100_000  # users whose namespace is remembered (a few hundred bytes each)
+
+
 class HistoryReader:
     """The Responses store as the front door reads it: chains only (it never stores or deletes), each read
     bounded by `budget_s`. A slow store costs the request its prefix key, never its route: HAProxy gives up on the
@@ -123,6 +131,9 @@ class FrontDoor:
         self.adapters = _adapters()
         self.keyed = self.unkeyed = 0
         self.namespace_ties = 0  # prompts held under several tenants' namespaces alike: the first one was taken
+        self.namespace_ties_by_user = 0  # ... of which the user's namespace was known and taken
+        # user key -> the namespace (cache salt) their later turns were last decided by, least recently used first.
+        self._user_namespaces: OrderedDict[str, str | None] = OrderedDict()
 
     def warm(self) -> None:
         self.service.warm_renderers()
@@ -158,19 +169,23 @@ class FrontDoor:
         block = self.block_size(key)
         if not block:
             return self._unkeyed(route, key, "no replica of the engine has registered yet", api)
-        route.block_hashes = self._hashes(key, rendered.token_ids, block)
+        continued = any(m.role == "assistant" for m in call.conversation.messages)
+        route.block_hashes = self._hashes(key, rendered.token_ids, block, opts.user_key, continued)
         self.keyed += 1
         return Routed(key, route, api)
 
-    def _hashes(self, key: str, token_ids: list[int], block: int) -> list[int]:
+    def _hashes(self, key: str, token_ids: list[int], block: int, user: str | None = None,
+                continued: bool = False) -> list[int]:
         """The prompt's block hashes in the namespace its longest cached run is held under (module docstring).
-        A namespace no replica holds the first block under costs one block's hash, not the whole prompt's."""
+        A namespace no replica holds the first block under costs one block's hash, not the whole prompt's.
+        `user`: who the session is for; `continued`: the prompt holds an earlier answer, so a namespace holding
+        more of it than any other is the user's own."""
         default = self.salts[0]
         if len(self.salts) == 1 or self.held_prefix is None or len(token_ids) < block:
             return block_hashes(token_ids, block, salt=default)
-        best: list[int] | None = None
-        best_run = tied = 0
-        firsts: dict[str, list[int]] = {}
+        best: dict[str | None, list[int]] = {}  # the namespaces of the longest run held, in order
+        best_run = 0
+        firsts: dict[str | None, list[int]] = {}
         for salt in self.salts:
             firsts[salt] = first = block_hashes(token_ids[:block], block, salt=salt)
             if not self.held_prefix(key, first):
@@ -178,12 +193,29 @@ class FrontDoor:
             hashes = extend_block_hashes(first, token_ids, block, salt=salt)  # the first block is hashed already
             run = self.held_prefix(key, hashes)
             if run > best_run:
-                best, best_run, tied = hashes, run, 0
+                best, best_run = {salt: hashes}, run
             elif run == best_run:
-                tied += 1
-        if tied:
-            self.namespace_ties += 1
-        return best if best is not None else extend_block_hashes(firsts[default], token_ids, block, salt=default)
+                best[salt] = hashes
+        if not best:
+            return extend_block_hashes(firsts[default], token_ids, block, salt=default)
+        known = self._user_namespaces.get(user, _UNKNOWN) if user else _UNKNOWN
+        if len(best) == 1:
+            (salt, hashes), = best.items()
+            if user and continued:
+                self._learn(user, salt)
+            return hashes
+        self.namespace_ties += 1
+        if known in best:
+            self.namespace_ties_by_user += 1
+            self._user_namespaces.move_to_end(user)
+            return best[known]
+        return next(iter(best.values()))
+
+    def _learn(self, user: str, salt: str | None) -> None:
+        self._user_namespaces[user] = salt
+        self._user_namespaces.move_to_end(user)
+        while len(self._user_namespaces) > _USERS_KEPT:
+            self._user_namespaces.popitem(last=False)
 
     def _engine_key(self, model_id: Any) -> str | None:
         from serve_app.service import engine_key

@@ -257,6 +257,7 @@ class FrontDoorRouter(RouterMethods):
         counted in `fallbacks`)."""
         return {"decisions": self.decisions, "fallbacks": self.fallbacks, "keyed": self.door.keyed,
                 "unkeyed": self.door.unkeyed, "namespace_ties": self.door.namespace_ties,
+                "namespace_ties_by_user": self.door.namespace_ties_by_user,
                 "route_ms_total": round(self.route_ms, 1),
                 "registered_replicas": sum(r.stats()["registered"] for r in self.table.registrations.values()),
                 "reconciled": sum(c.reconciled_reservations for c in self.table.cores.values()),

@@ -96,6 +96,21 @@ def test_session_header_wins_over_metadata():
     assert conv_of(plain)[1].session_key == "user-7"
 
 
+@pytest.mark.parametrize("user_id, user_key", [
+    ('{"device_id": "d1", "account_uuid": "acc-1", "session_id": "s1"}', "acc-1/d1"),  # Claude Code now
+    ('{"device_id": "d1", "account_uuid": "", "session_id": "s2"}', "d1"),  # no account (an API key's user)
+    ("user_abc123_account_acc-1_session_s1", "user_abc123_account_acc-1"),  # Claude Code before its JSON
+    ("user-7", "user-7"),
+    ('{"session_id": "s1"}', None),  # nothing but the session: no one to tell apart
+    (None, None),
+])
+def test_the_user_key_is_user_id_without_its_session(user_id, user_key):
+    """The same user's sessions share a user key (the front door's guess at a first turn's tenant); the session
+    key stays the session's own."""
+    body = {"messages": [{"role": "user", "content": "x"}], "metadata": {"user_id": user_id}}
+    assert conv_of(body)[1].user_key == user_key
+
+
 def test_sampling_fields_and_forced_script():
     _, opts = conv_of({"messages": [{"role": "user", "content": "x"}], "temperature": 0.2, "top_p": 0.9, "top_k": 5,
                        "stop_sequences": ["END", ""], "nvext": {"forced_script": "hi", "agent_hints": {"osl": 12}}})

@@ -53,7 +53,7 @@ def test_history_maps_to_the_ir():
             {"role": "tool", "tool_call_id": "c1", "content": "a.txt"},
         ],
         tools=[{"type": "function", "function": {"name": "ls", "parameters": {"type": "object"}}}],
-        tool_choice="required", stop="END", max_completion_tokens=7, prompt_cache_key="sess",
+        tool_choice="required", stop="END", max_completion_tokens=7, prompt_cache_key="sess", user="u-1",
         nvext={"agent_hints": {"osl": 30, "priority": 2}, "forced_script": "ok"},
         chat_template_kwargs={"enable_thinking": False},
     ))
@@ -64,7 +64,7 @@ def test_history_maps_to_the_ir():
     assert isinstance(assistant[1], ToolCallPart) and assistant[1].arguments == "{\"p\": \".\"}"
     assert isinstance(conv.messages[3].parts[0], ToolResultPart)
     assert conv.tools[0].name == "ls" and conv.tool_choice.mode == "required"
-    assert opts.stop == ["END"] and opts.max_tokens == 7 and opts.session_key == "sess"
+    assert opts.stop == ["END"] and opts.max_tokens == 7 and opts.session_key == "sess" and opts.user_key == "u-1"
     assert opts.hints.osl == 30 and opts.hints.priority == 2 and opts.forced_script == "ok"
     assert opts.thinking is False
 

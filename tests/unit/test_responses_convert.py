@@ -196,6 +196,11 @@ def test_echo_fields():
     assert echo["reasoning"] == {"effort": "medium", "summary": "auto"}
     assert echo["prompt_cache_key"] == "conv-123" and echo["text"]["verbosity"] == "low"
     assert [t["type"] for t in echo["tools"]] == ["function", "custom", "local_shell", "web_search"]
+    assert echo["safety_identifier"] is None
+    with_user = parse_model(ResponsesRequest, {**CODEX_BODY, "user": "u-1", "safety_identifier": "sid-1"})
+    assert echo_fields(with_user)["safety_identifier"] == "sid-1"
+    # safety_identifier is `user`'s successor: it is who the session is for, where both are sent.
+    assert responses_to_conversation(with_user, SEALER.open)[1].user_key == "sid-1"
 
 
 def test_output_items_sent_back_rebuild_the_generated_turn():

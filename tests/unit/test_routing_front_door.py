@@ -277,6 +277,24 @@ def test_each_tenants_prompt_is_keyed_in_its_own_cache_namespace(settings, model
     alice_key, _ = served(first, "key-a")
     assert tied.request.block_hashes == alice_key.block_hashes and door.namespace_ties == 1
 
+    # A later turn decided by its own history tells whose namespace its user's is: that user's next first turn
+    # (a new session) takes it; another user's still takes the earliest.
+    def as_user(b, user):
+        return json.dumps({**b, "safety_identifier": user}).encode()
+
+    asyncio.run(door.route_request(as_user(third, "dev-7"), hook_request({}), "r/3"))
+    mine = asyncio.run(door.route_request(as_user(first, "dev-7"), hook_request({}), "r/4"))
+    assert mine.request.block_hashes == served(first, "key-b")[0].block_hashes
+    assert door.namespace_ties == 2 and door.namespace_ties_by_user == 1
+    theirs = asyncio.run(door.route_request(as_user(first, "dev-8"), hook_request({}), "r/5"))
+    assert theirs.request.block_hashes == alice_key.block_hashes and door.namespace_ties_by_user == 1
+    # A first turn decides nothing about its user, even where only one namespace holds it (another tenant's
+    # copy of a shared prompt is no sign of whose the user is).
+    door._user_namespaces.clear()
+    only_bob = tenant_door(cfg, model_dir, table_holding(cfg, key, {"r-bob": [bob_first]}))
+    asyncio.run(only_bob.route_request(as_user(first, "dev-9"), hook_request({}), "r/6"))
+    assert not only_bob._user_namespaces
+
 
 def test_a_prompt_no_replica_holds_and_a_single_namespace_are_keyed_without_a_probe(settings, model_dir):
     path, _, body = CASES["chat tool loop"]

@@ -318,6 +318,22 @@ def _tool_choice(tc: wire.ToolChoiceSpec | None) -> ToolChoice:
     return ToolChoice(mode, parallel=parallel)
 
 
+def user_key(metadata: wire.Metadata | None) -> str | None:
+    """Who Claude Code runs for, the same in each of their sessions: `metadata.user_id` without its session (the
+    JSON's account and device; the older `user_<hash>_account_<uuid>_session_<uuid>` before `_session_`)."""
+    user_id = metadata.user_id if metadata is not None else None
+    if not user_id:
+        return None
+    try:
+        parsed = json.loads(user_id)
+    except ValueError:
+        return user_id.split("_session_", 1)[0]
+    if not isinstance(parsed, dict):
+        return user_id
+    who = [parsed.get(k) for k in ("account_uuid", "device_id")]
+    return "/".join(str(w) for w in who if w) or None
+
+
 def session_key(metadata: wire.Metadata | None, headers: Mapping[str, str] | None) -> str | None:
     """Claude Code's session id (header, or `metadata.user_id`'s JSON) as the sticky-routing key."""
     if headers is not None:
@@ -433,6 +449,7 @@ def to_conversation(
         thinking=thinking_on(req),
         reasoning_effort=req.output_config.effort if req.output_config is not None else None,
         session_key=session_key(req.metadata, headers),
+        user_key=user_key(req.metadata),
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
         continue_final=continue_final,

@@ -204,6 +204,7 @@ def chat_request_to_conversation(body: dict[str, Any]) -> tuple[ChatCompletionRe
         reasoning_effort=req.reasoning_effort,
         chat_template_kwargs=kwargs,
         session_key=req.prompt_cache_key or req.user,
+        user_key=req.safety_identifier or req.user,
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
         ignore_eos=req.ignore_eos,

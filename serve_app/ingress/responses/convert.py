@@ -356,6 +356,7 @@ def responses_to_conversation(
         reasoning_effort=effort,
         chat_template_kwargs=kwargs,
         session_key=req.prompt_cache_key or req.user,
+        user_key=req.safety_identifier or req.user,
         hints=agent_hints(nvext.agent_hints if nvext else None),
         forced_script=nvext.forced_script if nvext else None,
         output_format=output_format.from_responses(req.text.format if req.text else None),
@@ -389,4 +390,5 @@ def echo_fields(req: ResponsesRequest) -> dict[str, Any]:
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "truncation": req.truncation or "disabled",
         "user": req.user,
+        "safety_identifier": req.safety_identifier,
     }
