@@ -167,15 +167,23 @@ def _turns(conv) -> list[tuple[str, str]]:
     return [(m.role, m.parts[0].text) for m in conv.messages]
 
 
+async def _session(apps: list, turns: int) -> list[str]:
+    """A session of `turns` turns ("q0", "q1", ...), each continuing the last by id, turn n through
+    apps[n % len(apps)]; the responses' ids."""
+    ids, previous = [], None
+    for n in range(turns):
+        r = await client(apps[n % len(apps)]).responses.create(model="m1", input=f"q{n}",
+                                                               previous_response_id=previous)
+        ids.append(previous := r.id)
+    return ids
+
+
 async def test_a_chain_of_previous_response_ids_stores_each_turn_once(replicas):
     """Each stored response holds its own turn (input, then output) and names the one it continues; a follow-up
     gets the whole chain's history, through either replica, also past a response deleted on the way."""
     (a, _), (b, svc_b) = replicas
     store = _store(a)
-    ids, previous = [], None
-    for n in range(4):
-        r = await client((a, b)[n % 2]).responses.create(model="m1", input=f"q{n}", previous_response_id=previous)
-        ids.append(previous := r.id)
+    ids = await _session([a, b], 4)
     assert [store.get(i)["items"] for i in ids] == [
         [{"type": "message", "role": "user", "content": f"q{n}"}, *store.get(ids[n])["response"]["output"]]
         for n in range(4)]
@@ -220,10 +228,7 @@ async def test_a_replica_reads_the_chains_it_stored_from_memory_and_the_store_sa
     expired or evicted through anyone, it is not found, as from the store."""
     (a, svc_a), (b, svc_b) = replicas
     store = _store(a)
-    ids, previous = [], None
-    for n in range(4):
-        r = await client(a).responses.create(model="m1", input=f"q{n}", previous_response_id=previous)
-        ids.append(previous := r.id)
+    ids = await _session([a], 4)
     assert store.chains == 0 and a.state.ctx.response_store.recent.served == 3
     await client(b).responses.create(model="m1", input="q4", previous_response_id=ids[-1])  # b holds none of them
     assert store.chains == 1
@@ -256,10 +261,7 @@ async def test_a_session_alternating_replicas_reads_one_record_a_turn(replicas):
     two replicas reads, each turn, only the record the other replica stored, never the whole chain again."""
     (a, svc_a), (b, svc_b) = replicas
     store = _store(a)
-    ids, previous = [], None
-    for n in range(6):
-        r = await client((a, b)[n % 2]).responses.create(model="m1", input=f"q{n}", previous_response_id=previous)
-        ids.append(previous := r.id)
+    await _session([a, b], 6)
     assert store.chains == 0 and store.heads == 5
     assert _turns(svc_b.prepared[-1].conversation) == [
         turn for n in range(5) for turn in (("user", f"q{n}"), ("assistant", "Hello"))] + [("user", "q5")]

@@ -318,18 +318,24 @@ def _tool_choice(tc: wire.ToolChoiceSpec | None) -> ToolChoice:
     return ToolChoice(mode, parallel=parallel)
 
 
-def user_key(metadata: wire.Metadata | None) -> str | None:
-    """Who Claude Code runs for, the same in each of their sessions: `metadata.user_id` without its session (the
-    JSON's account and device; the older `user_<hash>_account_<uuid>_session_<uuid>` before `_session_`)."""
+def _user_id(metadata: wire.Metadata | None) -> tuple[str | None, dict | None]:
+    """`metadata.user_id`, and the object it holds where it is JSON (Claude Code's, a string of JSON)."""
     user_id = metadata.user_id if metadata is not None else None
     if not user_id:
-        return None
+        return None, None
     try:
         parsed = json.loads(user_id)
     except ValueError:
-        return user_id.split("_session_", 1)[0]
-    if not isinstance(parsed, dict):
-        return user_id
+        return user_id, None
+    return user_id, parsed if isinstance(parsed, dict) else None
+
+
+def user_key(metadata: wire.Metadata | None) -> str | None:
+    """Who Claude Code runs for, the same in each of their sessions: `metadata.user_id` without its session (the
+    JSON's account and device; the older `user_<hash>_account_<uuid>_session_<uuid>` before `_session_`)."""
+    user_id, parsed = _user_id(metadata)
+    if parsed is None:
+        return user_id and user_id.split("_session_", 1)[0]
     who = [parsed.get(k) for k in ("account_uuid", "device_id")]
     return "/".join(str(w) for w in who if w) or None
 
@@ -340,18 +346,9 @@ def session_key(metadata: wire.Metadata | None, headers: Mapping[str, str] | Non
         sid = headers.get("x-claude-code-session-id")
         if sid:
             return sid
-    user_id = metadata.user_id if metadata is not None else None
-    if not user_id:
-        return None
-    try:
-        parsed = json.loads(user_id)
-    except ValueError:
-        return user_id
-    if isinstance(parsed, dict):
-        sid = parsed.get("session_id")
-        if isinstance(sid, str) and sid:
-            return sid
-    return user_id
+    user_id, parsed = _user_id(metadata)
+    sid = parsed.get("session_id") if parsed is not None else None
+    return sid if isinstance(sid, str) and sid else user_id
 
 
 def thinking_on(req: wire.CountTokensRequest) -> bool:
