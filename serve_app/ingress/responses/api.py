@@ -104,8 +104,7 @@ class ResponsesApi(AdapterDefaults):
     async def parse(self, body: Any, request: Request, ctx: IngressContext) -> Call:
         req = parse_responses_request(body)
         ctx.service.resolve_model(req.model)
-        # Set by the route's key check; None at the front door, which only routes (IngressContext.routing_only).
-        tenant = None if ctx.routing_only else tenants.CURRENT.get() or tenants.DEFAULT
+        tenant = ctx.tenant()
         history = (await _history(ctx.response_store, req.previous_response_id, tenant)
                    if req.previous_response_id else [])
         seal = sealer(ctx.tenant_secret())
