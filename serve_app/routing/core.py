@@ -42,6 +42,7 @@ class _Reservation:
     prompt: int = 0
     prefilled: bool = False
     predicted: float | None = None  # TTFT the router predicted at the decision (its error is measured)
+    placed: int = 0  # the uncached prompt tokens the decision added to the replica's recent work
 
 
 class RouterCore:
@@ -242,7 +243,7 @@ class RouterCore:
         self.rates[rid].started(now, prefill_tokens)
         self.offered.add(now, prefill_tokens)
         self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
-                                                      prompt_tokens(req, self.block_size))
+                                                      prompt_tokens(req, self.block_size), placed=prefill_tokens)
 
     def mark_prefilled(self, request_id: str, cached_tokens: int | None = None, *, measured: bool = True) -> None:
         """The request's first token came back: its prefill no longer loads the replica.
@@ -291,13 +292,26 @@ class RouterCore:
         self.reconciled_reservations += len(gone)
         return len(gone)
 
-    def release(self, request_id: str, output_tokens: int | None = None, *, measured: bool = True) -> bool:
+    def release(self, request_id: str, output_tokens: int | None = None, *, measured: bool = True,
+                unused: bool = False, went_to: str | None = None) -> bool:
         """The request is over (finished, failed or cancelled); `output_tokens` is how many it generated.
-        Returns whether a reservation was held for it."""
+        `unused`: the decision was never carried out (the request never reached an engine, or went to the
+        replica `went_to` instead), so the replica did not take on its cache footprint either: the work the
+        decision added to the placement memory (`ReplicaLoad.recent`) is taken back, and moved to `went_to`
+        where that is known. Otherwise one undelivered answer would steer new sessions away from the replica
+        for hours. Returns whether a reservation was held for it."""
         r = self._inflight.pop(request_id, None)
         if r is None:
             return False
         load = self.loads.get(r.replica_id)
+        if load is not None and unused:
+            now = self.now()
+            work = load.take_back_recent(r.placed, r.at, now)
+            load.routed -= 1
+            other = self.loads.get(went_to) if went_to is not None else None
+            if other is not None:  # its prefill there is estimated as here (the reservation keeps no hashes)
+                other.add_recent(work, now)
+                other.routed += 1
         if load is not None:
             load.active_requests -= 1
             load.active_prefill_tokens -= r.prefill

@@ -175,7 +175,7 @@ class FrontDoorRouter(RouterMethods):
 
     def _drop(self, route_id: str) -> bool:
         """Release `route_id`'s reservation in whichever engine's core holds it; not a measurement."""
-        return any(core.release(route_id, measured=False) for core in self.table.cores.values())
+        return any(core.release(route_id, measured=False, unused=True) for core in self.table.cores.values())
 
     # ---- HAProxy's hook ----
     async def __call__(self, request: Request):
@@ -232,7 +232,7 @@ class FrontDoorRouter(RouterMethods):
         if decision is None or chosen.unique_id != target:
             self.fallbacks += 1
             if decision is not None:  # it went elsewhere: nobody will report it
-                self._unreserve(routed.engine_key, route_id)
+                self._unreserve(routed.engine_key, route_id, went_to=chosen.unique_id)
             # Nothing reserved: an empty route id tells the ingress so. A request arriving with no route id at all
             # was not forwarded on an answer of ours (a pin-miss), and the ingress reports it (`unrouted`).
             answer["request_headers"] = {ROUTE_ID_HEADER: ""}
@@ -242,10 +242,11 @@ class FrontDoorRouter(RouterMethods):
             answer["request_headers"] = {ROUTE_ID_HEADER: route_id}
         return JSONResponse(answer)
 
-    def _unreserve(self, engine_key: str, route_id: str) -> bool:
-        """Drop a reservation no request will report on (not a measurement of the replica); whether one was held."""
+    def _unreserve(self, engine_key: str, route_id: str, went_to: str | None = None) -> bool:
+        """Drop a reservation no request will report on (not a measurement of the replica; the request never
+        ran there, or ran on `went_to`); whether one was held."""
         core = self.table.cores.get(engine_key)
-        return core is not None and core.release(route_id, measured=False)
+        return core is not None and core.release(route_id, measured=False, unused=True, went_to=went_to)
 
     async def front_door_metrics(self) -> dict:
         """Requests routed by this table's decision / by Serve's fallback; with / without their prefix's hashes;

@@ -59,6 +59,15 @@ class ReplicaLoad:
         self.recent_work = self.recent(now) + tokens
         self.recent_t = now
 
+    def take_back_recent(self, tokens: float, at: float, now: float) -> float:
+        """`tokens` added at `at` were never prefilled here (the request went elsewhere or never ran); returns
+        what they had decayed to."""
+        decayed = tokens * math.exp2(-(now - at) / RECENT_WORK_HALF_LIFE_S)
+        left = self.recent(now) - decayed
+        self.recent_work = left if left > 1e-6 else 0.0
+        self.recent_t = now
+        return decayed
+
 
 class RouterState(Protocol):
     block_size: int

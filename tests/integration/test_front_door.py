@@ -75,20 +75,28 @@ def app(serve_url, store_path):
         # (tests/configs/test.yaml), this test process's own copy of Serve's flags says it does not.
         mp.setattr("ray.serve._private.build_app.RAY_SERVE_ENABLE_HA_PROXY", True)
         url = run_app(args, APP, serve_url)
-    # Until both replicas registered their engines and HAProxy has the Router's address (the app answers before
-    # that; requests then go to HAProxy's own choice).
+    # Until both replicas registered their engines, HAProxy has the Router's address (the app answers before
+    # that; requests then go to HAProxy's own choice), and a decision has reached each replica: Serve's handle in
+    # the Router, and HAProxy's map, learn of the replicas later than the Router's table may (a decision for a
+    # replica they do not list yet is delivered elsewhere, as a fallback). New prompts go where the least was
+    # prefilled, so the pings alternate between the replicas.
     deadline = time.monotonic() + 180
+    reached = set()
     while True:
-        httpx.post(f"{url}/v1/chat/completions", timeout=120,
-                   json={"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
-        t = table(key)
-        if front_door_metrics()["keyed"] and [r["mode"] for r in t["replicas"].values()] == ["events", "events"]:
+        before = front_door_metrics()
+        answer = httpx.post(f"{url}/v1/chat/completions", timeout=120,
+                            json={"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "ping"}]})
+        # Until the ping's end report reached the Router (it follows the response), or a pin-miss released it;
+        # well before reconcile (RECONCILE_AFTER_S) could release a reservation whose report never comes.
+        wait_released(key, 20)
+        after, t = front_door_metrics(), table(key)
+        if (after["decisions"], after["fallbacks"]) == (before["decisions"] + 1, before["fallbacks"]):
+            reached.add(answer.headers.get("x-serve-replica"))
+        if (after["keyed"] and [r["mode"] for r in t["replicas"].values()] == ["events", "events"]
+                and reached >= set(t["replicas"])):
             break
-        assert time.monotonic() < deadline, (front_door_metrics(), t)
-        time.sleep(1)
-    # Until the pings' end reports reached the Router (they follow the response), and well before reconcile
-    # (RECONCILE_AFTER_S) could release a reservation whose report never comes: every ping must be accounted for.
-    wait_released(key, 20)
+        assert time.monotonic() < deadline, (after, t, reached)
+        time.sleep(0.5)
     yield url, key
     serve.delete(APP)
 
@@ -169,10 +177,10 @@ def test_turns_go_to_the_replica_that_holds_their_prefix(app):
     assert all(r["replica"] == r["home"] for r in later), runs
     assert all(r["cached"] >= 0.9 * r["prompt"] for r in later), runs
     after = front_door_metrics()
-    # Spread over both replicas, not piled onto one (the Router's counts say whether a fallback placed a turn).
-    assert len({r["home"] for r in runs}) == 2, (runs, before, after, table(key))
     # Every turn was placed by the Router's decision on its rendered prompt, none by a fallback.
     assert after["keyed"] - before["keyed"] == len(runs) and after["fallbacks"] == before["fallbacks"], (before, after)
+    # Spread over both replicas, not piled onto one.
+    assert len({r["home"] for r in runs}) == 2, (runs, before, after, table(key))
     # One Router replica: every end report reached it, so the ingresses' registrations (which list what they run)
     # found nothing left to release.
     assert after["reconciled"] == 0, after

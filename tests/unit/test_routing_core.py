@@ -198,6 +198,32 @@ def test_new_prompt_avoids_a_replica_far_busier_than_the_idlest():
     assert c.choose(req("1", [3] * 40)).replica_id != "c"
 
 
+def test_a_decision_never_carried_out_leaves_no_cache_footprint_behind():
+    """Placement memory (where new prompts' prefill went) counts what a replica really prefilled: a reservation
+    released as unused takes its work back (and moves it where the request went instead, when that is known); one
+    that ran and whose report was lost (reconcile, expiry) keeps it."""
+    clock = Clock()
+    c = core(clock=clock)
+    first = c.choose(req("1", [3] * 40)).replica_id
+    assert c.loads[first].recent(0.0) == 40 and c.loads[first].routed == 1
+    clock.t = 600.0
+    decayed = c.loads[first].recent(clock.t)
+    assert 0 < decayed < 40
+    assert c.release("1", measured=False, unused=True, went_to="c" if first != "c" else "b")
+    went = "c" if first != "c" else "b"
+    assert c.loads[first].recent(clock.t) == 0 and c.loads[first].routed == 0
+    assert c.loads[went].recent(clock.t) == pytest.approx(decayed) and c.loads[went].routed == 1
+    # The next new prompt goes where nothing was prefilled, which is `first` again, not away from it.
+    second = c.choose(req("2", [5] * 40)).replica_id
+    assert second != went
+    assert c.release("2", measured=False, unused=True)  # never ran anywhere known: taken back only
+    assert sum(c.loads[r].recent(clock.t) for r in "abc") == pytest.approx(decayed)
+    # Ran, its end never reported: the footprint is real.
+    third = c.choose(req("3", [6] * 40)).replica_id
+    assert c.release("3", measured=False)
+    assert c.loads[third].recent(clock.t) == 40 + (decayed if third == went else 0)
+
+
 def test_register_replica_mode_follows_the_event_feed():
     c = RouterCore("kv", BS)
     feeds = KvFeeds(c)

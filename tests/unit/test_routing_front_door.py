@@ -809,8 +809,43 @@ def test_a_request_the_ingress_never_ran_or_received_unrouted_is_released_in_its
     asyncio.run(router.abandoned("rtr/r1"))  # a repeat changes nothing
     assert active(router) == 1 and (router.pin_misses, router.abandoned_requests) == (1, 1)
     assert router.table.cores["Engine-a"].rates["ing-1"].prefill.samples == 0  # none of it measured the replica
+    # Nor did it leave a cache footprint there: r1 prefilled the prompt r2 and r3 were placed to find, and the
+    # one still running (r3) prefilled nothing, so nothing counts where new prompts are placed.
+    core = router.table.cores["Engine-a"]
+    assert core.loads["ing-1"].recent(core.now()) == 0 and core.loads["ing-1"].routed == 1
     # The Prometheus counter cannot un-count the pin-missed decision: it gets one `pin_miss` sample to subtract.
     assert counted.count(("fallback", "pin_miss")) == 1 and len(counted) == 4, counted
+
+
+class SessionsDoor(HookDoor):
+    """Each body a new 32-token prompt of its own (block hashes from the body)."""
+
+    async def route_request(self, body, request, route_id, session_id):
+        from serve_app.routing.front_door import Routed
+        from serve_app.routing.types import RouteRequest
+
+        hashes = [hash((body, i)) for i in range(2)]
+        return Routed("Engine-a", RouteRequest(request_id=route_id, block_hashes=hashes, num_prompt_tokens=32,
+                                               expected_output_tokens=8))
+
+
+def test_a_new_session_delivered_elsewhere_does_not_steer_the_next_one_away():
+    """Right after a deploy Serve's handle may not list a replica the Router already has (its engine
+    registered first): the first new session, placed there, goes to the other one. Its prefill happened there,
+    so the next new session is placed on the replica that has prefilled nothing; otherwise both sessions pile
+    onto one replica while the other sits idle (their later turns follow their prefixes)."""
+    router = hook_router(live=("ing-2",))
+    router.door = SessionsDoor(None)
+    router.table.register_replica("Engine-a", "ing-2", None, None, 16)
+    router.table.sync_replicas("Engine-a", ["ing-1", "ing-2"])
+    first = json.loads(asyncio.run(router.route(hook_call(b"session one", "r1"))).body)
+    assert first["replica_id"].endswith("#ing-2") and first["request_headers"][ROUTE_ID_HEADER] == ""
+    assert (router.decisions, router.fallbacks) == (0, 1)
+    router._ingress.live = {"ing-1", "ing-2"}  # Serve's handle catches up
+    second = json.loads(asyncio.run(router.route(hook_call(b"session two", "r2"))).body)
+    assert second["replica_id"].endswith("#ing-1") and second["request_headers"][ROUTE_ID_HEADER] == "rtr/r2"
+    loads = router.table.cores["Engine-a"].loads
+    assert (loads["ing-1"].routed, loads["ing-2"].routed) == (1, 1)
 
 
 def test_the_ingress_settles_every_forwarded_post_with_its_router():
