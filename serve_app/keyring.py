@@ -12,7 +12,7 @@ What a tenant is given is its own (`for_tenant`): each server key is derived for
 `encrypted_content` to the organisation, so another tenant's sealed reasoning does not open into a prompt of
 yours. The server keys themselves stay last in every tenant's ring, to verify and open only: they signed
 everything before tenants had keys of their own, so sessions go on across the upgrade (and across a rolling
-deploy's older replicas).
+deploy's older replicas). `ingress.accept_server_key_items: false` leaves them out once those sessions are over.
 """
 
 from __future__ import annotations
@@ -54,23 +54,23 @@ def keys_of(secret: bytes) -> tuple[bytes, ...]:
     return secret.keys if isinstance(secret, KeyRing) else (secret,)
 
 
-def for_tenant(secret: bytes, tenant: str) -> KeyRing:
-    """`tenant`'s ring: the server keys derived for it (newest first, the newest signs), then the server keys
-    (module docstring)."""
-    return for_tenants(secret, (tenant,))
+def for_tenant(secret: bytes, tenant: str, server_keys: bool = True) -> KeyRing:
+    """`tenant`'s ring: the server keys derived for it (newest first, the newest signs), then, with
+    `server_keys`, the server keys (module docstring)."""
+    return for_tenants(secret, (tenant,), server_keys)
 
 
 @functools.lru_cache(maxsize=256)
-def _derived(keys: tuple[bytes, ...], tenants: tuple[str, ...]) -> KeyRing:
+def _derived(keys: tuple[bytes, ...], tenants: tuple[str, ...], server_keys: bool) -> KeyRing:
     derived = [hmac.new(key, b"serve_app tenant key\x00" + tenant.encode("utf-8"), hashlib.sha256).digest()
                for tenant in tenants for key in keys]
-    return KeyRing([*derived, *keys])
+    return KeyRing([*derived, *keys] if server_keys else derived)
 
 
-def for_tenants(secret: bytes, tenants: Iterable[str]) -> KeyRing:
+def for_tenants(secret: bytes, tenants: Iterable[str], server_keys: bool = True) -> KeyRing:
     """A ring that verifies and opens what any of `tenants` was given (the front door's Router renders any
     tenant's prompt to route it and never signs); its newest key is the first tenant's."""
-    return _derived(keys_of(secret), tuple(tenants))
+    return _derived(keys_of(secret), tuple(tenants), server_keys)
 
 
 def _split(value: str) -> list[str]:

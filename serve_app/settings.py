@@ -214,6 +214,11 @@ class IngressConfig(_Strict):
     # first, every listed key still verifies, so a key rotates without breaking sessions. Unset: the
     # SERVE_APP_SERVER_SECRET environment variable (comma-separated ring), else random per deploy (a warning).
     server_secret: str | list[str] | None = None
+    # Thinking signatures and Responses encrypted_content made with the server keys themselves, as every version
+    # before per-tenant keys (December 2026) made them, still verify and open for any tenant, so sessions go on
+    # across the upgrade. false once those sessions are over: then only what was made for the tenant opens
+    # (keyring.for_tenant).
+    accept_server_key_items: bool = True
     # sqlite: a file on the node running the ResponseStore replica (one node); postgres: a server database, for a
     # multi-node cluster (the replica may come back on any node); memory: lost on restart.
     response_store_backend: Literal["sqlite", "memory", "postgres"] = "sqlite"

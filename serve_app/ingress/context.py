@@ -53,10 +53,10 @@ class IngressContext:
         knows no tenant, opens any tenant's, for the hashes alone."""
         from serve_app import keyring, tenants
 
-        tenant = self.tenant()
+        tenant, server_keys = self.tenant(), self.settings.ingress.accept_server_key_items
         if tenant is None:
-            return keyring.for_tenants(self.secret, tenants.names(self.settings.ingress))
-        return keyring.for_tenant(self.secret, tenant)
+            return keyring.for_tenants(self.secret, tenants.names(self.settings.ingress), server_keys)
+        return keyring.for_tenant(self.secret, tenant, server_keys)
 
 
 def build_context(cfg: AppSettings, secret: KeyRing, engines: Any, *, limits: Any = None, response_store: Any = None,

@@ -135,7 +135,7 @@ class FakeService:
         return [ev async for ev in self.stream(prepared)]
 
 
-def make_settings(api_keys=(), ping=10.0) -> AppSettings:
+def make_settings(api_keys=(), ping=10.0, **ingress) -> AppSettings:
     return AppSettings.model_validate(
         {
             "models": [
@@ -148,17 +148,17 @@ def make_settings(api_keys=(), ping=10.0) -> AppSettings:
                 }
             ],
             "ingress": {"api_keys": list(api_keys), "ping_interval_s": ping, "max_body_bytes": 200_000,
-                        "tenants": {k["tenant"]: {} for k in api_keys if isinstance(k, dict)}},
+                        "tenants": {k["tenant"]: {} for k in api_keys if isinstance(k, dict)}, **ingress},
         }
     )
 
 
-def make_app(api_keys=(), ping=10.0):
+def make_app(api_keys=(), ping=10.0, **ingress):
     from fastapi import FastAPI
 
     from serve_app.ingress.anthropic import routes
 
-    settings = make_settings(api_keys, ping)
+    settings = make_settings(api_keys, ping, **ingress)
     service = FakeService(settings)
     app = FastAPI()
     app.state.ctx = IngressContext(settings=settings, service=service, secret=SECRET)
@@ -297,6 +297,12 @@ async def test_a_thinking_signature_is_its_tenants_alone(display):
         assert (await tenant.messages.create(model="test-model", max_tokens=2048, messages=follow,
                                              thinking=thinking)).stop_reason == "end_turn"
         assert service.conversations[-1].messages[1].parts[0].text == "Let me look."
+    # Once the operator stops accepting them (ingress.accept_server_key_items), only the tenant's own verify.
+    strict, _ = make_app(api_keys=[{"key": "key-a", "tenant": "alice"}], accept_server_key_items=False)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        await sdk(strict, api_key="key-a").messages.create(model="test-model", max_tokens=2048, messages=follow,
+                                                          thinking=thinking)
+    assert e.value.body["error"]["message"] == "messages.1.content.0: Invalid `signature` in `thinking` block"
 
 
 async def test_stream_wire_format():

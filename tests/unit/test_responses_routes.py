@@ -622,3 +622,12 @@ async def test_encrypted_reasoning_is_its_tenants_alone():
     for tenant in (alice, bob):
         await tenant.responses.create(model="m1", input=follow(legacy), store=False)
         assert svc.prepared[-1].conversation.messages[1].parts[0].text == "sealed before tenants"
+    # Once the operator stops accepting them (ingress.accept_server_key_items), only the tenant's own open.
+    strict = TENANTS.model_copy(update={"ingress": TENANTS.ingress.model_copy(
+        update={"accept_server_key_items": False})})
+    app = create_app(IngressContext(settings=strict, service=svc, secret=b"s3cret"))
+    alice = as_("key-a")
+    await alice.responses.create(model="m1", input=follow(item), store=False)
+    with pytest.raises(openai.BadRequestError) as e:
+        await alice.responses.create(model="m1", input=follow(legacy), store=False)
+    assert e.value.body["code"] == "invalid_encrypted_content"

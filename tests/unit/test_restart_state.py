@@ -180,3 +180,12 @@ def test_a_tenants_keys_rotate_with_the_servers_and_open_nothing_of_anothers():
     assert bytes(rotated) not in alice.keys  # it signs with the new key's derivation
     both = keyring.for_tenants(old, ["alice", "bob"])  # the front door's: opens either's, signs nothing
     assert ReasoningSealer(both).open(sealed) == "reasoning" and signatures.verify(both, "thinking", sig)
+    # What the server keys made (before tenants had keys) opens for every tenant, unless the operator stops it.
+    legacy_sig, legacy_sealed = signatures.sign(old, "thinking"), ReasoningSealer(old).seal("reasoning")
+    assert signatures.verify(bob, "thinking", legacy_sig) and ReasoningSealer(bob).open(legacy_sealed)
+    strict = keyring.for_tenant(old, "bob", server_keys=False)
+    assert bytes(strict) == bytes(bob) and strict.keys == bob.keys[:-1]
+    assert not signatures.verify(strict, "thinking", legacy_sig)
+    with pytest.raises(InvalidRequest):
+        ReasoningSealer(strict).open(legacy_sealed)
+    assert not signatures.verify(keyring.for_tenants(old, ["alice", "bob"], server_keys=False), "thinking", legacy_sig)
