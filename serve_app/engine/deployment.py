@@ -51,7 +51,8 @@ class Engine:
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[EngineChunk]:
         self.engine.validate(req)
-        yield EngineChunk(text="", token_ids=[])  # acceptance: this replica took the request (see clients.open)
+        # Acceptance: this replica took the request (see clients.open).
+        yield EngineChunk(text="", token_ids=[], replica=self.replica_id)
         if req.reply_to is None:
             async for chunk in self.engine.generate(req):
                 yield chunk

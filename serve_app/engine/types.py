@@ -50,6 +50,8 @@ class EngineChunk:
     # Set on the first chunk: where its time went inside the engine replica (engine/vllm_engine.py,
     # `first_chunk_ms`), in milliseconds: durations, so they hold across hosts whose clocks differ.
     engine_ms: dict[str, float] | None = None
+    # Set on an Engine deployment's acceptance chunk: the replica that took the request (ingress/clients.py).
+    replica: str | None = None
 
 
 def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:

@@ -96,6 +96,15 @@ class ServeEngineClient:
             except Exception:  # noqa: BLE001
                 pass
 
+    def redirect(self, engine_key: str, request_id: str, replica_id: str) -> None:
+        if self.local is not None:
+            self.local.redirect(engine_key, request_id, replica_id)
+        elif self._router is not None:
+            try:
+                self._router.redirect.remote(engine_key, request_id, replica_id)  # fire and forget
+            except Exception:  # noqa: BLE001
+                pass
+
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         if self.local is not None:
             self.local.release(engine_key, request_id, output_tokens)
@@ -208,10 +217,14 @@ class ServeEngineClient:
     async def _accepted(self, engine_key: str, req: EngineRequest):
         gen = self._engines[engine_key].options(stream=True).generate.remote(req)
         try:
-            await gen.__anext__()  # the acceptance chunk
+            accepted = await gen.__anext__()  # the acceptance chunk
         except BaseException:
             gen.cancel()
             raise
+        if req.target_replica is not None and accepted.replica not in (None, req.target_replica):
+            # Serve's request router sent it elsewhere (its replica set lags the Router's, or the target had just
+            # gone): its reservation, and the reports that follow, belong to the replica that took it.
+            self.redirect(engine_key, req.request_id, accepted.replica)
         return gen
 
     @staticmethod

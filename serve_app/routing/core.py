@@ -43,6 +43,7 @@ class _Reservation:
     prefilled: bool = False
     predicted: float | None = None  # TTFT the router predicted at the decision (its error is measured)
     placed: int = 0  # the uncached prompt tokens the decision added to the replica's recent work
+    moved: bool = False  # taken by another replica than the one chosen (`redirect`)
 
 
 class RouterCore:
@@ -95,6 +96,7 @@ class RouterCore:
         self.cached_tokens_estimated = 0
         self.expired_reservations = 0
         self.reconciled_reservations = 0  # released because their replica no longer ran them (`reconcile`)
+        self.redirected_reservations = 0  # moved to the replica that took the request instead (`redirect`)
 
     # ---- clock and session memory (read by policies) ----
     def now(self) -> float:
@@ -292,26 +294,55 @@ class RouterCore:
         self.reconciled_reservations += len(gone)
         return len(gone)
 
+    def redirect(self, request_id: str, replica_id: str) -> bool:
+        """The request was taken by `replica_id`, not the replica it was reserved on (Serve's handle did not list
+        the chosen one yet, or had just dropped it): its reservation, its placement work and its later reports
+        move there, before its prefill. Its prefill there is taken to be what it was estimated at on the chosen
+        replica (the reservation keeps no hashes). Returns whether it moved."""
+        r = self._inflight.get(request_id)
+        new = self.loads.get(replica_id)
+        if r is None or new is None or r.replica_id == replica_id or r.prefilled:
+            return False
+        now = self.now()
+        old = self.loads.get(r.replica_id)
+        work = float(r.placed)
+        if old is not None:
+            work = old.take_back_recent(r.placed, r.at, now)
+            old.routed -= 1
+            old.active_requests -= 1
+            old.active_prefill_tokens -= r.prefill
+            old.active_decode_tokens -= r.decode
+            self.rates[r.replica_id].finished(now, None, False, r.prefill)  # not a measurement there
+        new.add_recent(work, now)
+        new.routed += 1
+        new.active_requests += 1
+        new.active_prefill_tokens += r.prefill
+        new.active_decode_tokens += r.decode
+        self.rates[replica_id].started(now, r.prefill)
+        r.replica_id, r.predicted, r.moved = replica_id, None, True  # the prediction was for the other replica
+        self.redirected_reservations += 1
+        return True
+
+    def redirected(self, request_id: str) -> bool:
+        """Whether `request_id`'s reservation was moved by `redirect`."""
+        r = self._inflight.get(request_id)
+        return r is not None and r.moved
+
     def release(self, request_id: str, output_tokens: int | None = None, *, measured: bool = True,
-                unused: bool = False, went_to: str | None = None) -> bool:
+                unused: bool = False) -> bool:
         """The request is over (finished, failed or cancelled); `output_tokens` is how many it generated.
-        `unused`: the decision was never carried out (the request never reached an engine, or went to the
-        replica `went_to` instead), so the replica did not take on its cache footprint either: the work the
-        decision added to the placement memory (`ReplicaLoad.recent`) is taken back, and moved to `went_to`
-        where that is known. Otherwise one undelivered answer would steer new sessions away from the replica
-        for hours. Returns whether a reservation was held for it."""
+        `unused`: the decision was never carried out (the request never reached an engine, or went elsewhere
+        and nothing will report it), so the replica did not take on its cache footprint either: the work the
+        decision added to the placement memory (`ReplicaLoad.recent`) is taken back. Otherwise one undelivered
+        answer would steer new sessions away from the replica for hours. Returns whether a reservation was held
+        for it."""
         r = self._inflight.pop(request_id, None)
         if r is None:
             return False
         load = self.loads.get(r.replica_id)
         if load is not None and unused:
-            now = self.now()
-            work = load.take_back_recent(r.placed, r.at, now)
+            load.take_back_recent(r.placed, r.at, self.now())
             load.routed -= 1
-            other = self.loads.get(went_to) if went_to is not None else None
-            if other is not None:  # its prefill there is estimated as here (the reservation keeps no hashes)
-                other.add_recent(work, now)
-                other.routed += 1
         if load is not None:
             load.active_requests -= 1
             load.active_prefill_tokens -= r.prefill
@@ -361,4 +392,5 @@ class RouterCore:
             "estimated_hit_rate": self.cached_tokens_estimated / self.prompt_tokens if self.prompt_tokens else 0.0,
             "expired_reservations": self.expired_reservations,
             "reconciled_reservations": self.reconciled_reservations,
+            "redirected_reservations": self.redirected_reservations,
         }

@@ -27,6 +27,8 @@ than HAProxy waits (it then answers 503 itself) or cancelled; a request the ingr
 through an engine (count_tokens, an auth or limit error, a client gone before generation: `abandoned`); and a
 pin-miss, where HAProxy's replica map lacks the chosen replica (right after a deploy or scale-up) and Serve's
 fallback proxy delivers the request elsewhere without its route id (`unrouted`, by the x-request-id HAProxy set).
+Where Serve's handle here answers with another replica than the chosen one, the reservation moves there
+(RouterCore.redirect) and the request keeps its route id.
 Which body becomes which prompt: routing/front_door.py; a Responses continuation's history comes from the same
 Responses store the ingress reads (`history_reader`).
 """
@@ -165,8 +167,12 @@ class FrontDoorRouter(RouterMethods):
     async def unrouted(self, request_id: str) -> None:
         """A request arrived at an ingress without its route id: if this replica placed it, the pin was missed
         and it is served elsewhere, by Serve's choice."""
-        if self._drop(f"{self.replica_id}/{request_id}"):
+        route_id = f"{self.replica_id}/{request_id}"
+        moved = any(core.redirected(route_id) for core in self.table.cores.values())
+        if self._drop(route_id):
             self.pin_misses += 1
+            if moved:  # its answer was counted as a fallback already
+                return
             self.fallbacks += 1
             self.decisions -= 1
             # The answer was counted as a decision under its policy, and a counter cannot be taken back: a
@@ -229,24 +235,27 @@ class FrontDoorRouter(RouterMethods):
             return JSONResponse({"detail": str(e)[:300]}, status_code=503)
         answer = {"replica_id": chosen.to_full_id_str(), "host": host, "port": port}
         metrics.observe_router_decision(*decision_outcome(decision, chosen.unique_id == target))
+        reserved = decision is not None
         if decision is None or chosen.unique_id != target:
             self.fallbacks += 1
-            if decision is not None:  # it went elsewhere: nobody will report it
-                self._unreserve(routed.engine_key, route_id, went_to=chosen.unique_id)
-            # Nothing reserved: an empty route id tells the ingress so. A request arriving with no route id at all
-            # was not forwarded on an answer of ours (a pin-miss), and the ingress reports it (`unrouted`).
-            answer["request_headers"] = {ROUTE_ID_HEADER: ""}
+            # Going elsewhere: its reservation follows it where the table has that replica, so its load and
+            # placement are counted where it runs; else nothing will report it.
+            if reserved and not self.table.cores[routed.engine_key].redirect(route_id, chosen.unique_id):
+                self._unreserve(routed.engine_key, route_id)
+                reserved = False
         else:
             self.decisions += 1
-            # Whoever serves it reports its prefill and end under this id, to this replica.
-            answer["request_headers"] = {ROUTE_ID_HEADER: route_id}
+        # Whoever serves it reports its prefill and end under this id, to this replica. Nothing reserved: an empty
+        # route id tells the ingress so. A request arriving with no route id at all was not forwarded on an answer
+        # of ours (a pin-miss), and the ingress reports it (`unrouted`).
+        answer["request_headers"] = {ROUTE_ID_HEADER: route_id if reserved else ""}
         return JSONResponse(answer)
 
-    def _unreserve(self, engine_key: str, route_id: str, went_to: str | None = None) -> bool:
-        """Drop a reservation no request will report on (not a measurement of the replica; the request never
-        ran there, or ran on `went_to`); whether one was held."""
+    def _unreserve(self, engine_key: str, route_id: str) -> bool:
+        """Drop a reservation no request will report on (not a measurement of the replica, which never ran
+        it); whether one was held."""
         core = self.table.cores.get(engine_key)
-        return core is not None and core.release(route_id, measured=False, unused=True, went_to=went_to)
+        return core is not None and core.release(route_id, measured=False, unused=True)
 
     async def front_door_metrics(self) -> dict:
         """Requests routed by this table's decision / by Serve's fallback; with / without their prefix's hashes;

@@ -271,3 +271,57 @@ def test_a_request_lost_midway_reopens_on_a_live_replica_or_fails_with_its_loss(
     with pytest.raises(ActorUnavailableError) as e:
         asyncio.run(only.reopen("e", req, lost))
     assert e.value is lost and only._engines["e"].sent == []  # nothing sent: Serve would hold it for a replacement
+
+
+class ElsewhereHandle(Handle):
+    """Serve's request router does not list the target yet: replica `taker` takes every call, and says so in its
+    acceptance, as the Engine deployment does."""
+
+    def __init__(self, taker):
+        super().__init__()
+        self.taker = taker
+
+    def remote(self, req):
+        gen = super().remote(req)
+        gen.__class__ = type("Taken", (Gen,), {"__anext__": _taken(self.taker)})
+        return gen
+
+
+def _taken(taker):
+    async def __anext__(self):
+        if not self.accepted:
+            self.accepted = True
+            return EngineChunk(text="", token_ids=[], replica=taker)
+        return await Gen.__anext__(self)
+    return __anext__
+
+
+def test_a_request_another_replica_took_moves_its_reservation_there():
+    """The reservation (load, placement work, and the prefill and end reports) follows the request to the
+    replica that took it, rather than loading the chosen one until the request ends."""
+    from serve_app.routing.types import RouteRequest
+
+    local = _local_table(["r-chosen", "r-taker"])
+    core = local.table.cores["e"]
+    decision = local.choose("e", RouteRequest("1", [1, 2], 32, 8))
+    chosen = decision.replica_id
+    taker = "r-taker" if chosen == "r-chosen" else "r-chosen"
+    client = ServeEngineClient({"e": ElsewhereHandle(taker)}, None, local=local)
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica=chosen)
+    assert asyncio.run(_texts(client, req)) == ["ok"]
+    loads = core.loads
+    assert (loads[chosen].active_requests, loads[taker].active_requests) == (0, 1)
+    assert (loads[chosen].routed, loads[taker].routed) == (0, 1)
+    assert loads[chosen].recent(core.now()) == 0 and loads[taker].recent(core.now()) > 0
+    assert core.metrics()["redirected_reservations"] == 1
+    local.mark_prefilled("e", "1", 0)
+    local.release("e", "1", 1)
+    assert loads[taker].active_requests == 0
+    assert (core.rates[taker].prefill.tokens, core.rates[chosen].prefill.tokens) == (32, 0)  # measured there
+    # Taken where it was sent: nothing moves.
+    local.choose("e", RouteRequest("2", [3, 4], 32, 8))
+    req = EngineRequest(request_id="2", prompt_token_ids=[1, 2], max_tokens=4,
+                        target_replica=core._inflight["2"].replica_id)
+    client = ServeEngineClient({"e": ElsewhereHandle(core._inflight["2"].replica_id)}, None, local=local)
+    assert asyncio.run(_texts(client, req)) == ["ok"]
+    assert core.metrics()["redirected_reservations"] == 1

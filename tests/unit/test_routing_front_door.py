@@ -839,13 +839,20 @@ def test_a_new_session_delivered_elsewhere_does_not_steer_the_next_one_away():
     router.table.register_replica("Engine-a", "ing-2", None, None, 16)
     router.table.sync_replicas("Engine-a", ["ing-1", "ing-2"])
     first = json.loads(asyncio.run(router.route(hook_call(b"session one", "r1"))).body)
-    assert first["replica_id"].endswith("#ing-2") and first["request_headers"][ROUTE_ID_HEADER] == ""
+    # Its reservation went with it: ing-2 reports its prefill and end under the route id.
+    assert first["replica_id"].endswith("#ing-2") and first["request_headers"][ROUTE_ID_HEADER] == "rtr/r1"
     assert (router.decisions, router.fallbacks) == (0, 1)
+    loads = router.table.cores["Engine-a"].loads
+    assert (loads["ing-1"].active_requests, loads["ing-2"].active_requests) == (0, 1)
     router._ingress.live = {"ing-1", "ing-2"}  # Serve's handle catches up
     second = json.loads(asyncio.run(router.route(hook_call(b"session two", "r2"))).body)
     assert second["replica_id"].endswith("#ing-1") and second["request_headers"][ROUTE_ID_HEADER] == "rtr/r2"
-    loads = router.table.cores["Engine-a"].loads
     assert (loads["ing-1"].routed, loads["ing-2"].routed) == (1, 1)
+    # HAProxy's map lacked ing-2 as well (a pin-miss): released, and counted once as the fallback it was.
+    asyncio.run(router.unrouted("r1"))
+    core = router.table.cores["Engine-a"]
+    assert loads["ing-2"].active_requests == 0 and loads["ing-2"].recent(core.now()) == 0
+    assert (router.decisions, router.fallbacks, router.pin_misses) == (1, 1, 1)
 
 
 def test_the_ingress_settles_every_forwarded_post_with_its_router():
