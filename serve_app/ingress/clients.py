@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from serve_app import metrics
 from serve_app.engine.delta_channel import DeltaReceiver, Inbox
@@ -88,29 +88,22 @@ class ServeEngineClient:
         return _observed(decision)
 
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
-        if self.local is not None:
-            self.local.mark_prefilled(engine_key, request_id, cached_tokens)
-        elif self._router is not None:
-            try:
-                self._router.mark_prefilled.remote(engine_key, request_id, cached_tokens)  # fire and forget
-            except Exception:  # noqa: BLE001
-                pass
+        self._report("mark_prefilled", engine_key, request_id, cached_tokens)
 
     def redirect(self, engine_key: str, request_id: str, replica_id: str) -> None:
-        if self.local is not None:
-            self.local.redirect(engine_key, request_id, replica_id)
-        elif self._router is not None:
-            try:
-                self._router.redirect.remote(engine_key, request_id, replica_id)  # fire and forget
-            except Exception:  # noqa: BLE001
-                pass
+        self._report("redirect", engine_key, request_id, replica_id)
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
+        self._report("release", engine_key, request_id, output_tokens)
+
+    def _report(self, method: str, *args: Any) -> None:
+        """Tell the routing table about a request: this ingress's own, or the Router's (fire and forget: a report
+        that cannot be sent must not fail the request; the Router's reservations expire)."""
         if self.local is not None:
-            self.local.release(engine_key, request_id, output_tokens)
+            getattr(self.local, method)(*args)
         elif self._router is not None:
             try:
-                self._router.release.remote(engine_key, request_id, output_tokens)
+                getattr(self._router, method).remote(*args)
             except Exception:  # noqa: BLE001
                 pass
 
