@@ -44,6 +44,11 @@ class _Reservation:
     predicted: float | None = None  # TTFT the router predicted at the decision (its error is measured)
     placed: int = 0  # the uncached prompt tokens the decision added to the replica's recent work
     moved: bool = False  # taken by another replica than the one chosen (`redirect`)
+    # What `redirect` moves besides the load: the prompt's block hashes, the leading blocks the replica held at
+    # the decision (a predicted index gained the rest), and the session the replica became the home of.
+    hashes: list[int] | None = None
+    held_blocks: int = 0
+    session: str | None = None
 
 
 class RouterCore:
@@ -214,7 +219,8 @@ class RouterCore:
         # What this request's TTFT should be there, before it joins the queue: the report measures the error.
         predicted = predict_ttft(self, rid, n - cached, self.step_tokens)
         self._reserve(req, rid, n - cached, now)
-        self._inflight[req.request_id].predicted = predicted
+        r = self._inflight[req.request_id]
+        r.predicted, r.hashes, r.held_blocks, r.session = predicted, req.block_hashes, cached_blocks, req.session_key
         if self.index.replicas[rid].mode == PREDICTED and req.block_hashes:
             self.index.replicas[rid].add(req.block_hashes, now)
         if req.session_key is not None:
@@ -296,9 +302,9 @@ class RouterCore:
 
     def redirect(self, request_id: str, replica_id: str) -> bool:
         """The request was taken by `replica_id`, not the replica it was reserved on (Serve's handle did not list
-        the chosen one yet, or had just dropped it): its reservation, its placement work and its later reports
-        move there, before its prefill. Its prefill there is taken to be what it was estimated at on the chosen
-        replica (the reservation keeps no hashes). Returns whether it moved."""
+        the chosen one yet, or had just dropped it): its reservation, its placement work, its later reports, its
+        blocks in a predicted index and its session's home move there, before its prefill. Its prefill there is
+        taken to be what it was estimated at on the chosen replica. Returns whether it moved."""
         r = self._inflight.get(request_id)
         new = self.loads.get(replica_id)
         if r is None or new is None or r.replica_id == replica_id or r.prefilled:
@@ -319,6 +325,16 @@ class RouterCore:
         new.active_prefill_tokens += r.prefill
         new.active_decode_tokens += r.decode
         self.rates[replica_id].started(now, r.prefill)
+        # Where the index is predicted from decisions, the prompt's blocks are the taker's now, not the chosen's
+        # (those it held before the decision stay); and the session's home is where its prefix went.
+        if r.hashes:
+            was = self.index.replicas.get(r.replica_id)
+            if was is not None and was.mode == PREDICTED:
+                was.remove(r.hashes[r.held_blocks:])
+            if self.index.replicas[replica_id].mode == PREDICTED:
+                self.index.replicas[replica_id].add(r.hashes, now)
+        if r.session is not None and self._sessions.get(r.session) == r.replica_id:
+            self._sessions[r.session] = replica_id
         r.replica_id, r.predicted, r.moved = replica_id, None, True  # the prediction was for the other replica
         self.redirected_reservations += 1
         return True

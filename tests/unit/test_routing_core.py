@@ -238,6 +238,29 @@ def test_a_reservation_follows_its_request_to_the_replica_that_took_it():
     assert c.release("1", 16) and new.active_requests == 0 and new.active_decode_tokens == 0
 
 
+def test_a_redirected_request_takes_its_predicted_blocks_and_its_session_along():
+    """Without KV events the index is predicted from decisions: the prompt's blocks are predicted where the
+    request ran, not where it was meant to (the blocks held there before stay), and the session's next turn
+    goes where its prefix is."""
+    c = RouterCore("kv", BS, clock=Clock(), seed=1)
+    c.sync_replicas(["a", "b"])
+    shared = block_hashes(PROMPT, BS)[:4]
+    c.index.replicas["a"].add(shared, 0.0)
+    c.index.replicas["b"].add(shared, 0.0)
+    first = req("1", PROMPT + [9] * 8, session="s")
+    chosen = c.choose(first).replica_id
+    taker = "b" if chosen == "a" else "a"
+    assert c.redirect("1", taker)
+    hashes = first.block_hashes
+    assert all(h in c.index.replicas[taker] for h in hashes)
+    assert all(h in c.index.replicas[chosen] for h in shared)
+    assert not any(h in c.index.replicas[chosen] for h in hashes[4:])
+    assert c.session_replica("s") == taker
+    c.release("1", 4)
+    nxt = c.choose(req("2", PROMPT + [9] * 8 + [1] * 8, session="s"))
+    assert (nxt.replica_id, nxt.cached_blocks) == (taker, len(hashes))
+
+
 def test_register_replica_mode_follows_the_event_feed():
     c = RouterCore("kv", BS)
     feeds = KvFeeds(c)
