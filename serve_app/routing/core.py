@@ -51,6 +51,13 @@ class _Reservation:
     session: str | None = None
 
 
+def _hold(load: ReplicaLoad, r: _Reservation, sign: int) -> None:
+    """Add (`sign` 1) or remove (-1) a reservation's outstanding work on the replica it is on."""
+    load.active_requests += sign
+    load.active_prefill_tokens += sign * r.prefill
+    load.active_decode_tokens += sign * r.decode
+
+
 class RouterCore:
     def __init__(
         self,
@@ -242,16 +249,14 @@ class RouterCore:
     def _reserve(self, req: RouteRequest, rid: str, prefill_tokens: int, now: float) -> None:
         if req.request_id in self._inflight:  # a retried id: its old reservation is superseded
             self.release(req.request_id, measured=False)
+        r = self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
+                                                          prompt_tokens(req, self.block_size), placed=prefill_tokens)
         load = self.loads[rid]
-        load.active_requests += 1
+        _hold(load, r, 1)
         load.routed += 1
-        load.active_prefill_tokens += prefill_tokens
-        load.active_decode_tokens += req.expected_output_tokens
         load.add_recent(prefill_tokens, now)
         self.rates[rid].started(now, prefill_tokens)
         self.offered.add(now, prefill_tokens)
-        self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
-                                                      prompt_tokens(req, self.block_size), placed=prefill_tokens)
 
     def mark_prefilled(self, request_id: str, cached_tokens: int | None = None, *, measured: bool = True) -> None:
         """The request's first token came back: its prefill no longer loads the replica.
@@ -315,15 +320,11 @@ class RouterCore:
         if old is not None:
             work = old.take_back_recent(r.placed, r.at, now)
             old.routed -= 1
-            old.active_requests -= 1
-            old.active_prefill_tokens -= r.prefill
-            old.active_decode_tokens -= r.decode
+            _hold(old, r, -1)
             self.rates[r.replica_id].finished(now, None, False, r.prefill)  # not a measurement there
         new.add_recent(work, now)
         new.routed += 1
-        new.active_requests += 1
-        new.active_prefill_tokens += r.prefill
-        new.active_decode_tokens += r.decode
+        _hold(new, r, 1)
         self.rates[replica_id].started(now, r.prefill)
         # Where the index is predicted from decisions, the prompt's blocks are the taker's now, not the chosen's
         # (those it held before the decision stay); and the session's home is where its prefix went.
@@ -360,9 +361,7 @@ class RouterCore:
             load.take_back_recent(r.placed, r.at, self.now())
             load.routed -= 1
         if load is not None:
-            load.active_requests -= 1
-            load.active_prefill_tokens -= r.prefill
-            load.active_decode_tokens -= r.decode
+            _hold(load, r, -1)
             # An expired or superseded reservation's duration is not a measurement of the replica.
             tokens = (r.decode if output_tokens is None else output_tokens) if measured else None
             rates = self.rates[r.replica_id]

@@ -240,7 +240,7 @@ class FrontDoorRouter(RouterMethods):
             self.fallbacks += 1
             # Going elsewhere: its reservation follows it where the table has that replica, so its load and
             # placement are counted where it runs; else nothing will report it.
-            if reserved and not self.table.cores[routed.engine_key].redirect(route_id, chosen.unique_id):
+            if reserved and not self.table.redirect(routed.engine_key, route_id, chosen.unique_id):
                 self._unreserve(routed.engine_key, route_id)
                 reserved = False
         else:

@@ -127,11 +127,11 @@ class RoutingTable:
         if core is not None:
             core.mark_prefilled(request_id, cached_tokens)
 
-    def redirect(self, engine_key: str, request_id: str, replica_id: str) -> None:
-        """The request was taken by `replica_id` instead of the replica chosen for it (RouterCore.redirect)."""
+    def redirect(self, engine_key: str, request_id: str, replica_id: str) -> bool:
+        """The request was taken by `replica_id` instead of the replica chosen for it (RouterCore.redirect);
+        whether its reservation moved."""
         core = self.cores.get(engine_key)
-        if core is not None:
-            core.redirect(request_id, replica_id)
+        return core is not None and core.redirect(request_id, replica_id)
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         """The request ended; `output_tokens` generated (else the expected count stands in for the decode rate)."""
