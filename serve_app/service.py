@@ -448,7 +448,7 @@ class GenerationService:
             gate = bool(model.reasoning_parser) and await self.engines.reasoning_gate(key)
             engine_req = self._engine_request(prepared, renderer, gate)
             if decision is not None:
-                engine_req.target_replica = decision.replica_id
+                engine_req.target_replica = engine_req.reserved_on = decision.replica_id
             warm = prepared.options.hints.speculative_prefill
             predicted = min(decision.cached_blocks * block, max(n_prompt - 1, 0)) if decision else 0
             restarts = 0

@@ -26,6 +26,9 @@ class EngineRequest:
     forced_token_ids: list[int] | None = None
     forced_eos_id: int | None = None
     target_replica: str | None = None  # the router's choice, honoured by the Serve request router
+    # The replica holding the request's routing reservation (ingress bookkeeping, ingress/clients.py: a request
+    # another replica takes moves it there); None without a decision. Engines do not read it.
+    reserved_on: str | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     # vLLM StructuredOutputsParams fields, e.g. {"json": schema} or {"json_object": True}; None = free text

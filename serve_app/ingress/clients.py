@@ -90,8 +90,8 @@ class ServeEngineClient:
     def prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
         self._report("mark_prefilled", engine_key, request_id, cached_tokens)
 
-    def redirect(self, engine_key: str, request_id: str, replica_id: str) -> None:
-        self._report("redirect", engine_key, request_id, replica_id)
+    def redirect(self, engine_key: str, request_id: str, replica_id: str, restart: bool = False) -> None:
+        self._report("redirect", engine_key, request_id, replica_id, restart)
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         self._report("release", engine_key, request_id, output_tokens)
@@ -162,7 +162,7 @@ class ServeEngineClient:
         if not self._live_known(engine_key):
             raise gone
         try:
-            return await asyncio.wait_for(self._open(engine_key, req), FAILOVER_ACCEPT_S)
+            return await asyncio.wait_for(self._open(engine_key, req, restart=True), FAILOVER_ACCEPT_S)
         except asyncio.TimeoutError:
             raise gone from None
 
@@ -178,7 +178,8 @@ class ServeEngineClient:
             self.local.drop_replica(engine_key, req.target_replica)
         req.target_replica = None
 
-    async def _open(self, engine_key: str, req: EngineRequest) -> AsyncIterator[EngineChunk]:
+    async def _open(self, engine_key: str, req: EngineRequest, restart: bool = False) -> AsyncIterator[EngineChunk]:
+        """`restart`: the request starts again from its beginning (its replica was lost)."""
         receiver = self._deltas()
         key, inbox = receiver.register()
         req.reply_to = (receiver.address, key)
@@ -186,7 +187,7 @@ class ServeEngineClient:
             deadline = time.monotonic() + self._gone_retry_s
             for attempt in itertools.count():
                 try:
-                    gen = await self._accepted(engine_key, req)
+                    gen = await self._accepted(engine_key, req, restart)
                     break
                 except Exception as e:
                     if not replica_gone(e) or time.monotonic() >= deadline:
@@ -207,17 +208,23 @@ class ServeEngineClient:
         lease.add_done_callback(self._leases.discard)
         return self._rest(gen, lease, receiver, key, inbox)
 
-    async def _accepted(self, engine_key: str, req: EngineRequest):
+    async def _accepted(self, engine_key: str, req: EngineRequest, restart: bool = False):
         gen = self._engines[engine_key].options(stream=True).generate.remote(req)
         try:
             accepted = await gen.__anext__()  # the acceptance chunk
         except BaseException:
             gen.cancel()
             raise
-        if req.target_replica is not None and accepted.replica not in (None, req.target_replica):
-            # Serve's request router sent it elsewhere (its replica set lags the Router's, or the target had just
-            # gone): its reservation, and the reports that follow, belong to the replica that took it.
-            self.redirect(engine_key, req.request_id, accepted.replica)
+        if accepted.replica is not None:
+            if req.reserved_on is not None and accepted.replica != req.reserved_on:
+                # Serve's request router sent it elsewhere (its replica set lags the Router's, or the target had
+                # just gone), or it was handed over from a lost replica: its reservation, and the reports that
+                # follow, belong to the replica that took it.
+                self.redirect(engine_key, req.request_id, accepted.replica, restart)
+                req.reserved_on = accepted.replica
+            # Where it runs: a replica lost under it is dropped by this id (`_forget`), and the next turn's warm-up
+            # goes where its prefix is.
+            req.target_replica = accepted.replica
         return gen
 
     @staticmethod

@@ -35,7 +35,9 @@ __all__ = ["Decision", "ReplicaLoad", "RouteRequest", "RouterCore"]
 
 @dataclass(slots=True)
 class _Reservation:
-    replica_id: str
+    # None once its replica is gone (`_forget`): the request may be starting again on a live replica, so the
+    # reservation is kept, on no replica, for `redirect` to attach there; `release` or the TTL sweep ends it.
+    replica_id: str | None
     prefill: int  # reserved uncached prompt tokens, 0 once prefilled
     decode: int
     at: float
@@ -49,6 +51,7 @@ class _Reservation:
     hashes: list[int] | None = None
     held_blocks: int = 0
     session: str | None = None
+    lost: str | None = None  # the replica it was on when that one was dropped
 
 
 def _hold(load: ReplicaLoad, r: _Reservation, sign: int) -> None:
@@ -166,8 +169,9 @@ class RouterCore:
         self.rates.pop(rid, None)
         self.index.drop(rid)
         self._policy.forget(rid)
-        for req_id in [k for k, r in self._inflight.items() if r.replica_id == rid]:
-            del self._inflight[req_id]
+        for r in self._inflight.values():
+            if r.replica_id == rid:
+                r.replica_id, r.lost = None, rid
 
     def ensure_replica(self, replica_id: str) -> None:
         """Know `replica_id` (no-op if known): what a feed does before applying its first events."""
@@ -305,40 +309,57 @@ class RouterCore:
         self.reconciled_reservations += len(gone)
         return len(gone)
 
-    def redirect(self, request_id: str, replica_id: str) -> bool:
-        """The request was taken by `replica_id`, not the replica it was reserved on (Serve's handle did not list
-        the chosen one yet, or had just dropped it): its reservation, its placement work, its later reports, its
-        blocks in a predicted index and its session's home move there, before its prefill. Its prefill there is
-        taken to be what it was estimated at on the chosen replica. Returns whether it moved."""
+    def redirect(self, request_id: str, replica_id: str, *, restart: bool = False) -> bool:
+        """The request was taken by `replica_id`, not the replica it was reserved on: Serve's handle did not list
+        the chosen one yet, or had just dropped it, or that replica died and the request is handed over
+        (`restart`: it starts again from its beginning, even if it was prefilled where it was). Its reservation,
+        its placement work, its later reports, its blocks in a predicted index and its session's home move
+        there, before its prefill; its prefill there is estimated from the taker's index. A reservation whose
+        replica is gone (`_forget`) attaches here. Returns whether it moved."""
         r = self._inflight.get(request_id)
         new = self.loads.get(replica_id)
-        if r is None or new is None or r.replica_id == replica_id or r.prefilled:
+        if r is None or new is None or r.replica_id == replica_id or (r.prefilled and not restart):
             return False
         now = self.now()
-        old = self.loads.get(r.replica_id)
-        work = float(r.placed)
+        old = self.loads.get(r.replica_id) if r.replica_id is not None else None
         if old is not None:
-            work = old.take_back_recent(r.placed, r.at, now)
-            old.routed -= 1
             _hold(old, r, -1)
-            self.rates[r.replica_id].finished(now, None, False, r.prefill)  # not a measurement there
-        new.add_recent(work, now)
+            self.rates[r.replica_id].finished(now, None, r.prefilled, r.prefill)  # not a measurement there
+            if not restart:  # never prefilled there: its placement work and its count go with it
+                old.take_back_recent(r.placed, r.at, now)
+                old.routed -= 1
+        held_before, held = r.held_blocks, 0
+        if r.hashes:
+            held = self.index.overlaps(r.hashes, [replica_id], now)[replica_id]
+        r.prefill = r.placed = max(0, r.prompt - held * self.block_size)
+        r.prefilled, r.held_blocks = False, held
+        if restart or old is None:
+            # Its prefill starts now, so the taker's prefill rate is measured from here, not from the decision.
+            r.at = now
+            self._inflight.move_to_end(request_id)  # the sweeps read the reservations oldest first
+        new.add_recent(r.placed, now)
         new.routed += 1
         _hold(new, r, 1)
         self.rates[replica_id].started(now, r.prefill)
-        # Where the index is predicted from decisions, the prompt's blocks are the taker's now, not the chosen's
-        # (those it held before the decision stay); and the session's home is where its prefix went.
-        if r.hashes:
-            was = self.index.replicas.get(r.replica_id)
-            if was is not None and was.mode == PREDICTED:
-                was.remove(r.hashes[r.held_blocks:])
-            if self.index.replicas[replica_id].mode == PREDICTED:
-                self.index.replicas[replica_id].add(r.hashes, now)
-        if r.session is not None and self._sessions.get(r.session) == r.replica_id:
-            self._sessions[r.session] = replica_id
-        r.replica_id, r.predicted, r.moved = replica_id, None, True  # the prediction was for the other replica
+        self._move_footprint(r, replica_id, held_before, restart, now)
+        r.replica_id, r.lost, r.predicted, r.moved = replica_id, None, None, True  # predicted for the other
         self.redirected_reservations += 1
         return True
+
+    def _move_footprint(self, r: _Reservation, replica_id: str, held_before: int, restart: bool, now: float) -> None:
+        """Where the index is predicted from decisions, the prompt's blocks are the taker's now, not the chosen's
+        (those it held before the decision stay, and a replica the request ran on keeps them); and the session's
+        home is where its prefix went."""
+        if r.hashes:
+            was = self.index.replicas.get(r.replica_id) if r.replica_id is not None else None
+            if was is not None and was.mode == PREDICTED and not restart:
+                was.remove(r.hashes[held_before:])
+            if self.index.replicas[replica_id].mode == PREDICTED:
+                self.index.replicas[replica_id].add(r.hashes, now)
+            self._policy.on_moved(self, r.hashes, replica_id)
+        home = r.replica_id if r.replica_id is not None else r.lost
+        if r.session is not None and self._sessions.get(r.session) == home:
+            self._sessions[r.session] = replica_id
 
     def redirected(self, request_id: str) -> bool:
         """Whether `request_id`'s reservation was moved by `redirect`."""
@@ -385,6 +406,7 @@ class RouterCore:
     def metrics(self, per_replica: dict[str, dict] | None = None) -> dict:
         """The router's state; `per_replica` adds fields to each replica's entry (its event feed's stats)."""
         per_replica = per_replica or {}
+        orphaned = sum(1 for r in self._inflight.values() if r.replica_id is None)
         replicas = {}
         for rid, load in self.loads.items():
             rb = self.index.replicas.get(rid)
@@ -402,7 +424,8 @@ class RouterCore:
             "policy": self.policy,
             "block_size": self.block_size,
             "replicas": replicas,
-            "inflight": len(self._inflight),
+            "inflight": len(self._inflight) - orphaned,
+            "orphaned_reservations": orphaned,  # their replica is gone; a handover may attach them (`redirect`)
             "decisions": self.decisions,
             "estimated_hit_rate": self.cached_tokens_estimated / self.prompt_tokens if self.prompt_tokens else 0.0,
             "expired_reservations": self.expired_reservations,

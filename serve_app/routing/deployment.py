@@ -44,8 +44,8 @@ class RouterMethods:
         loads are kept. Ingress-local tables take it from the next snapshot."""
         self.table.set_policy(engine_key, policy)
 
-    async def redirect(self, engine_key: str, request_id: str, replica_id: str) -> None:
-        self.table.redirect(engine_key, request_id, replica_id)
+    async def redirect(self, engine_key: str, request_id: str, replica_id: str, restart: bool = False) -> None:
+        self.table.redirect(engine_key, request_id, replica_id, restart)
 
     async def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         self.table.release(engine_key, request_id, output_tokens)

@@ -101,8 +101,8 @@ class LocalRouter:
     def mark_prefilled(self, engine_key: str, request_id: str, cached_tokens: int | None = None) -> None:
         self.table.mark_prefilled(engine_key, request_id, cached_tokens)
 
-    def redirect(self, engine_key: str, request_id: str, replica_id: str) -> None:
-        self.table.redirect(engine_key, request_id, replica_id)
+    def redirect(self, engine_key: str, request_id: str, replica_id: str, restart: bool = False) -> None:
+        self.table.redirect(engine_key, request_id, replica_id, restart)
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         self.table.release(engine_key, request_id, output_tokens)

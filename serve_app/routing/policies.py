@@ -141,6 +141,9 @@ class Policy:
     def on_routed(self, state: RouterState, req: RouteRequest, rid: str) -> None:
         """Hook for policies that keep their own state (the prefix-tree emulation)."""
 
+    def on_moved(self, state: RouterState, block_hashes: list[int], rid: str) -> None:
+        """The request whose prompt is `block_hashes` ran on `rid`, not where it was routed (RouterCore.redirect)."""
+
     def forget(self, rid: str) -> None:
         """`rid` is gone: drop whatever the policy keeps about it."""
 
@@ -283,9 +286,13 @@ class PrefixAffinityPolicy(Policy):
         return rid, matched[rid]
 
     def on_routed(self, state, req, rid):
+        self.on_moved(state, req.block_hashes, rid)
+
+    def on_moved(self, state, block_hashes, rid):
+        # Ray's router inserts a prompt where it sent it; where the request really ran is where its text is.
         owned = self.tree.setdefault(rid, {})
         added = 0
-        for h in req.block_hashes:
+        for h in block_hashes:
             if h in owned:
                 del owned[h]
             else:

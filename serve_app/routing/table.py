@@ -127,11 +127,11 @@ class RoutingTable:
         if core is not None:
             core.mark_prefilled(request_id, cached_tokens)
 
-    def redirect(self, engine_key: str, request_id: str, replica_id: str) -> bool:
-        """The request was taken by `replica_id` instead of the replica chosen for it (RouterCore.redirect);
-        whether its reservation moved."""
+    def redirect(self, engine_key: str, request_id: str, replica_id: str, restart: bool = False) -> bool:
+        """The request was taken by `replica_id` instead of the replica chosen for it, or handed over there from
+        a lost one (`restart`; RouterCore.redirect); whether its reservation moved."""
         core = self.cores.get(engine_key)
-        return core is not None and core.redirect(request_id, replica_id)
+        return core is not None and core.redirect(request_id, replica_id, restart=restart)
 
     def release(self, engine_key: str, request_id: str, output_tokens: int | None = None) -> None:
         """The request ended; `output_tokens` generated (else the expected count stands in for the decode rate)."""

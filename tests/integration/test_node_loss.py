@@ -318,6 +318,9 @@ def test_a_replica_joins_and_a_lost_node_fails_only_its_streams(cluster, app):
     assert dropped[0] is not None, "the Router still lists the lost replica 30 s after the loss"
     wait_for(lambda: set(_replicas(router, key)) == {first}, 60, "the Router to drop the lost replica")
     wait_for(lambda: _router_metrics(router, key)["inflight"] == 0, 60, "the Router's reservations to clear")
+    # Those of the lost replica too: each request handed over took its reservation to the live replica
+    # (RouterCore.redirect), and each that failed released its own.
+    wait_for(lambda: _router_metrics(router, key)["orphaned_reservations"] == 0, 60, "the lost replica's reservations")
     (left,) = _replicas(router, key).values()
     assert left["active_requests"] == 0 and left["active_prefill_tokens"] == 0 and left["active_decode_tokens"] == 0
     # Admission slots in the ingress and requests in the surviving engine: all given back.

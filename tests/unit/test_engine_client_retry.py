@@ -307,7 +307,8 @@ def test_a_request_another_replica_took_moves_its_reservation_there():
     chosen = decision.replica_id
     taker = "r-taker" if chosen == "r-chosen" else "r-chosen"
     client = ServeEngineClient({"e": ElsewhereHandle(taker)}, None, local=local)
-    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica=chosen)
+    req = EngineRequest(request_id="1", prompt_token_ids=[1, 2], max_tokens=4, target_replica=chosen,
+                        reserved_on=chosen)
     assert asyncio.run(_texts(client, req)) == ["ok"]
     loads = core.loads
     assert (loads[chosen].active_requests, loads[taker].active_requests) == (0, 1)
@@ -321,7 +322,67 @@ def test_a_request_another_replica_took_moves_its_reservation_there():
     # Taken where it was sent: nothing moves.
     local.choose("e", RouteRequest("2", [3, 4], 32, 8))
     req = EngineRequest(request_id="2", prompt_token_ids=[1, 2], max_tokens=4,
-                        target_replica=core._inflight["2"].replica_id)
+                        target_replica=core._inflight["2"].replica_id, reserved_on=core._inflight["2"].replica_id)
     client = ServeEngineClient({"e": ElsewhereHandle(core._inflight["2"].replica_id)}, None, local=local)
     assert asyncio.run(_texts(client, req)) == ["ok"]
     assert core.metrics()["redirected_reservations"] == 1
+
+
+class NamedDying(DyingHandle):
+    """A DyingHandle whose replicas name themselves in their acceptance, as the Engine deployment does: the first
+    call's replica is `dying`, every later one `live`."""
+
+    def __init__(self, before, dying, live):
+        super().__init__(before)
+        self.names = [dying, live]
+
+    def remote(self, req):
+        gen = super().remote(req)
+        name = self.names[0] if len(self.sent) == 1 else self.names[1]
+        gen.__class__ = type("Named", (Gen,), {"__anext__": _taken(name)})
+        return gen
+
+
+def _routed(local, request_id, tokens=32):
+    from serve_app.routing.types import RouteRequest
+
+    chosen = local.choose("e", RouteRequest(request_id, [1, 2], tokens, 8)).replica_id
+    return chosen, EngineRequest(request_id=request_id, prompt_token_ids=[1, 2], max_tokens=4,
+                                 target_replica=chosen, reserved_on=chosen)
+
+
+def test_a_request_handed_over_from_a_dead_replica_takes_its_reservation_to_the_live_one():
+    """The replica died after accepting, before the first delta: the table drops it, and the request's
+    reservation (kept meanwhile on no replica) loads the replica that takes the handover, where its prefill is
+    measured; nothing stays on no replica."""
+    local = _local_table(["r-a", "r-b"])
+    core = local.table.cores["e"]
+    chosen, req = _routed(local, "1")
+    live = "r-b" if chosen == "r-a" else "r-a"
+    h = NamedDying([], chosen, live)
+    client = ServeEngineClient({"e": h}, None, local=local)
+    assert asyncio.run(_texts(client, req)) == ["ok"]
+    assert h.sent == [chosen, None] and set(core.loads) == {live}
+    assert core.loads[live].active_requests == 1 and core.metrics()["orphaned_reservations"] == 0
+    assert (req.reserved_on, req.target_replica) == (live, live)  # a later loss drops this one
+    local.mark_prefilled("e", "1", 0)
+    local.release("e", "1", 1)
+    assert core.loads[live].active_requests == 0 and core.rates[live].prefill.tokens == 32
+
+
+def test_a_request_lost_midway_is_prefilled_again_where_it_restarts():
+    """service.complete's restart after the first delta: the reservation was prefilled on the lost replica; on the
+    one that takes it, its prefill loads the replica again until its new first token."""
+    local = _local_table(["r-a", "r-b"])
+    core = local.table.cores["e"]
+    chosen, req = _routed(local, "1")
+    local.mark_prefilled("e", "1", 0)
+    live = "r-b" if chosen == "r-a" else "r-a"
+    client = ServeEngineClient({"e": ElsewhereHandle(live)}, None, local=local)
+
+    async def reopened():
+        return [c.text async for c in await client.reopen("e", req, ActorUnavailableError("node lost"))]
+
+    assert asyncio.run(reopened()) == ["ok"]
+    load = core.loads[live]
+    assert (load.active_requests, load.active_prefill_tokens, load.routed) == (1, 32, 1)
