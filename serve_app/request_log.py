@@ -1,7 +1,8 @@
 """The request log: one JSON line per request on stdout, for an operator to find any request by its id.
 
 Fields: ts, request_id, tenant, api, model, prompt_tokens, cached_tokens, output_tokens, ttft_s, duration_s,
-finish_reason, replica, route (the policy that chose the replica, or why there was no choice), predicted_cached
+finish_reason, replica (the one that ran it: Serve's own pick or a handover may differ from the Router's),
+route (the policy that chose a replica, or why there was no choice), predicted_cached
 (the router's belief), phases_ms (milliseconds each step before the first token took, from the request's arrival:
 http (ASGI entry to the route), parse, render, tenant, route, accept, first_token, then first_frame (the first
 token's frame handed to the server) — where a slow TTFT went) and engine_ms (inside the engine

@@ -429,6 +429,7 @@ class GenerationService:
         n_prompt = prepared.num_prompt_tokens
         decision: Decision | None = None
         chunks: AsyncIterator[EngineChunk] | None = None
+        engine_req: EngineRequest | None = None
         completion = 0
         outcome: dict[str, Any] = {}  # what the request log records of this stream
         route_id = prepared.options.route_id or prepared.request_id  # what the Router's load is kept under
@@ -545,13 +546,17 @@ class GenerationService:
         finally:
             prepared.release(completion)
             outcome.setdefault("finish", "cancelled")  # closed by the client (GeneratorExit) before the end
-            self._log(prepared, decision=decision, output_tokens=completion, **outcome)
+            # The replica that ran it (ingress/clients.py keeps it on the request once one accepts): Serve's own
+            # pick or a handover may differ from the decision.
+            ran_on = engine_req.target_replica if engine_req is not None else None
+            self._log(prepared, decision=decision, replica=ran_on, output_tokens=completion, **outcome)
             if chunks is not None:
                 await _close(chunks)
             if decision is not None:  # with the real output count: the Router learns the decode rate from it
                 self.engines.release(key, route_id, completion)
 
-    def _log(self, prepared: PreparedRequest, *, decision: Decision | None = None, output_tokens: int = 0,
+    def _log(self, prepared: PreparedRequest, *, decision: Decision | None = None, replica: str | None = None,
+             output_tokens: int = 0,
              finish: str | None = None, finish_reason: str | None = None, cached: int | None = None,
              ttft: float | None = None, error: str | None = None,
              engine_ms: dict[str, float] | None = None) -> None:
@@ -575,7 +580,7 @@ class GenerationService:
                 ttft_s=(ttft - start) if ttft is not None and start else None,
                 duration_s=(time.monotonic() - start) if start else None,
                 finish_reason=finish_reason or finish,
-                replica=decision.replica_id if decision is not None else None,
+                replica=replica or (decision.replica_id if decision is not None else None),
                 route=route,
                 predicted_cached=decision.cached_blocks if decision is not None else None,
                 phases_ms=_phases_ms(prepared.received or start, prepared.marks) if start else None,

@@ -883,3 +883,18 @@ async def test_the_wal_checkpoint_runs_in_a_thread_once_enough_is_written(tmp_pa
     probe.close()
     assert wal.exists() and busy == 0 and done == frames  # everything written so far is in the database file
     assert await store.get("k0") == record and await store.get("k44") == record
+
+
+def test_sqlite_sets_its_busy_timeout_only_when_a_call_changes_it(tmp_path):
+    """Inline calls (`wait=False`) come in runs: the connection's busy timeout is switched when the kind of call
+    changes, not twice a call."""
+    s = SqliteResponseStore(str(tmp_path / "r.db"), timeout_s=5.0)
+    pragmas: list[str] = []
+    s._db.set_trace_callback(lambda sql: pragmas.append(sql) if "busy_timeout" in sql else None)
+    for i in range(3):
+        assert s.put(f"k{i}", i, wait=False) and s.get(f"k{i}", wait=False) == i
+    assert pragmas == ["PRAGMA busy_timeout=0"]
+    assert s.get("k0") == 0 and s.get("k1") == 1
+    assert pragmas == ["PRAGMA busy_timeout=0", "PRAGMA busy_timeout=5000"]
+    assert s._db.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+    s.close()

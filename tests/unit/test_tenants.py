@@ -358,6 +358,24 @@ async def test_one_json_log_line_per_request_without_text_or_key(capsys):
     assert "my secret" not in json.dumps(line) and "key-b" not in json.dumps(line)
 
 
+async def test_the_log_line_names_the_replica_that_ran_the_request(capsys):
+    """Serve's handle gave it to another replica than the Router chose (or it was handed over from a lost one):
+    the engine client keeps where it runs on the request (ingress/clients.py), and the log says that replica."""
+    eng = engines()
+    opened = eng.open
+
+    async def taken_elsewhere(key, req):
+        chunks = await opened(key, req)
+        req.target_replica = "r2"
+        return chunks
+
+    eng.open = taken_elsewhere
+    app = replica(settings(), LimitState(), eng)
+    await oai(app, "key-b").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert [(x["replica"], x["route"]) for x in lines] == [("r2", "kv")]
+
+
 async def test_a_streamed_request_logs_when_its_first_token_frame_left(capsys):
     gate = asyncio.Event()
 

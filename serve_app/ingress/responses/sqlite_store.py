@@ -110,6 +110,7 @@ class SqliteResponseStore:
         self.timeout_s = timeout_s  # how long a write waits for another process's write lock
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
+        self._waits = True  # whether `_db` waits for another process's write lock (its busy timeout is set)
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_db: sqlite3.Connection | None = None
         self.written = 0  # bytes of records put since the last checkpoint began (what the WAL has grown by, about)
@@ -158,14 +159,11 @@ class SqliteResponseStore:
             if self._db is None:
                 if not wait:
                     raise WouldWait  # opening writes the schema, which may wait for the write lock
-                self._db = self._open()
-            if wait:
-                return work(self._db)
-            self._db.execute("PRAGMA busy_timeout=0")
-            try:
-                return work(self._db)
-            finally:
-                self._db.execute(f"PRAGMA busy_timeout={round(self.timeout_s * 1000)}")
+                self._db, self._waits = self._open(), True
+            if wait != self._waits:  # set on a change only: most calls in a row are inline (`wait=False`)
+                self._db.execute(f"PRAGMA busy_timeout={round(self.timeout_s * 1000) if wait else 0}")
+                self._waits = wait
+            return work(self._db)
         except (sqlite3.Error, OSError) as err:
             if not wait and getattr(err, "sqlite_errorcode", None) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise WouldWait from None
