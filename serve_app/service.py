@@ -401,7 +401,7 @@ class GenerationService:
             presence_penalty=opts.presence_penalty,
             logit_bias=opts.logit_bias,
             stop=list(opts.stop),
-            priority=-(opts.hints.priority or 0),  # hints: higher = more important; vLLM: lower runs first
+            priority=tenants.engine_priority(self.settings.ingress, prepared.tenant, opts.hints.priority),
             skip_special_tokens=not needs_special_tokens(prepared.model.reasoning_parser, prepared.model.tool_parser),
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,
@@ -599,7 +599,7 @@ class GenerationService:
             request_id=f"{done.request_id}-warm",
             prompt_token_ids=done.prompt_token_ids + generated,
             max_tokens=1,
-            priority=10,
+            priority=tenants.SPECULATIVE_PRIORITY,
             target_replica=done.target_replica,
             cache_salt=done.cache_salt,
         )

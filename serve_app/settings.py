@@ -164,6 +164,11 @@ class TenantConfig(_Strict):
     requests_per_minute: int | None = Field(default=None, ge=1)
     tokens_per_minute: int | None = Field(default=None, ge=1)  # prompt tokens at admission + output at the end
     models: list[str] | None = None  # served ids (or aliases) this tenant may call; None = all
+    # The tenant's scheduling tier in the engines (vLLM's priority scheduling; higher first): under load its waiting
+    # requests are admitted before those of every tenant with a lower priority, and a running one of theirs may be
+    # preempted for them. A request's own `agent_hints.priority` orders it within its tenant's tier, never across
+    # (tenants.engine_priority).
+    priority: int = Field(default=0, ge=-100, le=100)
 
     @property
     def limited(self) -> bool:

@@ -69,6 +69,21 @@ def config_of(ingress: IngressConfig, tenant: str | None) -> TenantConfig:
     return ingress.tenants.get(tenant or DEFAULT, _UNLIMITED)
 
 
+# vLLM runs lower priority values first; here, as in `agent_hints.priority` and a tenant's `priority`, higher is more
+# important. A tenant's tier spans TIER values, and a request's hint moves it only within them: hints are the
+# client's word, tiers the operator's.
+TIER = 1000
+HINT_BOUND = TIER // 2 - 1
+# Speculative work (the next turn's warm-up, `agent_hints.speculative_prefill`) yields to every real request.
+SPECULATIVE_PRIORITY = (100 + 1) * TIER
+
+
+def engine_priority(ingress: IngressConfig, tenant: str | None, hint: int | None) -> int:
+    """vLLM's priority for a request of `tenant` whose `agent_hints.priority` is `hint`."""
+    h = 0 if hint is None else max(-HINT_BOUND, min(HINT_BOUND, hint))
+    return -(config_of(ingress, tenant).priority * TIER + h)
+
+
 def cache_salt(ingress: IngressConfig, tenant: str | None) -> str | None:
     """The tenant's prefix-cache namespace for vLLM's `cache_salt`: its cache_group, else its own name. The
     default tenant stays unsalted (the shared cache it always had) unless it names a group."""

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psutil
 import yaml
@@ -37,23 +37,27 @@ def titles(procs: list[psutil.Process]) -> list[str]:
     return out
 
 
-def shipped_config_with_hooks(tmp: Path) -> tuple[Path, int]:
-    """config.yaml with the test hooks, written under `tmp`; returns its path and port."""
+def shipped_config_with_hooks(tmp: Path, edit: Callable[[dict], None] | None = None) -> tuple[Path, int]:
+    """config.yaml with the test hooks, written under `tmp`; returns its path and port. `edit(args)` changes the
+    application's args first (a test's own models or tenants)."""
     port = free_port()
     config = yaml.safe_load((ROOT / "config.yaml").read_text())
     args = config["applications"][0]["args"]
     args["ingress"]["listen"]["port"] = port
     args["ingress"]["response_store_path"] = str(tmp / "responses.sqlite3")
     args["testing"] = load_test_config()["applications"][0]["args"]["testing"]  # forced scripts and CLI rules
+    if edit is not None:
+        edit(args)
     path = tmp / "config.yaml"
     path.write_text(yaml.safe_dump(config))
     return path, port
 
 
-def start(tmp: Path, *extra: str) -> tuple[subprocess.Popen, str, Path]:
-    """`python -m serve_app run <config> *extra` started in its own session on config.yaml with the test hooks;
-    returns (process, URL, log) at once."""
-    path, port = shipped_config_with_hooks(tmp)
+def start(tmp: Path, *extra: str, edit: Callable[[dict], None] | None = None
+          ) -> tuple[subprocess.Popen, str, Path]:
+    """`python -m serve_app run <config> *extra` started in its own session on config.yaml with the test hooks (and
+    `edit`, shipped_config_with_hooks); returns (process, URL, log) at once."""
+    path, port = shipped_config_with_hooks(tmp, edit)
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_USAGE_STATS_ENABLED")}
     log_path = tmp / "serve.log"
     with open(log_path, "w") as log:
@@ -78,10 +82,11 @@ def kill_tree(proc: subprocess.Popen) -> None:
             pass
 
 
-def launch(tmp: Path, *extra: str, timeout_s: float = 600) -> Iterator[tuple[subprocess.Popen, str, Path]]:
+def launch(tmp: Path, *extra: str, timeout_s: float = 600, edit: Callable[[dict], None] | None = None
+           ) -> Iterator[tuple[subprocess.Popen, str, Path]]:
     """`start`, yielded once healthy as (process, URL, log); whatever is left of its process tree is killed
     afterwards."""
-    proc, url, log_path = start(tmp, *extra)
+    proc, url, log_path = start(tmp, *extra, edit=edit)
     try:
         deadline = time.monotonic() + timeout_s
         while not healthy(url):

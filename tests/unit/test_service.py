@@ -550,6 +550,7 @@ def test_speculative_prefill_warms_prompt_plus_answer_on_the_same_replica():
     assert warm.max_tokens == 1
     assert warm.target_replica == main.target_replica == "r2"  # where this turn's KV already is
     assert warm.priority > main.priority  # vLLM runs lower values first: the warm-up yields to real requests
+    assert warm.priority > 100_000  # to every real request: the lowest tier's, with the lowest hint, included
     assert len(engines.routes) == 1  # not routed, so not counted as a request by the Router
     assert engines.released == [p.request_id]
 

@@ -422,3 +422,36 @@ async def test_an_unavailable_limiter_admits_instead_of_failing(caplog):
     with caplog.at_level(logging.WARNING):
         verdict = await LimitClient(Down()).acquire("alice", ingress().tenants["alice"], 10)
     assert verdict.ok and verdict.lease is None and "admitting without them" in caplog.text
+
+
+# -- scheduling tiers -----------------------------------------------------------------------------------------------
+
+
+def test_a_tenants_priority_is_a_tier_its_requests_hints_never_leave():
+    from serve_app.tenants import SPECULATIVE_PRIORITY, engine_priority
+
+    cfg = ingress(tenants={**INGRESS["tenants"], "interactive": {"priority": 10}, "ci": {"priority": -5}})
+    # vLLM runs lower values first; the default tenant (and one without a priority) is tier 0.
+    assert engine_priority(cfg, None, None) == engine_priority(cfg, "bob", None) == 0
+    assert engine_priority(cfg, None, 3) == -3  # within a tier, the hint orders as before
+    top_ci = engine_priority(cfg, "ci", 10**9)
+    low_default = engine_priority(cfg, None, -(10**9))
+    low_interactive = engine_priority(cfg, "interactive", -(10**9))
+    top_default = engine_priority(cfg, None, 10**9)
+    assert low_interactive < top_default < low_default < top_ci  # a hint never crosses into another tier
+    assert max(engine_priority(cfg, "ci", h) for h in (-(10**9), None)) < SPECULATIVE_PRIORITY
+    worst = engine_priority(ingress(tenants={**INGRESS["tenants"], "t": {"priority": -100}}), "t", -(10**9))
+    assert worst < SPECULATIVE_PRIORITY  # the warm-ups yield to every real request
+    with pytest.raises(ValueError):
+        ingress(tenants={**INGRESS["tenants"], "t": {"priority": 101}})
+
+
+async def test_a_tenants_tier_reaches_the_engine_request():
+    cfg = settings(tenants={**INGRESS["tenants"], "bob": {"priority": 2}})
+    eng = engines()
+    app = replica(cfg, LimitState(), eng)
+    msg = [{"role": "user", "content": "x"}]
+    await oai(app, "key-b").chat.completions.create(model="m", messages=msg,
+                                                    extra_body={"nvext": {"agent_hints": {"priority": 7}}})
+    await oai(app, "key-a").chat.completions.create(model="m", messages=msg)
+    assert [r.priority for r in eng.requests] == [-2007, 0]
