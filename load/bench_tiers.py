@@ -1,0 +1,149 @@
+"""Tenant scheduling tiers under saturation, side by side in one run: a `ci` tenant keeps the engine's queue full
+of long streams while a `dev` tenant sends short requests one after another. Run twice on the same server config,
+once with tiers (`ci` priority -10, `dev` 10; serve_app/tenants.py `engine_priority`) and once flat (both 0): the
+dev requests' time to first token (the request log's `ttft_s`, from arrival at the ingress) is the figure, with
+the ci tenant's output tokens/s beside it (tiers should reorder the queue, not shrink the work done).
+
+The frontend-bound tiny model (load/tiny_model.py, random weights) on `python -m serve_app run --single-process`,
+config.yaml's topology, with `max_num_seqs` small so that requests wait inside vLLM, where priority acts.
+
+    python -m load.bench_tiers --json load/results/tiers.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from load import provenance
+from load.bench_capacity import MODEL_ID, free_port, ours_config, request_log, start_server, stop, wait_healthy
+from load.tiny_model import ensure_tiny_model
+
+TIERS = {"tiered": {"ci": -10, "dev": 10}, "flat": {"ci": 0, "dev": 0}}
+KEYS = {"ci": "sk-bench-ci", "dev": "sk-bench-dev"}
+
+
+def config(port: int, model_path: str, priorities: dict[str, int], max_num_seqs: int) -> dict:
+    cfg = ours_config(port, model_path, 1, engine_placement="ingress", front="listen", ingress_set={
+        "api_keys": [{"key": KEYS[t], "tenant": t} for t in KEYS],
+        "tenants": {t: {"priority": p} for t, p in priorities.items()},
+        "log_requests": True,
+    })
+    model = cfg["applications"][0]["args"]["models"][0]
+    model["engine_kwargs"] = {**model["engine_kwargs"], "max_num_seqs": max_num_seqs}
+    return cfg
+
+
+async def _stream(client: httpx.AsyncClient, key: str, tokens: int) -> int:
+    body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}], "max_tokens": tokens,
+            "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    out = 0
+    async with client.stream("POST", "/v1/chat/completions", json=body,
+                             headers={"authorization": f"Bearer {key}"}) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if line.startswith("data: {") and '"completion_tokens"' in line:
+                out = int(line.split('"completion_tokens":', 1)[1].split(",", 1)[0].split("}", 1)[0])
+    return out
+
+
+async def load(url: str, a: argparse.Namespace) -> dict:
+    """ci streams kept at `ci_streams` until the dev requests are done (each ci stream then ends its request);
+    returns the ci tokens streamed over the whole run and how long it took, and how long the dev requests took."""
+    done = asyncio.Event()
+    ci_tokens = 0
+    limits = httpx.Limits(max_connections=a.ci_streams + 4)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+        async def ci_worker() -> None:
+            nonlocal ci_tokens
+            while not done.is_set():
+                ci_tokens += await _stream(client, KEYS["ci"], a.ci_tokens)
+
+        begun = time.monotonic()
+        workers = [asyncio.create_task(ci_worker()) for _ in range(a.ci_streams)]
+        await asyncio.sleep(a.warmup_s)  # the queue fills
+        started = time.monotonic()
+        for _ in range(a.dev_requests):
+            await _stream(client, KEYS["dev"], a.dev_tokens)
+            await asyncio.sleep(a.gap_s)
+        elapsed = time.monotonic() - started
+        done.set()
+        await asyncio.gather(*workers)
+        ci_s = time.monotonic() - begun
+    return {"ci_tokens": ci_tokens, "ci_s": round(ci_s, 2), "dev_phase_s": round(elapsed, 2)}
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    tmp = Path(tempfile.mkdtemp(prefix=f"tiers-{name}-"))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config(port, model_path, TIERS[name], a.max_num_seqs)))
+    log_path = tmp / "serve.log"
+    with open(log_path, "w") as log:
+        proc = start_server(tmp / "config.yaml", "single_process", log)
+    try:
+        wait_healthy(url, proc, headers={"authorization": f"Bearer {KEYS['dev']}"})
+        started = time.time()
+        seen = asyncio.run(load(url, a))
+    finally:
+        stop([proc])
+    # The load's requests: the readiness probe ended before `started`.
+    rows = [r for r in request_log(log_path) if r.get("ts", 0) >= started and r.get("ttft_s") is not None]
+    dev = [r["ttft_s"] for r in rows if r.get("tenant") == "dev"]
+    ci = [r["ttft_s"] for r in rows if r.get("tenant") == "ci"]
+    if len(dev) < a.dev_requests:
+        raise RuntimeError(f"{name}: {len(dev)} dev requests in the request log, {a.dev_requests} sent")
+    out = {"priorities": TIERS[name], "dev_requests": len(dev), "ci_requests": len(ci),
+           "dev_ttft_p50_s": round(statistics.median(dev), 3), "dev_ttft_p95_s": round(_pct(dev, 0.95), 3),
+           "ci_ttft_p50_s": round(statistics.median(ci), 3) if ci else None,
+           "ci_tokens_per_s": round(seen["ci_tokens"] / seen["ci_s"], 1), **seen}
+    print(name, out, flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-num-seqs", type=int, default=2, help="the engine's running requests at most")
+    ap.add_argument("--ci-streams", type=int, default=12, help="ci streams kept open at once")
+    ap.add_argument("--ci-tokens", type=int, default=512, help="output tokens per ci request (ignore_eos)")
+    ap.add_argument("--dev-requests", type=int, default=20)
+    ap.add_argument("--dev-tokens", type=int, default=16)
+    ap.add_argument("--gap-s", type=float, default=0.5, help="between one dev answer and the next dev request")
+    ap.add_argument("--warmup-s", type=float, default=5.0, help="ci load before the first dev request")
+    ap.add_argument("--json", help="write the result here")
+    argv = sys.argv[1:] if argv is None else argv
+    a = ap.parse_args(argv)
+    doc = provenance.header("load.bench_tiers", argv)
+    model_path = ensure_tiny_model()
+    variants = {name: run_variant(name, a, model_path) for name in ("tiered", "flat")}
+    t, f = variants["tiered"], variants["flat"]
+    doc.update({
+        "settings": {k: v for k, v in vars(a).items() if k != "json"},
+        "variants": variants,
+        "ratios_tiered_over_flat": {
+            "dev_ttft_p50": round(t["dev_ttft_p50_s"] / f["dev_ttft_p50_s"], 3),
+            "dev_ttft_p95": round(t["dev_ttft_p95_s"] / f["dev_ttft_p95_s"], 3),
+            "ci_tokens_per_s": round(t["ci_tokens_per_s"] / f["ci_tokens_per_s"], 3),
+        },
+    })
+    print(doc["ratios_tiered_over_flat"], flush=True)
+    if a.json:
+        provenance.write(a.json, doc)
+
+
+if __name__ == "__main__":
+    main()
