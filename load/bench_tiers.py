@@ -66,7 +66,8 @@ async def load(url: str, a: argparse.Namespace) -> dict:
         async def ci_worker() -> None:
             nonlocal ci_tokens
             while not done.is_set():
-                ci_tokens += await _stream(client, KEYS["ci"], a.ci_tokens)
+                n = await _stream(client, KEYS["ci"], a.ci_tokens)
+                ci_tokens += n  # not `+= await`: that reads the total before the wait, and the others' adds are lost
 
         begun = time.monotonic()
         workers = [asyncio.create_task(ci_worker()) for _ in range(a.ci_streams)]
