@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -52,7 +53,7 @@ async def _stream(client: httpx.AsyncClient, key: str, tokens: int) -> int:
             raise RuntimeError(f"{r.status_code}: {(await r.aread())[:300]!r}")
         async for line in r.aiter_lines():
             if line.startswith("data: {") and '"completion_tokens"' in line:
-                out = int(line.split('"completion_tokens":', 1)[1].split(",", 1)[0].split("}", 1)[0])
+                out = json.loads(line[6:])["usage"]["completion_tokens"]
     return out
 
 

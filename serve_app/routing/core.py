@@ -321,7 +321,7 @@ class RouterCore:
         if r is None or new is None or r.replica_id == replica_id or (r.prefilled and not restart):
             return False
         now = self.now()
-        old = self.loads.get(r.replica_id) if r.replica_id is not None else None
+        old = self.loads.get(r.replica_id)  # None also for a reservation whose replica is gone
         if old is not None:
             _hold(old, r, -1)
             self.rates[r.replica_id].finished(now, None, r.prefilled, r.prefill)  # not a measurement there
@@ -351,7 +351,7 @@ class RouterCore:
         (those it held before the decision stay, and a replica the request ran on keeps them); and the session's
         home is where its prefix went."""
         if r.hashes:
-            was = self.index.replicas.get(r.replica_id) if r.replica_id is not None else None
+            was = self.index.replicas.get(r.replica_id)
             if was is not None and was.mode == PREDICTED and not restart:
                 was.remove(r.hashes[held_before:])
             if self.index.replicas[replica_id].mode == PREDICTED:
