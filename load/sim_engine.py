@@ -14,7 +14,9 @@ What it models, and why each part matters to routing:
   before its head (vLLM frees them in reverse order so that a reusable leading run survives longest). A computed
   block becomes reusable (and is announced as a KV event) at the end of the step that computed it. Admission
   reserves the prompt's and the output's blocks up front; a request that does not fit waits, blocking those
-  behind it (FCFS), instead of being preempted.
+  behind it, instead of being preempted.
+- **Priority scheduling** (vLLM's `scheduling_policy: priority`): waiting requests are admitted in order of
+  (priority, arrival), lower first; admitted ones keep their place in the batch. With one priority it is FCFS.
 - **Pure decode stretches are fast-forwarded**: when no prefill is scheduled the batch does not change until a
   request finishes or arrives, so those steps are advanced in one jump (an arrival splits the jump at the step
   in progress).
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -60,6 +62,7 @@ class SimRequest:
     held: list[int] = field(default_factory=list)  # cached blocks this request holds a reference on
     anon: int = 0  # its blocks outside the cache map: not yet computed, duplicates, output
     first_token_at: float | None = None
+    priority: int = 0  # vLLM's: lower is admitted first
 
 
 class KvBlockPool:
@@ -146,7 +149,7 @@ class EngineReplica:
         self.rid = rid
         self.p = params
         self.pool = KvBlockPool(params.cache_blocks, on_stored, on_removed)
-        self.waiting: deque[SimRequest] = deque()
+        self.waiting: list[tuple[int, int, SimRequest]] = []  # heap of (priority, arrival order, request)
         self.prefilling: list[SimRequest] = []  # admitted, prompt not finished
         self.decoding: list[tuple[int, int, SimRequest]] = []  # heap of (finish step, seq, request)
         self.step_no = 0  # steps completed; a decoding request emits one token per step
@@ -168,7 +171,8 @@ class EngineReplica:
         return self.step_end
 
     def arrive(self, req: SimRequest, now: float) -> None:
-        self.waiting.append(req)
+        self._seq += 1
+        heapq.heappush(self.waiting, (req.priority, self._seq, req))
         self.prompt_routed += req.n_in
         if self.step_end is None:
             self._schedule(now)
@@ -198,12 +202,12 @@ class EngineReplica:
             budget -= c
         pool = self.pool
         while budget > 0 and self.waiting and len(self.prefilling) + decoding < p.max_seqs:
-            req = self.waiting[0]
+            req = self.waiting[0][2]
             k = pool.leading_hits(req.hashes)
             out_blocks = math.ceil(req.n_out / TRACE_BLOCK)
             if not pool.fits(len(req.hashes) - k + out_blocks):
-                break  # first come, first served: the head waits for memory, and so does everyone behind it
-            self.waiting.popleft()
+                break  # in order: the head waits for memory, and so does everyone behind it
+            heapq.heappop(self.waiting)
             pool.admit(req, k, out_blocks)
             req.hit = min(k * TRACE_BLOCK, req.n_in - 1)  # the last prompt token is always computed
             req.done = req.hit

@@ -23,6 +23,7 @@ import argparse
 import heapq
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -83,7 +84,11 @@ def _cached_tokens(k: int, n: int) -> int:
 
 def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: int = 8192, *,
              engine: EngineParams | None = None, speedup: float = 1.0, events: bool = True, seed: int = 0,
-             core_cls: type[RouterCore] = RouterCore, **core_kwargs) -> dict:
+             core_cls: type[RouterCore] = RouterCore, tiers: float = 0.0, tell_router: bool = True,
+             **core_kwargs) -> dict:
+    """`tiers`: the share of sessions (of requests, without session ids) in a higher scheduling tier than the
+    rest (a team's developers beside its CI); the engines admit waiting requests by tier (vLLM's priority
+    scheduling) and `tell_router` says whether the router is given each request's priority."""
     params = EngineParams(**{**asdict(engine or EngineParams()), "cache_blocks": cache_blocks})
     clock = [0.0]
     core = core_cls(policy=policy, block_size=TRACE_BLOCK, clock=lambda: clock[0], seed=seed,
@@ -94,12 +99,14 @@ def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: in
         for rid in ids:
             core.set_mode(rid, EVENTS)
     ttfts: list[float] = []
+    by_tier: dict[int, list[float]] = {HIGH_TIER: [], 0: []}
     hit_tokens = 0
 
     def first_token(req: SimRequest, t: float) -> None:
         nonlocal hit_tokens
         clock[0] = t
         ttfts.append(t - req.arrival)
+        by_tier[req.priority].append(t - req.arrival)
         hit_tokens += req.hit
         core.mark_prefilled(req.id, cached_tokens=req.hit)
 
@@ -138,14 +145,16 @@ def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: in
         run_until(t)
         clock[0] = t
         hashes, n_in, n_out = row["hash_ids"], row["input_length"], max(1, row["output_length"])
+        priority = tier_of(row.get("session_id", i), tiers, seed) if tiers else 0
         route = RouteRequest(request_id=str(i), block_hashes=hashes, num_prompt_tokens=n_in,
-                             expected_output_tokens=n_out, session_key=row.get("session_id"))
+                             expected_output_tokens=n_out, session_key=row.get("session_id"),
+                             priority=priority if tiers and tell_router else None)
         t0 = time.perf_counter()
         rid = core.choose(route).replica_id
         decision_s += time.perf_counter() - t0
         e = engines[rid]
         before = e.next_event
-        e.arrive(SimRequest(str(i), t, hashes, n_in, n_out), t)
+        e.arrive(SimRequest(str(i), t, hashes, n_in, n_out, priority=priority), t)
         if e.next_event != before:
             watch(e)
         k = 0
@@ -167,6 +176,14 @@ def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: in
     ttfts.sort()
     span = max(trace[-1]["timestamp"] / 1000.0 / speedup, 1e-9)
     hr, ub = hit_tokens / total_tokens, upper_tokens / total_tokens
+    tiered = {}
+    if tiers:
+        for name, prio in (("high", HIGH_TIER), ("low", 0)):
+            ts = sorted(by_tier[prio])
+            tiered[f"{name}_tier"] = {"requests": len(ts), **(
+                {"ttft_mean_s": round(statistics.fmean(ts), 3), "ttft_p50_s": round(ts[len(ts) // 2], 3),
+                 "ttft_p99_s": round(ts[int(len(ts) * 0.99)], 3)} if ts else {})}
+        tiered["tiers"], tiered["router_told_priority"] = tiers, tell_router
     return {
         "policy": policy,
         "replicas": replicas,
@@ -184,7 +201,16 @@ def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: in
         "ttft_p99_s": round(ttfts[int(len(ttfts) * 0.99)], 3),
         "max_utilization": round(max(e.busy_s for e in engines.values()) / span, 3),
         "decision_us_mean": round(decision_s / len(trace) * 1e6, 1),
+        **tiered,
     }
+
+
+HIGH_TIER = -1000  # vLLM's priority for a tenant one tier up (tenants.engine_priority: -(tier x 1000 + hint))
+
+
+def tier_of(key, share: float, seed: int) -> int:
+    """The higher tier for a `share` of sessions, chosen by a hash of the session (the same in every run)."""
+    return HIGH_TIER if random.Random(f"{seed}/{key}").random() < share else 0
 
 
 def check_bar(results: list[dict], policy: str = "ttft") -> list[str]:
@@ -213,13 +239,22 @@ def check_bar(results: list[dict], policy: str = "ttft") -> list[str]:
 def _table(results: list[dict]) -> str:
     head = ("| trace | rate | cache blocks/replica | policy | hit rate | % of upper bound | imbalance (prefill) "
             "| TTFT mean / p99 (s) | max util. |")
-    lines = [head, "|" + "---|" * 9]
+    tiered = any("high_tier" in r for r in results)
+    if tiered:
+        head += " router told tiers | high tier TTFT mean / p99 (s) | low tier TTFT mean / p99 (s) |"
+    lines = [head, "|" + "---|" * (12 if tiered else 9)]
     for r in results:
-        lines.append(
+        line = (
             f"| {r['trace']} | {r['speedup']:g}x | {r['cache_blocks']} | {r['policy']} | {r['hit_rate']:.1%} | "
             f"{r['fraction_of_upper_bound']:.1%} | {r['imbalance']:.2f} | "
             f"{r['ttft_mean_s']:.2f} / {r['ttft_p99_s']:.2f} | {r['max_utilization']:.2f} |"
         )
+        if tiered:
+            hi, lo = r.get("high_tier", {}), r.get("low_tier", {})
+            line += (f" {'yes' if r.get('router_told_priority') else 'no'} | "
+                     f"{hi.get('ttft_mean_s', 0):.2f} / {hi.get('ttft_p99_s', 0):.2f} | "
+                     f"{lo.get('ttft_mean_s', 0):.2f} / {lo.get('ttft_p99_s', 0):.2f} |")
+        lines.append(line)
     return "\n".join(lines)
 
 
@@ -248,6 +283,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-events", action="store_true", help="the router predicts instead of getting KV events")
     p.add_argument("--prefill-tps", type=float, default=EngineParams().prefill_tps)
     p.add_argument("--step-tokens", type=int, default=EngineParams().step_tokens)
+    p.add_argument("--max-seqs", type=int, default=EngineParams().max_seqs, help="vLLM max_num_seqs per engine")
+    p.add_argument("--tiers", type=float, default=0.0,
+                   help="share of sessions in a higher scheduling tier (vLLM priority scheduling in the engines)")
+    p.add_argument("--tell-router", choices=["yes", "no", "both"], default="yes",
+                   help="with --tiers: whether the router is given each request's priority (both: A/B)")
     p.add_argument("--limit", type=int, help="only the first N requests of each trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="result file (default: load/results/router_compare[_unseen].json with --compare)")
@@ -269,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
         policies = a.policy or ["ttft"]
         caches = a.cache_blocks or [8192]
         out = a.out
-    engine = EngineParams(prefill_tps=a.prefill_tps, step_tokens=a.step_tokens)
+    engine = EngineParams(prefill_tps=a.prefill_tps, step_tokens=a.step_tokens, max_seqs=a.max_seqs)
+    tells = {"yes": [True], "no": [False], "both": [False, True]}[a.tell_router] if a.tiers else [True]
     results, traces, cache = [], [], {}
     started = time.perf_counter()
     for name, source, speedup in runs:
@@ -279,13 +320,14 @@ def main(argv: list[str] | None = None) -> int:
         rows = cache[source]
         for blocks in caches:
             for pol in policies:
-                t0 = time.perf_counter()
-                r = simulate(rows, pol, a.replicas, blocks, engine=engine, speedup=speedup,
-                             events=not a.no_events, seed=a.seed)
-                r["trace"] = name
-                r["sim_s"] = round(time.perf_counter() - t0, 1)
-                results.append(r)
-                print(json.dumps(r), file=sys.stderr)
+                for tell in tells:
+                    t0 = time.perf_counter()
+                    r = simulate(rows, pol, a.replicas, blocks, engine=engine, speedup=speedup,
+                                 events=not a.no_events, seed=a.seed, tiers=a.tiers, tell_router=tell)
+                    r["trace"] = name
+                    r["sim_s"] = round(time.perf_counter() - t0, 1)
+                    results.append(r)
+                    print(json.dumps(r), file=sys.stderr)
     failures = check_bar(results)
     if out:
         doc = {**provenance.header("load.sim_router", argv), "engine": asdict(engine), "replicas": a.replicas, "traces": traces,
