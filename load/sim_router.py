@@ -15,6 +15,7 @@ engine step that produced the first token; `max_utilization` = the busiest repli
     python -m load.sim_router --trace T.jsonl --cache-blocks 8192 --policy ttft --json
     python -m load.sim_router --compare              # every shipped trace x cache size x policy -> load/results/
     python -m load.sim_router --compare --unseen     # agentic_unseen (held out until the overload work) -> load/results/
+    python -m load.sim_router --trace spec:agentic --tiers 0.2   # 20% of sessions one scheduling tier up: TTFT per tier
 """
 
 from __future__ import annotations
@@ -84,11 +85,11 @@ def _cached_tokens(k: int, n: int) -> int:
 
 def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: int = 8192, *,
              engine: EngineParams | None = None, speedup: float = 1.0, events: bool = True, seed: int = 0,
-             core_cls: type[RouterCore] = RouterCore, tiers: float = 0.0, tell_router: bool = True,
-             **core_kwargs) -> dict:
+             core_cls: type[RouterCore] = RouterCore, tiers: float = 0.0, **core_kwargs) -> dict:
     """`tiers`: the share of sessions (of requests, without session ids) in a higher scheduling tier than the
     rest (a team's developers beside its CI); the engines admit waiting requests by tier (vLLM's priority
-    scheduling) and `tell_router` says whether the router is given each request's priority."""
+    scheduling). The router is not told the tiers: a prediction that was (commit 3f3ce9f) routed worse,
+    load/results/router_tiers.json."""
     params = EngineParams(**{**asdict(engine or EngineParams()), "cache_blocks": cache_blocks})
     clock = [0.0]
     core = core_cls(policy=policy, block_size=TRACE_BLOCK, clock=lambda: clock[0], seed=seed,
@@ -147,8 +148,7 @@ def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: in
         hashes, n_in, n_out = row["hash_ids"], row["input_length"], max(1, row["output_length"])
         priority = tier_of(row.get("session_id", i), tiers, seed) if tiers else 0
         route = RouteRequest(request_id=str(i), block_hashes=hashes, num_prompt_tokens=n_in,
-                             expected_output_tokens=n_out, session_key=row.get("session_id"),
-                             priority=priority if tiers and tell_router else None)
+                             expected_output_tokens=n_out, session_key=row.get("session_id"))
         t0 = time.perf_counter()
         rid = core.choose(route).replica_id
         decision_s += time.perf_counter() - t0
@@ -183,7 +183,7 @@ def simulate(trace: list[dict], policy: str, replicas: int = 8, cache_blocks: in
             tiered[f"{name}_tier"] = {"requests": len(ts), **(
                 {"ttft_mean_s": round(statistics.fmean(ts), 3), "ttft_p50_s": round(ts[len(ts) // 2], 3),
                  "ttft_p99_s": round(ts[int(len(ts) * 0.99)], 3)} if ts else {})}
-        tiered["tiers"], tiered["router_told_priority"] = tiers, tell_router
+        tiered["tiers"] = tiers
     return {
         "policy": policy,
         "replicas": replicas,
@@ -241,8 +241,8 @@ def _table(results: list[dict]) -> str:
             "| TTFT mean / p99 (s) | max util. |")
     tiered = any("high_tier" in r for r in results)
     if tiered:
-        head += " router told tiers | high tier TTFT mean / p99 (s) | low tier TTFT mean / p99 (s) |"
-    lines = [head, "|" + "---|" * (12 if tiered else 9)]
+        head += " high tier TTFT mean / p99 (s) | low tier TTFT mean / p99 (s) |"
+    lines = [head, "|" + "---|" * (11 if tiered else 9)]
     for r in results:
         line = (
             f"| {r['trace']} | {r['speedup']:g}x | {r['cache_blocks']} | {r['policy']} | {r['hit_rate']:.1%} | "
@@ -251,8 +251,7 @@ def _table(results: list[dict]) -> str:
         )
         if tiered:
             hi, lo = r.get("high_tier", {}), r.get("low_tier", {})
-            line += (f" {'yes' if r.get('router_told_priority') else 'no'} | "
-                     f"{hi.get('ttft_mean_s', 0):.2f} / {hi.get('ttft_p99_s', 0):.2f} | "
+            line += (f" {hi.get('ttft_mean_s', 0):.2f} / {hi.get('ttft_p99_s', 0):.2f} | "
                      f"{lo.get('ttft_mean_s', 0):.2f} / {lo.get('ttft_p99_s', 0):.2f} |")
         lines.append(line)
     return "\n".join(lines)
@@ -286,8 +285,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-seqs", type=int, default=EngineParams().max_seqs, help="vLLM max_num_seqs per engine")
     p.add_argument("--tiers", type=float, default=0.0,
                    help="share of sessions in a higher scheduling tier (vLLM priority scheduling in the engines)")
-    p.add_argument("--tell-router", choices=["yes", "no", "both"], default="yes",
-                   help="with --tiers: whether the router is given each request's priority (both: A/B)")
     p.add_argument("--limit", type=int, help="only the first N requests of each trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="result file (default: load/results/router_compare[_unseen].json with --compare)")
@@ -310,7 +307,6 @@ def main(argv: list[str] | None = None) -> int:
         caches = a.cache_blocks or [8192]
         out = a.out
     engine = EngineParams(prefill_tps=a.prefill_tps, step_tokens=a.step_tokens, max_seqs=a.max_seqs)
-    tells = {"yes": [True], "no": [False], "both": [False, True]}[a.tell_router] if a.tiers else [True]
     results, traces, cache = [], [], {}
     started = time.perf_counter()
     for name, source, speedup in runs:
@@ -320,14 +316,13 @@ def main(argv: list[str] | None = None) -> int:
         rows = cache[source]
         for blocks in caches:
             for pol in policies:
-                for tell in tells:
-                    t0 = time.perf_counter()
-                    r = simulate(rows, pol, a.replicas, blocks, engine=engine, speedup=speedup,
-                                 events=not a.no_events, seed=a.seed, tiers=a.tiers, tell_router=tell)
-                    r["trace"] = name
-                    r["sim_s"] = round(time.perf_counter() - t0, 1)
-                    results.append(r)
-                    print(json.dumps(r), file=sys.stderr)
+                t0 = time.perf_counter()
+                r = simulate(rows, pol, a.replicas, blocks, engine=engine, speedup=speedup,
+                             events=not a.no_events, seed=a.seed, tiers=a.tiers)
+                r["trace"] = name
+                r["sim_s"] = round(time.perf_counter() - t0, 1)
+                results.append(r)
+                print(json.dumps(r), file=sys.stderr)
     failures = check_bar(results)
     if out:
         doc = {**provenance.header("load.sim_router", argv), "engine": asdict(engine), "replicas": a.replicas, "traces": traces,

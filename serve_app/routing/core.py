@@ -52,13 +52,12 @@ class _Reservation:
     held_blocks: int = 0
     session: str | None = None
     lost: str | None = None  # the replica it was on when that one was dropped
-    priority: int | None = None  # vLLM's, as the request carries it (RouteRequest.priority)
 
 
 def _hold(load: ReplicaLoad, r: _Reservation, sign: int) -> None:
     """Add (`sign` 1) or remove (-1) a reservation's outstanding work on the replica it is on."""
     load.active_requests += sign
-    load.hold_prefill(r.priority, sign * r.prefill)
+    load.active_prefill_tokens += sign * r.prefill
     load.active_decode_tokens += sign * r.decode
 
 
@@ -229,7 +228,7 @@ class RouterCore:
             else:
                 self.follow_on.new_session(now)
         # What this request's TTFT should be there, before it joins the queue: the report measures the error.
-        predicted = predict_ttft(self, rid, n - cached, self.step_tokens, req.priority)
+        predicted = predict_ttft(self, rid, n - cached, self.step_tokens)
         self._reserve(req, rid, n - cached, now)
         r = self._inflight[req.request_id]
         r.predicted, r.hashes, r.held_blocks, r.session = predicted, req.block_hashes, cached_blocks, req.session_key
@@ -255,8 +254,7 @@ class RouterCore:
         if req.request_id in self._inflight:  # a retried id: its old reservation is superseded
             self.release(req.request_id, measured=False)
         r = self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
-                                                          prompt_tokens(req, self.block_size), placed=prefill_tokens,
-                                                          priority=req.priority)
+                                                          prompt_tokens(req, self.block_size), placed=prefill_tokens)
         load = self.loads[rid]
         _hold(load, r, 1)
         load.routed += 1
@@ -276,7 +274,7 @@ class RouterCore:
             return
         load = self.loads.get(r.replica_id)
         if load is not None:
-            load.hold_prefill(r.priority, -r.prefill)
+            load.active_prefill_tokens -= r.prefill
             if measured:
                 done = r.prefill if cached_tokens is None else max(0, r.prompt - cached_tokens)
                 now = self.now()

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from serve_app.routing.types import RouteRequest
@@ -49,23 +49,6 @@ class ReplicaLoad:
     recent_work: float = 0.0  # uncached prefill tokens sent here, decayed with RECENT_WORK_HALF_LIFE_S
     recent_t: float = 0.0
     routed: int = 0  # requests routed here since it joined (metrics: a joining replica gets traffic)
-    # active_prefill_tokens by vLLM priority (a reservation of unknown priority counts as 0, the default tier's):
-    # the engine admits its waiting requests in priority order, so lower-priority work does not delay a request.
-    prefill_by_priority: dict[int, int] = field(default_factory=dict)
-
-    def hold_prefill(self, priority: int | None, tokens: int) -> None:
-        """Add `tokens` (negative: take them back) of reserved prefill at `priority`."""
-        self.active_prefill_tokens += tokens
-        key = priority or 0
-        left = self.prefill_by_priority.get(key, 0) + tokens
-        if left:
-            self.prefill_by_priority[key] = left
-        else:
-            self.prefill_by_priority.pop(key, None)
-
-    def prefill_behind(self, priority: int) -> int:
-        """Reserved prefill tokens of requests that vLLM's priority scheduler admits after one of `priority`."""
-        return sum(tokens for p, tokens in self.prefill_by_priority.items() if p > priority)
 
     def recent(self, now: float) -> float:
         if self.recent_work == 0.0:

@@ -7,11 +7,12 @@ Per candidate replica, in seconds, from that replica's measured rates (routing/t
          + later turns x typical TTFT there      its session's own future turns, when this is a new session
 
 - wait = (backlog + uncached) / P + decode interleaved. backlog: prefill tokens routed there and not yet reported
-  prefilled, less what the replica has presumably computed since (it drains at P while pending), less the
-  reserved prefill of lower-priority requests (vLLM's priority scheduler admits its waiting requests in priority
-  order, so a tenant's higher tier jumps them; the computed part is taken as the higher-priority work's first);
-  uncached: prompt tokens beyond the leading blocks that replica holds (KV index); P: its measured prefill rate.
-  With continuous batching running decodes share the prefill's steps (one token per running request per step, about
+  prefilled, less what the replica has presumably computed since (it drains at P while pending); uncached: prompt
+  tokens beyond the leading blocks that replica holds (KV index); P: its measured prefill rate. The backlog is
+  every queued request's, whatever its tenant's tier: vLLM's priority scheduling reorders only requests still
+  waiting for a slot or KV memory, and an admitted one keeps its place; letting a higher tier skip lower tiers'
+  backlog routed worse in the simulation (README "Tenants and state", load/results/router_tiers.json). With
+  continuous batching running decodes share the prefill's steps (one token per running request per step, about
   `(backlog + uncached) / step_tokens` steps), so they add `decoding x steps` tokens at the decode rate.
 - delay: how many seconds of others' waiting one more second of work there causes. The M/M/1 marginal,
   rho (2 - rho) / (1 - rho)^2 at the replica's recent prefill utilization rho, scaled by Kingman's variability
@@ -85,10 +86,10 @@ class TtftPolicy(Policy):
             least = min(uncached_by[r] for r in candidates)
             candidates = [r for r in candidates if uncached_by[r] <= least + bs]
             for rid in candidates:
-                predicted[rid] = predict_ttft(state, rid, uncached_by[rid], step_tokens, req.priority)
+                predicted[rid] = predict_ttft(state, rid, uncached_by[rid], step_tokens)
         for rid in candidates if not predicted else ():
             uncached = uncached_by[rid]
-            wait = predict_ttft(state, rid, uncached, step_tokens, req.priority)
+            wait = predict_ttft(state, rid, uncached, step_tokens)
             rates = state.rates[rid]
             others = delay_factor(rates.prefill_utilization(now)) * rates.variability()
             predicted[rid] = (wait + others * (uncached + follow_on) / rates.prefill.rate
@@ -116,16 +117,11 @@ class TtftPolicy(Policy):
         return rid, overlaps[rid]
 
 
-def predict_ttft(state, rid: str, uncached: int, step_tokens: int = DEFAULT_STEP_TOKENS,
-                 priority: int | None = None) -> float:
-    """Seconds until `uncached` more prompt tokens routed to `rid` would produce their first token; `priority`:
-    the request's vLLM priority (None: unknown, everything queued there is ahead of it)."""
+def predict_ttft(state, rid: str, uncached: int, step_tokens: int = DEFAULT_STEP_TOKENS) -> float:
+    """Seconds until `uncached` more prompt tokens routed to `rid` would produce their first token."""
     load = state.loads[rid]
     rates = state.rates[rid]
-    ahead = rates.backlog(load.active_prefill_tokens, state.now())
-    if priority is not None:
-        ahead = max(0, ahead - load.prefill_behind(priority))
-    prefill_tokens = ahead + uncached
+    prefill_tokens = rates.backlog(load.active_prefill_tokens, state.now()) + uncached
     prefill_s = prefill_tokens / rates.prefill.rate
     steps = max(1, math.ceil(prefill_tokens / step_tokens))
     # Decode tokens that share those steps; no more than the running requests are expected to produce.

@@ -17,9 +17,6 @@ class RouteRequest:
     num_prompt_tokens: int = 0
     expected_output_tokens: int = 256  # agent_hints.osl when given
     session_key: str | None = None
-    # vLLM's scheduling priority (lower runs first; tenants.engine_priority). None: unknown, so every request
-    # queued on a replica counts as ahead of this one.
-    priority: int | None = None
 
 
 @dataclass(slots=True)

@@ -92,6 +92,32 @@ def test_engine_chunks_a_long_prefill_and_interleaves_decodes():
     assert first["short"] < done["long"]
 
 
+def test_engine_admits_waiting_requests_by_priority_and_keeps_admitted_ones_in_place():
+    """vLLM's priority scheduling: waiting requests go in (priority, arrival) order, lower first; one admitted
+    keeps its slot whatever arrives after it."""
+    p = EngineParams(prefill_tps=1000.0, step_overhead_s=0.001, decode_seq_s=0.0, max_seqs=1, cache_blocks=64)
+    order = []
+    e = EngineReplica("r", p, on_first_token=lambda r, t: order.append(r.id), on_finish=lambda r, t: None)
+    e.arrive(SimRequest("running", 0.0, [1], 500, 50, priority=0), 0.0)
+    for rid, prio in (("low", 0), ("lower", 5), ("high", -1000), ("high2", -1000)):
+        e.arrive(SimRequest(rid, 0.001, [hash(rid)], 100, 2, priority=prio), 0.001)
+    while e.next_event is not None:
+        e.advance()
+    assert order == ["running", "high", "high2", "low", "lower"]
+
+
+def test_tiers_report_each_tiers_ttft_and_the_higher_one_waits_less():
+    rows = generate(AgenticParams(sessions=24, turns=6, arrival_rate=4.0, seed=7))
+    r = simulate(rows, "ttft", replicas=2, cache_blocks=256, engine=EngineParams(max_seqs=4), tiers=0.3)
+    hi, lo = r["high_tier"], r["low_tier"]
+    assert hi["requests"] + lo["requests"] == r["requests"] and hi["requests"] and lo["requests"]
+    assert hi["ttft_mean_s"] < lo["ttft_mean_s"] / 3  # slots are short: the low tier waits for them
+    # The tier is the session's: every run of the same trace and seed puts the same sessions up.
+    assert simulate(rows, "ttft", replicas=2, cache_blocks=256, engine=EngineParams(max_seqs=4),
+                    tiers=0.3)["high_tier"] == hi
+    assert "high_tier" not in simulate(rows, "ttft", replicas=2, cache_blocks=256)
+
+
 def test_agentic_trace_shape_and_prefix_sharing():
     rows = generate(AgenticParams(sessions=20, turns=4, seed=3))
     assert rows == sorted(rows, key=lambda r: r["timestamp"])
