@@ -25,7 +25,7 @@ import httpx
 import yaml
 
 from load import provenance
-from load.bench_capacity import MODEL_ID, free_port, ours_config, request_log, start_server, stop, wait_healthy
+from load.bench_capacity import MODEL_ID, free_port, ours_config, pct, request_log, start_server, stop, wait_healthy
 from load.tiny_model import ensure_tiny_model
 
 TIERS = {"tiered": {"ci": -10, "dev": 10}, "flat": {"ci": 0, "dev": 0}}
@@ -84,11 +84,6 @@ async def load(url: str, a: argparse.Namespace) -> dict:
     return {"ci_tokens": ci_tokens, "ci_s": round(ci_s, 2), "dev_phase_s": round(elapsed, 2)}
 
 
-def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -110,7 +105,7 @@ def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
     if len(dev) < a.dev_requests:
         raise RuntimeError(f"{name}: {len(dev)} dev requests in the request log, {a.dev_requests} sent")
     out = {"priorities": TIERS[name], "dev_requests": len(dev), "ci_requests": len(ci),
-           "dev_ttft_p50_s": round(statistics.median(dev), 3), "dev_ttft_p95_s": round(_pct(dev, 0.95), 3),
+           "dev_ttft_p50_s": round(statistics.median(dev), 3), "dev_ttft_p95_s": round(pct(dev, 0.95), 3),
            "ci_ttft_p50_s": round(statistics.median(ci), 3) if ci else None,
            "ci_tokens_per_s": round(seen["ci_tokens"] / seen["ci_s"], 1), **seen}
     print(name, out, flush=True)
