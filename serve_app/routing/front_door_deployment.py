@@ -168,16 +168,20 @@ class FrontDoorRouter(RouterMethods):
         """A request arrived at an ingress without its route id: if this replica placed it, the pin was missed
         and it is served elsewhere, by Serve's choice."""
         route_id = f"{self.replica_id}/{request_id}"
-        moved = any(core.redirected(route_id) for core in self.table.cores.values())
-        if self._drop(route_id):
-            self.pin_misses += 1
-            if moved:  # its answer was counted as a fallback already
-                return
-            self.fallbacks += 1
-            self.decisions -= 1
-            # The answer was counted as a decision under its policy, and a counter cannot be taken back: a
-            # `fallback`/`pin_miss` sample lets a dashboard subtract it (docs/operations.md).
-            metrics.observe_router_decision("fallback", "pin_miss")
+        for core in self.table.cores.values():  # one walk: the core holding it says whether it moved, then drops it
+            moved = core.redirected(route_id)
+            if core.release(route_id, measured=False, unused=True):
+                break
+        else:
+            return
+        self.pin_misses += 1
+        if moved:  # its answer was counted as a fallback already
+            return
+        self.fallbacks += 1
+        self.decisions -= 1
+        # The answer was counted as a decision under its policy, and a counter cannot be taken back: a
+        # `fallback`/`pin_miss` sample lets a dashboard subtract it (docs/operations.md).
+        metrics.observe_router_decision("fallback", "pin_miss")
 
     def _drop(self, route_id: str) -> bool:
         """Release `route_id`'s reservation in whichever engine's core holds it; not a measurement."""
