@@ -1,4 +1,4 @@
-"""KubeRay manifests: valid against the RayService CRD, in sync with the Serve config, and shaped for B200 TP=4."""
+"""KubeRay manifests: valid against the RayService CRD, in sync with the Serve configs, and sized for B200 nodes."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from serve_app.settings import AppSettings
 ROOT = Path(__file__).resolve().parents[2]
 CRD = ROOT / "tests" / "data" / "kuberay" / "ray.io_rayservices.yaml"
 MANIFESTS = sorted((ROOT / "kuberay").glob("*.yaml"))
-SERVE_CONFIG = ROOT / "deployments" / "b200-tp4.yaml"
 
 
 def _load_generator():
@@ -54,8 +53,35 @@ def manifests() -> dict[str, dict]:
     return {p.name: yaml.safe_load(p.read_text()) for p in MANIFESTS}
 
 
-def test_there_are_manifests_for_4_and_8_gpu_pods(manifests):
-    assert set(manifests) == {"rayservice-b200-tp4.yaml", "rayservice-b200-2x-tp4.yaml"}
+def test_there_are_manifests_for_4_and_8_gpu_pods_and_the_coding_models(manifests):
+    expected = {"rayservice-b200-tp4.yaml", "rayservice-b200-2x-tp4.yaml", "rayservice-b200-coding-models.yaml"}
+    assert set(manifests) == expected
+    gen = _load_generator()
+    assert set(gen.VARIANTS) == expected
+    # Both B200 Serve configs have a RayService.
+    assert {v["serve_config"] for v in gen.VARIANTS.values()} == {
+        "deployments/b200-tp4.yaml", "deployments/b200-coding-models.yaml"}
+
+
+@pytest.mark.parametrize(("groups", "nodes"), [
+    ([8, 4, 4, 1, 1], 3),  # the coding models' floor: Kimi alone, Qwen3-Coder + GLM, the gpt-oss pair
+    ([4, 4], 1),
+    ([4], 1),
+    ([], 0),
+    ([6, 6, 4], 3),  # 16 GPUs but STRICT_PACK groups do not split: sum / 8 would say 2
+    ([1] * 9, 2),
+    ([8, 8, 4, 4, 4, 4, 4, 4, 4, 4] + [1] * 8, 7),  # the coding models' ceiling
+])
+def test_pack_places_every_group_whole_on_one_node(groups, nodes):
+    packed = _load_generator().pack(groups, 8)
+    assert len(packed) == nodes
+    assert sorted(g for node in packed for g in node) == sorted(groups)  # every group placed, once
+    assert all(sum(node) <= 8 for node in packed)
+
+
+def test_pack_refuses_a_group_larger_than_a_node():
+    with pytest.raises(ValueError, match="cannot fit"):
+        _load_generator().pack([4, 9], 8)
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
@@ -89,10 +115,9 @@ def test_generated_manifests_are_up_to_date():
 
 def test_serve_config_is_embedded_unchanged_except_the_declared_overrides(manifests):
     gen = _load_generator()
-    source = yaml.safe_load(SERVE_CONFIG.read_text())
     for filename, variant in gen.VARIANTS.items():
         embedded = yaml.safe_load(manifests[filename]["spec"]["serveConfigV2"])
-        expected = copy.deepcopy(source)
+        expected = yaml.safe_load((ROOT / variant["serve_config"]).read_text())
         for model in expected["applications"][0]["args"]["models"]:
             model["deployment"]["autoscaling_config"].update(variant["engine_autoscaling"])
         assert json.dumps(embedded, sort_keys=True) == json.dumps(expected, sort_keys=True), filename
@@ -111,29 +136,53 @@ def test_cluster_shape_cpu_head_b200_workers_autoscaler_v2(path):
     assert "nvidia.com/gpu" not in head_c["resources"]["limits"]
 
     serve_cfg = yaml.safe_load(doc["spec"]["serveConfigV2"])
-    model_dep = serve_cfg["applications"][0]["args"]["models"][0]["deployment"]
-    gpus_per_replica = sum(b.get("GPU", 0) for b in model_dep["placement_group_bundles"])
+    model_deps = [m["deployment"] for m in serve_cfg["applications"][0]["args"]["models"]]
     (gpu_group,) = [g for g in cluster["workerGroupSpecs"] if "nvidia.com/gpu" in
                     g["template"]["spec"]["containers"][0]["resources"]["limits"]]
     spec = gpu_group["template"]["spec"]
     (c,) = spec["containers"]
     gpus = int(c["resources"]["limits"]["nvidia.com/gpu"])
-    assert gpus in (4, 8) and gpus % gpus_per_replica == 0
+    assert gpus in (4, 8)
     assert gpu_group["rayStartParams"]["num-gpus"] == str(gpus)
     assert "accelerator_type:B200" in gpu_group["rayStartParams"]["resources"]
-    # Enough pods for the most engine replicas Serve may ask for, and a floor that holds the minimum.
-    per_pod = gpus // gpus_per_replica
-    auto = model_dep["autoscaling_config"]
-    assert gpu_group["maxReplicas"] * per_pod >= auto["max_replicas"]
-    assert gpu_group["minReplicas"] * per_pod >= auto["min_replicas"]
-    assert gpu_group["minReplicas"] * per_pod < auto["min_replicas"] + per_pod  # no idle pod at the floor
+    floor, ceiling = [], []  # every engine replica's placement group (its GPUs) at min_replicas / max_replicas
+    for dep in model_deps:
+        gpus_per_replica = sum(b.get("GPU", 0) for b in dep["placement_group_bundles"])
+        assert dep["placement_group_strategy"] == "STRICT_PACK"
+        assert gpus % gpus_per_replica == 0  # a replica's group fits a pod, and replicas tile it
+        # A fixed size (autoscaling_config null) is num_replicas at both ends.
+        fixed = dep.get("num_replicas")
+        auto = dep.get("autoscaling_config") or {"min_replicas": fixed, "max_replicas": fixed}
+        floor += [gpus_per_replica] * auto["min_replicas"]
+        ceiling += [gpus_per_replica] * auto["max_replicas"]
+    # Enough pods for the most engine replicas Serve may ask for, and a floor that holds the minimum: as many pods
+    # as the groups packed whole onto pods (STRICT_PACK), with no pod to spare at the floor; at the ceiling one
+    # spare where groups of different sizes can fragment the pods (generate.gpu_pods), else none.
+    gen = _load_generator()
+    spare = gen.FRAGMENTATION_SPARE_PODS if len(set(ceiling)) > 1 else 0
+    assert gpu_group["minReplicas"] == gpu_group["replicas"] == len(gen.pack(floor, gpus))
+    assert gpu_group["maxReplicas"] == len(gen.pack(ceiling, gpus)) + spare
+    assert gpu_group["maxReplicas"] * gpus >= sum(ceiling)
+    assert gpu_group["minReplicas"] * gpus >= sum(floor)
+    assert (gpu_group["minReplicas"] - 1) * gpus < sum(floor)  # no idle pod at the floor
+    assert (gpu_group["maxReplicas"] - 1 - spare) * gpus < sum(ceiling)  # none past the ceiling but the spare
     # /dev/shm is memory-backed and mounted; the GPU taint is tolerated.
     shm = [v for v in spec["volumes"] if v["name"] == "dshm"]
     assert shm and shm[0]["emptyDir"]["medium"] == "Memory"
     assert any(m["mountPath"] == "/dev/shm" for m in c["volumeMounts"])
     assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
     # The pod outlives Serve's graceful shutdown of its replicas.
-    assert spec["terminationGracePeriodSeconds"] > model_dep["graceful_shutdown_timeout_s"]
+    assert spec["terminationGracePeriodSeconds"] > max(d["graceful_shutdown_timeout_s"] for d in model_deps)
+
+
+def test_coding_models_cluster_fits_every_engine_floor_and_ceiling(manifests):
+    """8-GPU pods. Floor: Kimi-K2 (TP=8) takes a pod, Qwen3-Coder + GLM-4.6 (TP=4 each) share one, the two gpt-oss
+    replicas (TP=1) need a third. Ceiling: 2 Kimi pods, 4 pods of 4 + 4 TP=4 replicas, 8 gpt-oss on one pod, and
+    one spare for the fragmentation mixed group sizes can cause."""
+    cluster = manifests["rayservice-b200-coding-models.yaml"]["spec"]["rayClusterConfig"]
+    (gpu_group,) = [g for g in cluster["workerGroupSpecs"] if g["groupName"].startswith("b200")]
+    assert gpu_group["rayStartParams"]["num-gpus"] == "8"
+    assert (gpu_group["minReplicas"], gpu_group["maxReplicas"]) == (3, 8)
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
