@@ -78,6 +78,17 @@ ROWS: list[tuple[str, list[tuple[str, str, str, list[dict]]]]] = [
         ("Admitted requests per tenant", "reqps", "Requests admitted per second, by tenant.",
          [_q(f'sum by (tenant) (rate(ray_serve_app_tenant_requests_total{{outcome="admitted"}}[{R}]))',
              "{{tenant}}")]),
+        ("Tokens per tenant", "short",
+         "Who uses the capacity: prompt tokens computed (not served from the prefix cache) and completion tokens "
+         "per second, by tenant.",
+         [_q(f"sum by (tenant) (rate(ray_serve_app_prompt_tokens_total[{R}])) - "
+             f"sum by (tenant) (rate(ray_serve_app_cached_tokens_total[{R}]))", "{{tenant}} prompt computed"),
+          _q(f"sum by (tenant) (rate(ray_serve_app_completion_tokens_total[{R}]))", "{{tenant}} completion")]),
+        ("Cached prompt fraction per tenant", "percentunit",
+         "Prompt tokens served from the prefix cache over all prompt tokens, by tenant (a tenant's own cache "
+         "namespace: its cache_group).",
+         [_q(f"sum by (tenant) (rate(ray_serve_app_cached_tokens_total[{R}])) / "
+             f"sum by (tenant) (rate(ray_serve_app_prompt_tokens_total[{R}]))", "{{tenant}}")]),
     ]),
 ]
 

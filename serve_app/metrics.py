@@ -244,9 +244,11 @@ OUTPUT_RATE = _Metric("histogram", "output_tokens_per_second", "Completion token
                       ("api",), RATE_BUCKETS)
 CACHED_FRACTION = _Metric("histogram", "cached_token_fraction", "cached_tokens / prompt_tokens per request",
                           ("api",), FRACTION_BUCKETS)
-PROMPT_TOKENS = _Metric("counter", "prompt_tokens_total", "Prompt tokens", ("api",))
-CACHED_TOKENS = _Metric("counter", "cached_tokens_total", "Prompt tokens served from the prefix cache", ("api",))
-COMPLETION_TOKENS = _Metric("counter", "completion_tokens_total", "Completion tokens", ("api",))
+# By tenant too: a team sharing the service sees who uses its capacity (tenants are configured, so few values).
+PROMPT_TOKENS = _Metric("counter", "prompt_tokens_total", "Prompt tokens", ("api", "tenant"))
+CACHED_TOKENS = _Metric("counter", "cached_tokens_total", "Prompt tokens served from the prefix cache",
+                        ("api", "tenant"))
+COMPLETION_TOKENS = _Metric("counter", "completion_tokens_total", "Completion tokens", ("api", "tenant"))
 FINISHES = _Metric("counter", "finish_total", "Finished generations by finish reason", ("api", "reason"))
 ROUTER_DECISIONS = _Metric("counter", "router_decisions_total",
                            "Routing decisions by policy and outcome (e.g. kv_hit, kv_miss, fallback, timeout)",
@@ -298,10 +300,12 @@ def observe_inter_token(api: str, seconds: float) -> None:
     ITL.record(max(0.0, seconds), api=api)
 
 
-def observe_usage(api: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int = 0) -> None:
-    PROMPT_TOKENS.record(prompt_tokens, api=api)
-    CACHED_TOKENS.record(cached_tokens, api=api)
-    COMPLETION_TOKENS.record(completion_tokens, api=api)
+def observe_usage(api: str, prompt_tokens: int, cached_tokens: int, completion_tokens: int = 0,
+                  tenant: str | None = None) -> None:
+    tenant = tenant or "none"
+    PROMPT_TOKENS.record(prompt_tokens, api=api, tenant=tenant)
+    CACHED_TOKENS.record(cached_tokens, api=api, tenant=tenant)
+    COMPLETION_TOKENS.record(completion_tokens, api=api, tenant=tenant)
     if prompt_tokens > 0:
         CACHED_FRACTION.record(min(1.0, cached_tokens / prompt_tokens), api=api)
 
@@ -329,11 +333,13 @@ import contextvars as _cv
 CURRENT_API: _cv.ContextVar[str] = _cv.ContextVar("serve_app_api", default="other")
 
 
-async def instrument_stream(api: str, events: AsyncIterator, started: float | None = None) -> AsyncIterator:
+async def instrument_stream(api: str, events: AsyncIterator, started: float | None = None,
+                            tenant: str | None = None) -> AsyncIterator:
     """Yield `events` unchanged while recording TTFT, inter-token gaps, output rate, usage and the finish reason.
 
-    `started` is the request's arrival time (`time.monotonic()`); it defaults to when iteration starts. Closing
-    this generator closes `events` (so a client disconnect still aborts the engine request).
+    `started` is the request's arrival time (`time.monotonic()`); it defaults to when iteration starts. `tenant`:
+    whose usage the token counters count it as. Closing this generator closes `events` (so a client disconnect
+    still aborts the engine request).
     """
     t0 = started if started is not None else time.monotonic()
     first: float | None = None
@@ -361,6 +367,6 @@ async def instrument_stream(api: str, events: AsyncIterator, started: float | No
         if aclose is not None:
             await aclose()
         if usage is not None:
-            observe_usage(api, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+            observe_usage(api, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, tenant)
             if first is not None and last is not None:
                 observe_output_rate(api, usage.completion_tokens, last - first)

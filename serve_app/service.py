@@ -420,7 +420,7 @@ class GenerationService:
         """`restartable`: the caller shows the client nothing until the end, so a lost replica's request may start
         again; it then drops every event before each `RESTARTED` (only `complete` does)."""
         return metrics.instrument_stream(metrics.CURRENT_API.get(), self._stream(prepared, restartable),
-                                         prepared.created or None)
+                                         prepared.created or None, prepared.tenant)
 
     async def _stream(self, prepared: PreparedRequest, restartable: bool = False) -> AsyncIterator[Event]:
         model = prepared.model

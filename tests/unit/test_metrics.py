@@ -48,7 +48,7 @@ def test_observe_functions_land_in_the_registry():
 def test_cached_fraction_is_cached_over_prompt():
     metrics.observe_usage("frac", prompt_tokens=1000, cached_tokens=750, completion_tokens=10)
     assert _value("cached_token_fraction_sum", api="frac") == 0.75
-    assert _value("cached_tokens_total", api="frac") == 750
+    assert _value("cached_tokens_total", api="frac", tenant="none") == 750
     metrics.observe_usage("frac", prompt_tokens=0, cached_tokens=0)  # no division by zero, no sample
     assert _value("cached_token_fraction_count", api="frac") == 1
 
@@ -66,7 +66,7 @@ def test_instrument_stream_passes_events_through_and_records():
     api = "instr"
     async def run():
         out = []
-        async for ev in metrics.instrument_stream(api, _events()):
+        async for ev in metrics.instrument_stream(api, _events(), tenant="team-a"):
             out.append(ev)
         return out
 
@@ -75,8 +75,11 @@ def test_instrument_stream_passes_events_through_and_records():
     assert got == expected
     assert _value("ttft_seconds_count", api=api) == 1
     assert _value("inter_token_seconds_count", api=api) == 2  # three content events, two gaps
-    assert _value("prompt_tokens_total", api=api) == 100  # the exact Usage, not the estimate
-    assert _value("cached_tokens_total", api=api) == 80
+    # The exact Usage, not the estimate, counted as the tenant's.
+    assert _value("prompt_tokens_total", api=api, tenant="team-a") == 100
+    assert _value("cached_tokens_total", api=api, tenant="team-a") == 80
+    assert _value("completion_tokens_total", api=api, tenant="team-a") == 3
+    assert _value("prompt_tokens_total", api=api, tenant="none") == 0
     assert _value("finish_total", api=api, reason="error") == 1
     assert _value("errors_total", api=api, kind="api_error") == 1
 
