@@ -63,6 +63,9 @@ class ModelConfig(_Strict):
     # The template kwarg that switches thinking, set beside `enable_thinking` (which most templates read) when it
     # differs: Kimi K3's template reads `thinking` only. A family fills it in.
     thinking_kwarg: str = "enable_thinking"
+    # What that kwarg is set to for thinking on and off (MiniMax-M3's `thinking_mode` takes "enabled" / "disabled");
+    # `enable_thinking` itself stays a bool. A family fills it in.
+    thinking_values: tuple[Any, Any] = (True, False)
     # The template kwarg a request's reasoning effort goes to, and its values by effort ({} passes the effort on
     # as is; with a map, an effort it lacks sets nothing and the template's default stands). A family fills them in.
     effort_kwarg: str = "reasoning_effort"

@@ -55,6 +55,7 @@ class Family(_Strict):
     stop_tokens: list[str]
     chat_template_kwargs: dict[str, str]  # kwarg → what it does
     thinking_kwarg: str = "enable_thinking"  # the kwarg that switches the template's thinking
+    thinking_values: tuple[Any, Any] = (True, False)  # what thinking_kwarg is set to for thinking on, off
     effort_kwarg: str = "reasoning_effort"  # the kwarg a request's reasoning effort goes to
     effort_values: dict[str, str] = Field(default_factory=dict)  # effort → the template's value ({}: as is)
     default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -69,6 +70,9 @@ class Family(_Strict):
     # Thinking off: the empty think block the generation prompt closes renders back with the turn (Gemma 4 drops it)
     empty_thought_replayed: bool = True
     declares_tools: bool = True  # the template writes the request's tool schemas into the prompt
+    # argument values keep their JSON types in the render (MiniMax-M3 writes them as untyped elements: only the
+    # tool's schema types them back, what it does not describe comes back as text)
+    typed_values: bool = True
     limits: list[str] = Field(default_factory=list)  # further limits, in words
 
     @property
@@ -113,7 +117,8 @@ def apply_family(model: dict[str, Any]) -> dict[str, Any]:
         return model
     fam = get_family(name)
     out = dict(model)
-    for key in ("reasoning_parser", "tool_parser", "thinking_kwarg", "effort_kwarg", "effort_values"):
+    for key in ("reasoning_parser", "tool_parser", "thinking_kwarg", "thinking_values", "effort_kwarg",
+                "effort_values"):
         if key not in out:
             out[key] = getattr(fam, key)
     out["default_chat_template_kwargs"] = {**fam.default_chat_template_kwargs,

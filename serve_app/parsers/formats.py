@@ -1,7 +1,7 @@
 """The formats, as data. Names follow vLLM's `--reasoning-parser` / `--tool-call-parser`, so configs carry over.
 
-Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of five
-engines (JSON-in-tags, XML function/parameter, pythonic, Gemma 4's notation, Harmony) and declares it:
+Each reasoning format is a pair of think markers (or Harmony); each tool format is a descriptor for one of six
+engines (JSON-in-tags, XML function/parameter, XML argument elements, pythonic, Gemma 4's notation, Harmony) and declares it:
 `fmt.engine(schemas)` builds the per-request engine, and `fmt.harmony` says the format parses the whole stream
 instead. Adding a model family is adding a row here.
 """
@@ -15,6 +15,7 @@ from typing import ClassVar
 from serve_app.parsers.gemma4 import Gemma4Format
 from serve_app.parsers.json_tags import JsonTagsFormat
 from serve_app.parsers.pythonic import PythonicFormat
+from serve_app.parsers.xml_elements import ElementFormat
 from serve_app.parsers.xml_tags import XmlFormat, dsml_param, xtml_name, xtml_param
 
 
@@ -49,6 +50,9 @@ class ReasoningFormat:
     # thinking off, a turn that is only reasoning gives it again as the answer (parsers/answer.py; vLLM's
     # nemotron_v3 parser does this), as a request's force_nonempty_content does for every format
     answer_when_thinking_off: bool = False
+    # a stray end marker is markup only where it opens the output (MiniMax-M3's template writes a bare one in front
+    # of a turn without reasoning); one after the output began is text, as vLLM's minimax_m3 parser keeps it
+    late_end_is_text: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,9 @@ REASONING_PARSERS: dict[str, ReasoningFormat] = {
                         answer=(*_xtml("response"), _xtml("message")[1]), ends_at=(_xtml("tools")[0],)),
         ReasoningFormat("minimax_m2", *_THINK, starts_in_reasoning=True, tool_ends_reasoning=True,
                         special_tokens=True),
+        # MiniMax-M3: the prompt opens <mm:think> only with thinking_mode "enabled" (adaptive, the default, opens
+        # nothing; "disabled" closes it), and a turn rendered without reasoning starts with a bare </mm:think>
+        ReasoningFormat("minimax_m3", "<mm:think>", "</mm:think>", special_tokens=True, late_end_is_text=True),
         ReasoningFormat("step3", *_THINK, starts_in_reasoning=True),
         ReasoningFormat("step3p5", *_THINK, starts_in_reasoning=True, trim_end_newlines=True),
         ReasoningFormat("seed_oss", "<seed:think>", "</seed:think>", starts_in_reasoning=True, special_tokens=True),
@@ -233,6 +240,9 @@ TOOL_PARSERS: dict[str, object] = {
         func_open="<invoke name=", func_head_end=">", func_close="</invoke>",
         param_open="<parameter name=", param_head_end=">", value_close="</parameter>", undescribed_string=True,
         special_tokens=True),
+    # MiniMax-M3: every structural tag prefixed by its namespace marker; arguments are elements named after them,
+    # nested for objects and arrays (xml_elements.py)
+    "minimax_m3": ElementFormat("minimax_m3", ns="]<]minimax[>["),
     # Phi-4-mini (vLLM's template): `functools` then a JSON list of {"name", "arguments"} wrappers; the marker is
     # plain text, not a special token
     "phi4_mini_json": JsonTagsFormat("phi4_mini_json", starts=("functools",), mistral_list=True,

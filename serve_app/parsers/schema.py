@@ -42,10 +42,11 @@ class ToolSchemas:
     (`{"type": "function", "function": {...}}` or the bare function), Anthropic tools (`input_schema`) or the
     IR's `ToolSpec`s."""
 
-    __slots__ = ("_params",)
+    __slots__ = ("_params", "_props")
 
     def __init__(self, tool_schemas: list[dict] | None):
         self._params: dict[str, dict[str, frozenset[str]]] = {}
+        self._props: dict[str, dict] = {}  # name -> the parameters' own schemas (xml_elements types nested values)
         for spec in tool_schemas or ():
             if not isinstance(spec, dict):  # the IR's ToolSpec (or anything with .name / .parameters)
                 spec = {"name": getattr(spec, "name", None), "parameters": getattr(spec, "parameters", None)}
@@ -57,6 +58,7 @@ class ToolSchemas:
             # A schema is the client's and only a hint here: one of the wrong shape types nothing, never fails
             self._params[fn["name"]] = ({k: _types_of(v) for k, v in props.items()} if isinstance(props, dict)
                                         else {})
+            self._props[fn["name"]] = props if isinstance(props, dict) else {}
 
     def streams_as_string(self, tool: str, param: str) -> bool:
         """True when the value may be streamed as a JSON string: the schema allows a string."""
@@ -66,6 +68,10 @@ class ToolSchemas:
         """A string that may also be null (`anyOf [string, null]`): the text `null` (or Python's `None`) means null."""
         types = self.types(tool, param)
         return bool(types & _STRINGY) and "null" in types
+
+    def properties(self, tool: str) -> dict:
+        """The tool's parameter schemas as the client wrote them ({} for an unknown tool)."""
+        return self._props.get(tool, {})
 
     def declares(self, tool: str, param: str) -> bool:
         return param in self._params.get(tool, {})

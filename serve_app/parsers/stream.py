@@ -209,6 +209,9 @@ class StreamParser:
             self.strip_nl = False
             self.label = r.start_label if not self.in_reasoning else ""
             self.in_reasoning = True
+        elif mk in self.ends and not self.in_reasoning and not self.at_start and r.late_end_is_text:
+            self._release_nl()
+            self._emit(mk)  # a stray end marker after the output began is the model's text (MiniMax-M3)
         elif mk in self.ends:
             self._flush_start()
             if self.in_reasoning:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serve_app.conversation import ToolChoice, ToolSpec
+from serve_app.parsers.element_grammar import element_arguments
 from serve_app.parsers.formats import REASONING_PARSERS
 from serve_app.parsers.gemma4_grammar import gemma_arguments
 from serve_app.parsers.pythonic_grammar import keyword_arguments
@@ -38,8 +39,9 @@ from serve_app.parsers.xtml_grammar import xtml_arguments, xtml_attr
 class CallShape:
     """How one tool format writes calls. `call_begin` holds `{name}`; `args` is xgrammar's JSON-schema style
     ("json", "qwen_xml", "minimax_xml", "deepseek_xml", "deepseek_v4_1_xml", "glm_xml"), "python" (keyword
-    arguments, Python literals: pythonic_grammar.py), "gemma" (Gemma 4's notation: gemma4_grammar.py) or "xtml"
-    (Kimi K3's typed argument elements: xtml_grammar.py)."""
+    arguments, Python literals: pythonic_grammar.py), "gemma" (Gemma 4's notation: gemma4_grammar.py), "xtml"
+    (Kimi K3's typed argument elements: xtml_grammar.py) or "elements" (MiniMax-M3's argument elements, nested:
+    element_grammar.py)."""
 
     call_begin: str
     call_end: str
@@ -73,6 +75,7 @@ def _dsml(outer: str, sep: str = "", style: str = "deepseek_xml") -> CallShape:
                      triggers=(f"<{d}{outer}>",))
 
 
+_MM3 = "]<]minimax[>["  # MiniMax-M3's namespace marker, in front of every structural tag
 _PYTHONIC = CallShape("{name}(", ")", args="python", section_begin="[", section_end="]", separator=", ",
                       triggers=("[",), none_excludes=())
 
@@ -107,6 +110,9 @@ SHAPES: dict[str, CallShape] = {
     "minimax_m2": CallShape('<invoke name="{name}">\n', "</invoke>\n", args="minimax_xml", separator="",
                             section_begin="<minimax:tool_call>\n", section_end="</minimax:tool_call>",
                             triggers=("<minimax:tool_call>",)),
+    "minimax_m3": CallShape(_MM3 + '<invoke name="{name}">', _MM3 + "</invoke>\n", args="elements", separator="",
+                            section_begin=_MM3 + "<tool_call>\n", section_end=_MM3 + "</tool_call>",
+                            triggers=(_MM3 + "<tool_call>",)),
     "minimax": CallShape(_WRAP, "}\n", separator="", section_begin="<tool_calls>\n", section_end="</tool_calls>",
                          triggers=("<tool_calls>",)),
     "hunyuan_a13b": _LIST_IN_TOOL_CALLS,
@@ -148,7 +154,8 @@ SHAPES: dict[str, CallShape] = {
                          triggers=("<|open|>tools<|sep|>",),
                          forced_lead=("<|open|>response<|sep|>", "<|close|>response<|sep|>")),
 }
-_ARG_GRAMMARS = {"python": keyword_arguments, "gemma": gemma_arguments, "xtml": xtml_arguments}  # written here
+_ARG_GRAMMARS = {"python": keyword_arguments, "gemma": gemma_arguments, "xtml": xtml_arguments,  # written here
+                 "elements": lambda schema: element_arguments(schema, _MM3)}
 
 _HARMONY_ANALYSIS = ("<|channel|>analysis<|message|>", "<|end|><|start|>assistant")
 _TRIVIAL = {"type": "object", "properties": {}}

@@ -222,11 +222,11 @@ class PromptRenderer:
     def template_kwargs(self, opts: GenerationOptions) -> dict[str, Any]:
         kwargs: dict[str, Any] = dict(self.model.default_chat_template_kwargs)
         if self.reasoning_enabled:
-            kwargs["enable_thinking"] = kwargs[self.model.thinking_kwarg] = opts.thinking is not False
+            self._set_thinking(kwargs, opts.thinking is not False)
             # Keep earlier thinking in the prompt: the history must render as it was generated.
             kwargs["truncate_history_thinking"] = False
         elif opts.thinking is False:
-            kwargs["enable_thinking"] = kwargs[self.model.thinking_kwarg] = False
+            self._set_thinking(kwargs, False)
         if opts.reasoning_effort is not None:
             values = self.model.effort_values
             effort = values.get(opts.reasoning_effort) if values else opts.reasoning_effort
@@ -237,10 +237,16 @@ class PromptRenderer:
                 kwargs[key] = value
         return kwargs
 
+    def _set_thinking(self, kwargs: dict[str, Any], on: bool) -> None:
+        """`enable_thinking` (most templates), and the template's own switch with its own values (Kimi K3's
+        `thinking`, MiniMax-M3's `thinking_mode`: "enabled" / "disabled")."""
+        kwargs["enable_thinking"] = on
+        kwargs[self.model.thinking_kwarg] = self.model.thinking_values[0 if on else 1]
+
     def _probe_render(self, messages: list[dict[str, Any]], thinking: bool, add_generation_prompt: bool,
                       tools: list[dict[str, Any]] | None = None) -> str:
-        kwargs = {**self.model.default_chat_template_kwargs, "enable_thinking": thinking,
-                  self.model.thinking_kwarg: thinking, "truncate_history_thinking": False}
+        kwargs = {**self.model.default_chat_template_kwargs, "truncate_history_thinking": False}
+        self._set_thinking(kwargs, thinking)
         return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, chat_template=self.template,
                                                   add_generation_prompt=add_generation_prompt, **kwargs)
 

@@ -172,13 +172,35 @@ def as_parts(fam: Family, events: list) -> list:
     return fold_complete(events)
 
 
-def semantic(parts: list) -> list:
+def _untyped(v, schema=None):
+    """A value as a template that writes values untyped gives it back (MiniMax-M3: `Family.typed_values` false):
+    what the schema describes keeps its type, anything else is text (a None member left out, a None item empty)."""
+    if isinstance(schema, dict) and schema.get("type") in ("object", "array"):
+        if isinstance(v, dict):
+            props = schema.get("properties") or {}
+            return {k: _untyped(x, props.get(k)) for k, x in v.items() if x is not None}
+        if isinstance(v, list):
+            return [_untyped(x, schema.get("items")) for x in v]
+    if isinstance(schema, dict) and schema.get("type"):
+        return v
+    if isinstance(v, dict):
+        return {k: _untyped(x) for k, x in v.items() if x is not None} or ""
+    if isinstance(v, list):
+        return [_untyped(x) for x in v] or ""
+    return "" if v is None else json.dumps(v) if isinstance(v, bool) else str(v)
+
+
+def semantic(parts: list, fam: Family | None = None) -> list:
     """What a turn means: reasoning and text without surrounding whitespace (templates frame them with newlines),
-    calls with their parsed arguments in order."""
+    calls with their parsed arguments in order (as the template can write them: `Family.typed_values`)."""
     out = []
+    tools = {t.name: t.parameters for t in SCHEMAS}
     for p in parts:
         if isinstance(p, ToolCallPart):
-            out.append(("call", p.name, json.loads(p.arguments or "{}")))
+            args = json.loads(p.arguments or "{}")
+            if fam is not None and not fam.typed_values:
+                args = _untyped(args, tools.get(p.name))
+            out.append(("call", p.name, args))
         elif p.text.strip():
             out.append((type(p).__name__, p.text.strip()))
     return out
@@ -314,7 +336,7 @@ def test_turn_renders_then_parses_back_to_itself(tokenizer_path, name):
     text, in_reasoning = emitted(r, fam, original, opts)
     events = parse(fam, text, in_reasoning)
     parts = fold_complete(events)
-    assert semantic(parts) == semantic(original), f"{name}: emitted {text[:600]!r}"
+    assert semantic(parts, fam) == semantic(original, fam), f"{name}: emitted {text[:600]!r}"
     if kimi(fam):
         assert [p.id for p in parts if isinstance(p, ToolCallPart)] == [
             p.id for p in original if isinstance(p, ToolCallPart)]
@@ -349,10 +371,10 @@ def test_turn_without_thinking_round_trips(tokenizer_path, name):
     text, in_reasoning = emitted(r, fam, original, opts)
     assert in_reasoning is False
     parts = fold_complete(parse(fam, text, in_reasoning))
-    expected = semantic(original)
+    expected = semantic(original, fam)
     if not fam.text_with_calls:  # the template writes a call turn's text as reasoning (catalog `limits`)
         expected = [("ReasoningPart", e[1]) if e[0] == "TextPart" else e for e in expected]
-    assert semantic(parts) == expected, f"{name}: emitted {text[:600]!r}"
+    assert semantic(parts, fam) == expected, f"{name}: emitted {text[:600]!r}"
 
 
 # -- what a template cannot express --------------------------------------------------------------------------------
@@ -535,14 +557,15 @@ def test_random_system_and_developer_messages_all_render_in_order(tokenizer_path
 
 def test_the_templates_that_take_one_system_message_first_are_found(tokenizer_path):
     """The probe's verdict on the real templates: Qwen3.5/3.6/3.8 raise on any system message but the first,
-    MiniMax-M2 drops the others, gpt-oss drops a later one, DeepSeek-V3.1 hoists a later one into its head,
+    MiniMax-M2 and M3 drop the others, gpt-oss drops a later one, DeepSeek-V3.1 hoists a later one into its head,
     DeepSeek-V3.2's encoder fails on a developer message before the last user message in thinking mode."""
     policies = {name: renderer(tokenizer_path, name).policy for name in FAMILIES}
-    assert {n for n, p in policies.items() if p.merge_leading_system} == {"gpt-oss", "minimax-m2", "ministral-3",
-                                                                          "qwen3.5", "qwen3.6", "qwen3.8"}
-    assert {n for n, p in policies.items() if p.later_system_as_user} == {"deepseek-v3.1", "gpt-oss", "minimax-m2",
+    assert {n for n, p in policies.items() if p.merge_leading_system} == {"gpt-oss", "minimax-m2", "minimax-m3",
                                                                           "ministral-3", "qwen3.5", "qwen3.6",
                                                                           "qwen3.8"}
+    assert {n for n, p in policies.items() if p.later_system_as_user} == {"deepseek-v3.1", "gpt-oss", "minimax-m2",
+                                                                          "minimax-m3", "ministral-3", "qwen3.5",
+                                                                          "qwen3.6", "qwen3.8"}
     # Templates that name the developer role get it, but for DeepSeek-V3.2 (a request that opens with one, as Codex
     # may, fails): its developer messages go in as system messages, which it writes where they stand.
     knows = {n for n in FAMILIES if decide_policy(get_family(n).template_text(), None).developer_role}

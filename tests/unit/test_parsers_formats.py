@@ -9,7 +9,7 @@ import random
 import pytest
 
 from parser_cases.cases import BIG, all_fixtures
-from parser_cases.wire import FORMATS, schemas_for
+from parser_cases.wire import FORMATS, MINIMAX_M3_CASES, MM3, schemas_for
 from serve_app.conversation import (ReasoningPart, TextPart, ToolCallArgsDelta, ToolCallEnd, ToolCallPart,
                                     ToolCallStart)
 from serve_app.parsers import fold_complete, make_stream_parser, parse_complete
@@ -97,8 +97,8 @@ def test_split_invariance(case):
 def test_big_argument_streams_incrementally():
     """The 20 KB value arrives in many fragments while it is generated, not in one piece at the end."""
     for fmt in FORMATS:
-        if fmt.tools in ("pythonic", "llama4_pythonic", "olmo3"):
-            continue  # pythonic calls are emitted whole at their closing parenthesis (documented)
+        if fmt.tools in ("pythonic", "llama4_pythonic", "olmo3", "minimax_m3"):
+            continue  # pythonic calls are emitted whole at their closing parenthesis, MiniMax-M3's at </invoke>
         segs = [("calls", [("write_file", {"path": "a", "content": BIG})])]
         wire = fmt.render(segs[0][1])
         p = make_stream_parser(**kwargs(fmt, segs))
@@ -121,6 +121,7 @@ MALFORMED = {  # format -> (wire, expected fold): degrade to text before the cal
     "deepseek_v32": ("<｜DSML｜function_calls>junk</｜DSML｜function_calls>", [("text", "<｜DSML｜function_calls>junk</｜DSML｜function_calls>")]),
     "glm47": ("<tool_call>not a name</tool_call>", [("text", "<tool_call>not a name</tool_call>")]),
     "minimax_m2": ("<minimax:tool_call>junk</minimax:tool_call>", [("text", "<minimax:tool_call>junk</minimax:tool_call>")]),
+    "minimax_m3": (f"{MM3}<tool_call>junk{MM3}</tool_call>", [("text", f"{MM3}<tool_call>junk{MM3}</tool_call>")]),
     "pythonic": ("[not a call] ok", [("text", "[not a call] ok")]),
     "gemma4": ("So <|tool_call>not a call<tool_call|>", [("text", "So <|tool_call>not a call<tool_call|>")]),
     "llama4_pythonic": ("<|python_start|>[1, 2]<|python_end|> ok",
@@ -202,6 +203,7 @@ MISSING_END = {  # format -> (suffix removed, call still complete?)
     "deepseek_v31": ("<｜tool▁calls▁end｜>", True),
     "deepseek_v32": ("</｜DSML｜function_calls>", True),
     "minimax_m2": ("</minimax:tool_call>", True),
+    "minimax_m3": (f"{MM3}</tool_call>", True),
     "glm47": ("</tool_call>", False),  # no function close tag: another argument could still follow (kept as text)
     "openai": ("<|call|>", True),
     "pythonic": ("]", True),
@@ -541,3 +543,13 @@ def test_a_kimi_k3_call_written_as_a_json_block_takes_its_object_as_arguments(bl
         assert got == [("text", "Looking.<|open|>tools<|sep|>" + first), ("call", "ls", {"d": "src"})]
     else:
         assert got == [("text", "Looking."), ("call", "read", want), ("call", "ls", {"d": "src"})]
+
+
+@pytest.mark.parametrize("case", sorted(MINIMAX_M3_CASES))
+def test_minimax_m3_argument_elements(case):
+    """MiniMax-M3's nested argument elements, typed by the schema; the same fold for every split."""
+    text, schemas, want = MINIMAX_M3_CASES[case]
+    kw = {"reasoning": "minimax_m3", "tools": "minimax_m3", "tool_schemas": schemas, "starts_in_reasoning": False}
+    got = _all_splits_fold(text, **kw)
+    assert got == want
+    check_events(parse_complete(text, **kw))

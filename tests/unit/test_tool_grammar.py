@@ -34,6 +34,7 @@ ARGS = {
     "python": 'city="Paris"',
     "gemma": 'city:<|"|>Paris<|"|>',
     "xtml": '<|open|>argument key="city" type="string"<|sep|>Paris<|close|>argument<|sep|>',
+    "elements": "]<]minimax[>[<city>Paris]<]minimax[>[</city>",
 }
 REASONING = {"openai": "gpt_oss"}  # Harmony parses the whole stream: its tool format goes with its channels
 
@@ -270,7 +271,7 @@ def _walk(compiler, info, tok, solid, tag, rng: random.Random, limit: int = 400)
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "kimi_k2", "minimax_m2", "deepseek_v32", "glm47", "pythonic",
-                                 "gemma4"])
+                                 "gemma4", "minimax_m3"])
 def test_random_paths_through_a_forced_grammar_parse_as_schema_valid_calls(fmt, compiler, info, tok, solid):
     rng = random.Random(fmt)
     schemas = {t.name: t.parameters for t in BOUNDED}

@@ -65,6 +65,9 @@ REASONING_FILES = {
     "tests/reasoning/test_gemma4_reasoning_parser.py": ("gemma4", False),
     # Kimi K3's template opens its think channel in the generation prompt (thinking off: the response channel)
     "tests/reasoning/test_kimi_k3_reasoning_parser.py": ("kimi_k3", True),
+    # MiniMax-M3's template opens <mm:think> only with thinking_mode "enabled" (its default, adaptive, opens nothing);
+    # the tests that build their parser with thinking_mode "enabled" start in reasoning (read from its kwargs)
+    "tests/reasoning/test_minimax_m3_reasoning_parser.py": ("minimax_m3", False),
 }
 TOOL_FILES = {
     "tests/tool_parsers/test_deepseekv3_tool_parser.py": "deepseek_v3",
@@ -100,6 +103,7 @@ TOOL_FILES = {
     "tests/tool_parsers/test_ernie45_moe_tool_parser.py": "ernie45",
     "tests/tool_parsers/test_gigachat3_tool_parser.py": "gigachat3",
     "tests/tool_parsers/test_kimi_k3_tool_parser.py": "kimi_k3",
+    "tests/tool_parsers/test_minimax_m3_tool_parser.py": "minimax_m3",
 }
 
 # Inline tests recorded by running them against a probe parser: file -> (reasoning parser, tool parser, prompt
@@ -610,8 +614,12 @@ class Recording:
                 # the template was told not to think: the prompt does not open the think block (Hy3: its
                 # reasoning_effort "no_think"); told to think, for a format that thinks only when asked: it does
                 effort = kw.get("reasoning_effort")
-                off = kw.get("enable_thinking") is False or kw.get("thinking") is False or effort == "no_think"
-                on = kw.get("enable_thinking") is True or kw.get("thinking") is True or bool(effort) and not off
+                # MiniMax-M3's template: thinking_mode "enabled" opens <mm:think>, "disabled" closes it
+                mode = kw.get("thinking_mode")
+                off = (kw.get("enable_thinking") is False or kw.get("thinking") is False or effort == "no_think"
+                       or mode == "disabled")
+                on = (kw.get("enable_thinking") is True or kw.get("thinking") is True or bool(effort) and not off
+                      or mode == "enabled")
                 v = Vec(text, _tools_of(request) or self.tools, off, on, kw.get("force_nonempty_content") is True)
                 v.parser_name = getattr(type(self), "vllm_name", None)
                 rec.vectors.append(v)

@@ -44,6 +44,8 @@ def applies(fmt: Fmt, name: str, segs: list) -> bool:
             return False
         if fmt.text_before_calls is False and first_call != 0:
             return False
+    if name == "nested" and not fmt.nested:
+        return False
     if fmt.tools == "pythonic" and name == "no_call":
         return False  # "[1, 2]" opening a pythonic text is checked in its own case
     return True

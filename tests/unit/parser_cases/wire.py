@@ -176,6 +176,26 @@ def kimi_k3(calls: list[Call]) -> str:
     return f"<|open|>tools<|sep|>{body}<|close|>tools<|sep|>"
 
 
+MM3 = "]<]minimax[>["  # MiniMax-M3's namespace marker
+
+
+def _mm3_xml(v) -> str:
+    # MiniMax-M3's template (to_xml): a dict's None values left out, list items as <item>, booleans as JSON,
+    # anything else with Python's str()
+    if isinstance(v, dict):
+        return "".join(f"{MM3}<{k}>{_mm3_xml(x)}{MM3}</{k}>" for k, x in v.items() if x is not None)
+    if isinstance(v, list):
+        return "".join(f"{MM3}<item>{_mm3_xml(x)}{MM3}</item>" for x in v)
+    if v is None:
+        return ""
+    return json.dumps(v) if isinstance(v, bool) else str(v)
+
+
+def minimax_m3(calls: list[Call]) -> str:
+    body = "".join(f'{MM3}<invoke name="{n}">{_mm3_xml(a)}{MM3}</invoke>\n' for n, a in calls)
+    return f"{MM3}<tool_call>\n{body}{MM3}</tool_call>"
+
+
 def phi4_mini_json(calls: list[Call]) -> str:
     return "functools[" + ", ".join(json.dumps({"name": n, "arguments": a}, ensure_ascii=False) for n, a in calls) + "]"
 
@@ -191,6 +211,9 @@ class Fmt:
     text_after_calls: bool = True  # llama3_json / pythonic: the calls run to the end of the output
     harmony: bool = False
     markers: tuple[str, ...] = field(default=())
+    # the "nested" case round-trips (MiniMax-M3's elements need the schema to say what is an array, and its
+    # template writes a None list item as nothing: its own cases are MINIMAX_M3_CASES)
+    nested: bool = True
 
 
 FORMATS = [
@@ -222,6 +245,8 @@ FORMATS = [
     Fmt("glm47", "glm45", glm47, typed_by_schema=True, markers=("<tool_call>", "<arg_key>", "</arg_value>")),
     Fmt("minimax_m2", "minimax_m2", minimax_m2, typed_by_schema=True,
         markers=("<minimax:tool_call>", "<invoke", "<parameter")),
+    Fmt("minimax_m3", "minimax_m3", minimax_m3, think=("<mm:think>", "</mm:think>"), typed_by_schema=True,
+        nested=False, markers=(MM3, "<invoke", "<tool_call>")),
     Fmt("minimax", "deepseek_r1", minimax_m1, markers=("<tool_calls>", "</tool_calls>")),
     Fmt("hunyuan_a13b", "deepseek_r1", json_list("<tool_calls>", "</tool_calls>"),
         markers=("<tool_calls>", "</tool_calls>")),
@@ -290,3 +315,83 @@ def schemas_for(segs: list) -> list[dict]:
                     props[k] = {"type": tmap[type(v)]} if v is not None else {"type": ["integer", "null"]}
     return [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": p}}}
             for n, p in names.items()]
+
+
+# MiniMax-M3, hand-written: id -> (wire, tool schemas, expected fold). Nested elements are typed by the schema
+# (an element of elements is an object, or an array where the schema says so), arguments are emitted at </invoke>,
+# and a call that is malformed or cut off gives its text back.
+_ORDER = {"type": "function", "function": {"name": "create_order", "parameters": {"type": "object", "properties": {
+    "user_id": {"type": "integer"}, "urgent": {"type": "boolean"}, "ratio": {"type": "number"},
+    "note": {"type": "string"}, "maybe": {"type": ["string", "null"]},
+    "shipping": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "integer"}}},
+    "items": {"type": "array", "items": {"type": "object", "properties": {
+        "sku": {"type": "string"}, "qty": {"type": "integer"}}}},
+    "tags": {"type": "array", "items": {"type": "string"}}, "empty": {"type": "array"},
+    "meta": {"type": "object", "additionalProperties": {"type": "integer"}}}}}}
+_PING = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+
+
+def _el(k: str, inner: str) -> str:
+    return f"{MM3}<{k}>{inner}{MM3}</{k}>"
+
+
+def _inv(name: str, body: str) -> str:
+    return f'{MM3}<invoke name="{name}">{body}{MM3}</invoke>'
+
+
+def _sec(*invokes: str) -> str:
+    return f"{MM3}<tool_call>\n" + "\n".join(invokes) + f"\n{MM3}</tool_call>"
+
+
+_NESTED = (_el("user_id", "0042") + _el("urgent", "true") + _el("ratio", "2.5") + _el("note", " a < b & c ")
+           + _el("maybe", "null")
+           + _el("shipping", _el("city", "Singapore") + _el("zip", "018956"))
+           + _el("items", _el("item", _el("sku", "book-1") + _el("qty", "2")) + _el("item", _el("sku", "pen") + _el("qty", "5")))
+           + _el("tags", _el("item", "x") + _el("item", "y")) + _el("empty", "")
+           + _el("meta", _el("a", "1") + _el("b", "2")))
+_CUT = _inv("create_order", _el("note", "cut off here"))[:-len(MM3 + "</invoke>") - 4]
+
+MINIMAX_M3_CASES = {
+    "nested_object_array_and_scalars": (
+        _sec(_inv("create_order", _NESTED)), [_ORDER],
+        [("call", "create_order", {"user_id": 42, "urgent": True, "ratio": 2.5, "note": " a < b & c ", "maybe": None,
+                                   "shipping": {"city": "Singapore", "zip": 18956},
+                                   "items": [{"sku": "book-1", "qty": 2}, {"sku": "pen", "qty": 5}],
+                                   "tags": ["x", "y"], "empty": [], "meta": {"a": 1, "b": 2}})]),
+    # without a schema an element of elements is an object and a repeated name a list; text stays a string
+    # (elements all named `item` are the template's list: read back as one, so the turn re-renders as written)
+    "undescribed_values": (
+        _sec(_inv("other", _el("n", "7") + _el("o", _el("t", "a") + _el("t", "b") + _el("u", "1"))
+                  + _el("l", _el("item", "x") + _el("item", _el("k", "v"))))), [],
+        [("call", "other", {"n": "7", "o": {"t": ["a", "b"], "u": "1"}, "l": ["x", {"k": "v"}]})]),
+    # a bare </mm:think> opening the output is the template's markup; one after the output began is text
+    "late_end_marker_is_text": ("</mm:think>Hi </mm:think>there", [], [("text", "Hi </mm:think>there")]),
+    "several_calls_text_before": (
+        "Ordering both.\n" + _sec(_inv("create_order", _el("user_id", "1")), _inv("ping", ""),
+                                   _inv("create_order", _el("user_id", "2"))), [_ORDER, _PING],
+        [("text", "Ordering both.\n"), ("call", "create_order", {"user_id": 1}), ("call", "ping", {}),
+         ("call", "create_order", {"user_id": 2})]),
+    "reasoning_then_call": (
+        "<mm:think>Need the order.</mm:think>Sure." + _sec(_inv("ping", "")), [_PING],
+        [("reasoning", "Need the order."), ("text", "Sure."), ("call", "ping", {})]),
+    # a stray close tag: the invoke is malformed; its text comes back, the call after it stands
+    "malformed_invoke": (
+        _sec(_inv("create_order", f"{MM3}</user_id>"), _inv("ping", "")), [_ORDER, _PING],
+        [("text", f"{MM3}<tool_call>\n" + _inv("create_order", f"{MM3}</user_id>")), ("call", "ping", {})]),
+    "unclosed_element_is_malformed": (
+        "A" + _sec(_inv("create_order", f"{MM3}<note>open")), [_ORDER],
+        [("text", "A" + _sec(_inv("create_order", f"{MM3}<note>open")))]),
+    "text_between_elements_is_malformed": (
+        _sec(_inv("ping", "junk" + _el("a", "1"))), [_PING],
+        [("text", _sec(_inv("ping", "junk" + _el("a", "1"))))]),
+    "cut_off_by_eof": (
+        "Before. " + f"{MM3}<tool_call>\n" + _CUT, [_ORDER],
+        [("text", "Before. " + f"{MM3}<tool_call>\n" + _CUT)]),
+    "cut_off_after_a_call": (
+        f"{MM3}<tool_call>\n" + _inv("ping", "") + "\n" + _CUT, [_ORDER, _PING],
+        [("call", "ping", {}), ("text", "\n" + _CUT)]),
+    "head_without_a_name_is_text": (
+        f'{MM3}<tool_call>{MM3}<invoke name="">{MM3}</invoke>{MM3}</tool_call>', [],
+        [("text", f'{MM3}<tool_call>{MM3}<invoke name="">{MM3}</invoke>{MM3}</tool_call>')]),
+    "no_section_is_text": (_inv("ping", ""), [_PING], [("text", _inv("ping", ""))]),
+}
