@@ -326,7 +326,10 @@ def figure_router_overload(docs: list[tuple[dict, str]]) -> Figure:
 def figure_cached_fraction(doc: dict, source: str) -> Figure:
     s = cached_fraction_series(doc)
     turns = [t.replace("->", "→") for t in s["turns"]]
-    fig, ax = plt.subplots(figsize=(9, 4.6))
+    # The legend lists every family and mode, the fully reused ones in one entry of a line each: the figure grows
+    # with it so that none is cut off.
+    lines = sum(len(label.split("; ")) for label in s["series"])
+    fig, ax = plt.subplots(figsize=(9, max(4.6, 1.4 + 0.125 * lines)))
     for i, (label, values) in enumerate(sorted(s["series"].items(), key=lambda kv: -min(kv[1]))):
         full = all(v == 1.0 for v in values)
         ax.plot(turns, [100 * v for v in values], "o-", color="#555555" if full else f"C{i}",
