@@ -36,6 +36,22 @@ STARTER = textwrap.dedent(
 )
 
 
+def _cmdline(k: psutil.Process) -> str | None:
+    """A child's command line; None once it has exited: start-up runs short-lived children, and one that ends
+    while the children are listed is a zombie until its parent reaps it (or already gone)."""
+    try:
+        return " ".join(k.cmdline())
+    except psutil.NoSuchProcess:  # psutil.ZombieProcess is one too
+        return None
+
+
+def _alive(k: psutil.Process) -> bool:
+    try:
+        return k.is_running() and k.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_a_process_killed_while_its_engine_starts_leaves_no_engine_process(tmp_path):
     started = tmp_path / "started"
     proc = subprocess.Popen([sys.executable, "-c", STARTER, str(started)], cwd=ROOT, stdout=subprocess.PIPE,
@@ -47,7 +63,7 @@ def test_a_process_killed_while_its_engine_starts_leaves_no_engine_process(tmp_p
         engine = []
         while time.monotonic() < deadline and not engine:
             kids = psutil.Process(proc.pid).children(recursive=True)
-            engine = [k for k in kids if "serve_app.engine.reaper" not in " ".join(k.cmdline())]
+            engine = [k for k in kids if (cmd := _cmdline(k)) is not None and "serve_app.engine.reaper" not in cmd]
             time.sleep(0.02)
         assert engine, "vLLM started no engine process"
         time.sleep(3 * 0.1 + 0.2)  # the watcher looks for new children every 0.1 s
@@ -57,9 +73,9 @@ def test_a_process_killed_while_its_engine_starts_leaves_no_engine_process(tmp_p
         end = time.monotonic() + 30
         alive = kids
         while alive and time.monotonic() < end:
-            alive = [k for k in kids if k.is_running() and k.status() != psutil.STATUS_ZOMBIE]
+            alive = [k for k in kids if _alive(k)]
             time.sleep(0.1)
-        assert not alive, f"outlived the process that started them: {[' '.join(k.cmdline())[:80] for k in alive]}"
+        assert not alive, f"outlived the process that started them: {[(_cmdline(k) or '')[:80] for k in alive]}"
     finally:
         for k in [*kids, psutil.Process(proc.pid) if proc.poll() is None else None]:
             if k is not None:
