@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_app.parsers.xml_elements import _TEXT_ONLY, _container
 from serve_app.parsers.schema import _types_of
+from serve_app.parsers.xml_elements import TEXT_ONLY, schema_container
 
 _ANY = {"type": "any_text"}
 MAX_DEPTH = 8  # deeper schemas are free text there (the parser still types what is written)
@@ -32,9 +32,9 @@ def _value(prop: Any, ns: str, depth: int) -> dict[str, Any]:
     enum = prop.get("enum")
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         return {"type": "or", "elements": [{"type": "const_string", "value": v} for v in enum]}
-    if types & _TEXT_ONLY - {"null"}:
+    if types & TEXT_ONLY - {"null"}:
         return _ANY  # a string may be written, so anything may
-    box = _container(prop)
+    box = schema_container(prop)
     if box is not None and not types - {box[0]}:
         kind, sub = box
         if kind == "array":

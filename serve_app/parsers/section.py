@@ -1,5 +1,6 @@
-"""What the tag engines (json_tags, xml_tags) share: the section loop (one small step method per state), finding
-the next call marker inside a tool-call section, and giving up on markup that turns out not to be a call."""
+"""What the tag engines (json_tags, xml_tags, xml_elements) share: the section loop (one small step method per
+state), finding the next call marker inside a tool-call section, giving up on markup that turns out not to be a
+call, and (FedSectionEngine) giving an abandoned call back as the text the model wrote."""
 
 from __future__ import annotations
 
@@ -103,3 +104,27 @@ class SectionEngine:
         self.degraded = True
         self.state = self.OVER
         return rest
+
+
+class FedSectionEngine(SectionEngine):
+    """A section engine that keeps every text fed since the last completed call (`call_raw`), so that a call it
+    abandons, or one the end of the stream cuts off, goes back as the text the model wrote (xml_tags, xml_elements).
+    Subclasses start `call_raw` with the section marker in `open`."""
+
+    tracks_fed = True
+    call_raw: list[str]
+
+    def take_fed(self, unconsumed: int) -> str:
+        """The text fed since the last completed call but its last `unconsumed` characters, which stay fed (they
+        follow what was consumed)."""
+        fed = "".join(self.call_raw)
+        self.call_raw = [fed[len(fed) - unconsumed:]] if unconsumed else []
+        return fed[:len(fed) - unconsumed]
+
+    def eof(self, sink: Sink) -> None:
+        """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed. Its text
+        (from the section or call marker on) is released as text; a separator after a finished call is not."""
+        rest = "".join(self.call_raw)
+        if self.state != self.OVER and rest.strip():
+            sink.plain(rest)
+        self.call_raw = []

@@ -29,7 +29,7 @@ from typing import Any
 
 from serve_app.conversation import ToolChoice, ToolSpec
 from serve_app.parsers.element_grammar import element_arguments
-from serve_app.parsers.formats import REASONING_PARSERS
+from serve_app.parsers.formats import REASONING_PARSERS, TOOL_PARSERS
 from serve_app.parsers.gemma4_grammar import gemma_arguments
 from serve_app.parsers.pythonic_grammar import keyword_arguments
 from serve_app.parsers.xtml_grammar import xtml_arguments, xtml_attr
@@ -75,7 +75,7 @@ def _dsml(outer: str, sep: str = "", style: str = "deepseek_xml") -> CallShape:
                      triggers=(f"<{d}{outer}>",))
 
 
-_MM3 = "]<]minimax[>["  # MiniMax-M3's namespace marker, in front of every structural tag
+_MM3 = TOOL_PARSERS["minimax_m3"].ns  # MiniMax-M3's namespace marker, in front of every structural tag
 _PYTHONIC = CallShape("{name}(", ")", args="python", section_begin="[", section_end="]", separator=", ",
                       triggers=("[",), none_excludes=())
 

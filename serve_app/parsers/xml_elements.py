@@ -27,13 +27,13 @@ from typing import Any, ClassVar
 
 from serve_app.parsers.markers import Matcher
 from serve_app.parsers.schema import ToolSchemas, _types_of, coerce
-from serve_app.parsers.section import SectionEngine
+from serve_app.parsers.section import FedSectionEngine
 from serve_app.parsers.sink import Sink
 from serve_app.parsers.xml_tags import HEAD_CAP, strip_name
 
 MAX_DEPTH = 128
 _OPEN = re.compile(r"<([^\s<>/][^<>]*)>")  # an element's open tag after the namespace marker
-_TEXT_ONLY = frozenset({"string", "str", "text", "varchar", "char", "enum", "null"})
+TEXT_ONLY = frozenset({"string", "str", "text", "varchar", "char", "enum", "null"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ def parse_elements(body: str, ns: str) -> list[tuple[str, Element]] | None:
         i = got[1]
 
 
-def _container(schema: dict) -> tuple[str, dict] | None:
+def schema_container(schema: dict) -> tuple[str, dict] | None:
     """The schema's first array or object alternative: ("array" | "object", that schema)."""
     t = schema.get("type")
     for kind in ("array", "object"):
@@ -135,7 +135,7 @@ def _container(schema: dict) -> tuple[str, dict] | None:
             return "object", schema
     for key in ("anyOf", "oneOf"):
         for sub in schema.get(key) or ():
-            if isinstance(sub, dict) and (got := _container(sub)):
+            if isinstance(sub, dict) and (got := schema_container(sub)):
                 return got
     return None
 
@@ -144,7 +144,7 @@ def _scalar(raw: str, schema: dict) -> Any:
     types = _types_of(schema)
     if "null" in types and raw.strip().lower() == "null":
         return None
-    if not types or not types - _TEXT_ONLY:  # a string (or undescribed): every character is the model's
+    if not types or not types - TEXT_ONLY:  # a string (or undescribed): every character is the model's
         return raw
     return json.loads(coerce(raw, types))
 
@@ -153,11 +153,11 @@ def convert(value: Element, schema: Any) -> Any:
     """An element's value typed by its schema: text by the scalar type (a string where none is given), children as
     an object, or as an array where the schema says so (item names are not keys then)."""
     schema = schema if isinstance(schema, dict) else None
-    box = _container(schema) if schema is not None else None
+    box = schema_container(schema) if schema is not None else None
     if isinstance(value, str):
         if schema is None:
             return value
-        if box is not None and not _types_of(schema) & _TEXT_ONLY - {"null"} and not value.strip():
+        if box is not None and not _types_of(schema) & TEXT_ONLY - {"null"} and not value.strip():
             return [] if box[0] == "array" else {}  # the template writes an empty list or object as nothing
         return _scalar(value, schema)
     if schema is None and all(k == "item" for k, _ in value):
@@ -193,9 +193,8 @@ def convert_object(pairs: list[tuple[str, Element]], schema: dict | None) -> dic
 SEC, HEAD, BODY, OVER = range(4)
 
 
-class ElementEngine(SectionEngine):
+class ElementEngine(FedSectionEngine):
     OVER = OVER
-    tracks_fed = True  # `call_raw`: everything fed since the last completed call, released by `eof`
 
     def __init__(self, fmt: ElementFormat, schemas: ToolSchemas):
         self.fmt = fmt
@@ -224,14 +223,6 @@ class ElementEngine(SectionEngine):
         self.fname = ""
         self.body: list[str] = []
 
-    def eof(self, sink: Sink) -> None:
-        """A call cut off by the end of the stream is abandoned (no ToolCallEnd, nothing guessed); its text, from
-        the section or call marker on, is released as text. A separator after a finished call is not."""
-        rest = "".join(self.call_raw)
-        if self.state != OVER and rest.strip():
-            sink.plain(rest)
-        self.call_raw = []
-
     def call_marker(self, mk: str) -> None:
         self.raw.append(mk)
         self.state = HEAD
@@ -246,10 +237,7 @@ class ElementEngine(SectionEngine):
 
     def _release(self, sink: Sink, t: str, i: int) -> None:
         """Give everything fed up to `t[i:]` since the last completed call back as text."""
-        fed = "".join(self.call_raw)
-        cut = len(fed) - (len(t) - i)
-        sink.plain(fed[:cut])
-        self.call_raw = [fed[cut:]] if cut < len(fed) else []
+        sink.plain(self.take_fed(len(t) - i))
 
     def _step_head(self, t: str, i: int, sink: Sink):
         """`"NAME">`: the call starts, or the markup was text."""
@@ -293,9 +281,7 @@ class ElementEngine(SectionEngine):
             sink.end(self.idx)
             self.calls += 1
             self.gave_back = False
-            fed = "".join(self.call_raw)
-            cut = len(fed) - (len(t) - i)
-            self.call_raw = [fed[cut:]] if cut < len(fed) else []
+            self.take_fed(len(t) - i)
         self.raw, self.mark_idx = [], -1
         self._reset_call()
         self.state = SEC if mk == self.fmt.call_close else OVER

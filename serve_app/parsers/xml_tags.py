@@ -21,7 +21,7 @@ from typing import ClassVar
 from serve_app.parsers.jsonscan import json_string_chunk
 from serve_app.parsers.markers import Matcher
 from serve_app.parsers.schema import ToolSchemas, coerce, coerce_marked_json, decode_or_string
-from serve_app.parsers.section import SectionEngine
+from serve_app.parsers.section import FedSectionEngine
 from serve_app.parsers.sink import Sink
 
 HEAD_CAP = 512
@@ -110,9 +110,8 @@ class XmlFormat:
 SEC, FHEAD, FBODY, PHEAD, VOPEN, PVAL, OVER = range(7)
 
 
-class XmlEngine(SectionEngine):
+class XmlEngine(FedSectionEngine):
     OVER = OVER
-    tracks_fed = True  # `call_raw`: everything fed since the last completed call, released by `eof`
 
     def __init__(self, fmt: XmlFormat, schemas: ToolSchemas):
         self.fmt = fmt
@@ -157,14 +156,6 @@ class XmlEngine(SectionEngine):
         self.deferred: tuple[str, str] | None = None  # a lone wrapper parameter: (as a parameter, unwrapped)
         self.in_block = False  # the element being read is a JSON block (XmlFormat.json_block)
         self.bad_block = False  # a JSON block that is not an object: the call is abandoned at its end
-
-    def eof(self, sink: Sink) -> None:
-        """A call or value cut off by the end of the stream is abandoned: no ToolCallEnd, nothing guessed. Its text
-        (from the section or call marker on) is released as text; a separator after a finished call is not."""
-        rest = "".join(self.call_raw)
-        if self.state != OVER and rest.strip():
-            sink.plain(rest)
-        self.call_raw = []
 
     # -- call pieces --------------------------------------------------------------------------------------------
     def _start_value(self, sink: Sink, head: str) -> None:
@@ -269,16 +260,15 @@ class XmlEngine(SectionEngine):
 
     def _end_call(self, sink: Sink, unconsumed: int) -> None:
         """Close the call; `unconsumed` characters of the text fed so far follow its end."""
-        fed = "".join(self.call_raw)
+        fed = self.take_fed(unconsumed)
         if self.bad_block:  # abandoned (no end): its text is given back, as for a call the stream cut off
-            sink.plain(fed[:len(fed) - unconsumed])
+            sink.plain(fed)
         else:
             if self.deferred:  # a lone wrapper parameter: its object is the arguments
                 sink.args(self.idx, self.deferred[1])
             else:
                 sink.args(self.idx, "}" if self.nparams else "{}")
             sink.end(self.idx)
-        self.call_raw = [fed[len(fed) - unconsumed:]] if unconsumed else []
         self.raw = []
         self.mark_idx = -1
         self._reset_call()
