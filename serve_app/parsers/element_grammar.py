@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_app.parsers.schema import _types_of
+from serve_app.parsers.schema import types_of
 from serve_app.parsers.xml_elements import TEXT_ONLY, schema_container
 
 _ANY = {"type": "any_text"}
@@ -28,7 +28,7 @@ def _members(props: dict, required: Any, ns: str, depth: int) -> dict[str, Any]:
 def _value(prop: Any, ns: str, depth: int) -> dict[str, Any]:
     if not isinstance(prop, dict) or depth > MAX_DEPTH:
         return _ANY
-    types = _types_of(prop)
+    types = types_of(prop)
     enum = prop.get("enum")
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         return {"type": "or", "elements": [{"type": "const_string", "value": v} for v in enum]}

@@ -16,7 +16,8 @@ from typing import Any
 _STRINGY = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 
 
-def _types_of(prop: Any) -> frozenset[str]:
+def types_of(prop: Any) -> frozenset[str]:
+    """The JSON types a schema property allows (lower-cased, through anyOf/oneOf; a string enum is a string)."""
     if not isinstance(prop, dict):
         return frozenset()
     t = prop.get("type")
@@ -28,7 +29,7 @@ def _types_of(prop: Any) -> frozenset[str]:
     for key in ("anyOf", "oneOf"):
         subs = prop.get(key)
         for sub in subs if isinstance(subs, list) else ():
-            out |= _types_of(sub)
+            out |= types_of(sub)
     vals = prop.get("enum")
     if not out and isinstance(vals, list) and all(isinstance(v, str) for v in vals):
         out.add("string")
@@ -56,7 +57,7 @@ class ToolSchemas:
             params = fn.get("parameters") or fn.get("input_schema") or {}
             props = params.get("properties") if isinstance(params, dict) else None
             # A schema is the client's and only a hint here: one of the wrong shape types nothing, never fails
-            self._params[fn["name"]] = ({k: _types_of(v) for k, v in props.items()} if isinstance(props, dict)
+            self._params[fn["name"]] = ({k: types_of(v) for k, v in props.items()} if isinstance(props, dict)
                                         else {})
             self._props[fn["name"]] = props if isinstance(props, dict) else {}
 

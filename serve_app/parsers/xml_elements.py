@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from serve_app.parsers.markers import Matcher
-from serve_app.parsers.schema import ToolSchemas, _types_of, coerce
+from serve_app.parsers.schema import ToolSchemas, types_of, coerce
 from serve_app.parsers.section import FedSectionEngine
 from serve_app.parsers.sink import Sink
 from serve_app.parsers.xml_tags import HEAD_CAP, strip_name
@@ -141,7 +141,7 @@ def schema_container(schema: dict) -> tuple[str, dict] | None:
 
 
 def _scalar(raw: str, schema: dict) -> Any:
-    types = _types_of(schema)
+    types = types_of(schema)
     if "null" in types and raw.strip().lower() == "null":
         return None
     if not types or not types - TEXT_ONLY:  # a string (or undescribed): every character is the model's
@@ -157,7 +157,7 @@ def convert(value: Element, schema: Any) -> Any:
     if isinstance(value, str):
         if schema is None:
             return value
-        if box is not None and not _types_of(schema) & TEXT_ONLY - {"null"} and not value.strip():
+        if box is not None and not types_of(schema) & TEXT_ONLY - {"null"} and not value.strip():
             return [] if box[0] == "array" else {}  # the template writes an empty list or object as nothing
         return _scalar(value, schema)
     if schema is None and all(k == "item" for k, _ in value):
