@@ -1,8 +1,10 @@
-"""Tenant scheduling tiers under saturation, side by side in one run: a `ci` tenant keeps the engine's queue full
-of long streams while a `dev` tenant sends short requests one after another. Run twice on the same server config,
-once with tiers (`ci` priority -10, `dev` 10; serve_app/tenants.py `engine_priority`) and once flat (both 0): the
-dev requests' time to first token (the request log's `ttft_s`, from arrival at the ingress) is the figure, with
-the ci tenant's output tokens/s beside it (tiers should reorder the queue, not shrink the work done).
+"""Tenant scheduling tiers and fair shares under saturation, side by side in one run: a `ci` tenant keeps the
+engine's queue full of long streams while a `dev` tenant sends short requests one after another. Run three times on
+the same server config: with tiers (`ci` priority -10, `dev` 10; serve_app/tenants.py `engine_priority`); in one
+tier with fair shares (both 0, `ingress.fair_share`, the default; serve_app/engine/fair_share.py); and in one tier
+first come, first served (`fair_share: false`, what vLLM's own queue does). The dev requests' time to first token
+(the request log's `ttft_s`, from arrival at the ingress) is the figure, with the ci tenant's output tokens/s
+beside it (both should reorder the queue, not shrink the work done).
 
 The frontend-bound tiny model (load/tiny_model.py, random weights) on `python -m serve_app run --single-process`,
 config.yaml's topology, with `max_num_seqs` small so that requests wait inside vLLM, where priority acts.
@@ -28,14 +30,16 @@ from load import provenance
 from load.bench_capacity import MODEL_ID, free_port, ours_config, pct, request_log, start_server, stop, wait_healthy
 from load.tiny_model import ensure_tiny_model
 
-TIERS = {"tiered": {"ci": -10, "dev": 10}, "flat": {"ci": 0, "dev": 0}}
+TIERS = {"tiered": {"ci": -10, "dev": 10}, "fair": {"ci": 0, "dev": 0}, "flat": {"ci": 0, "dev": 0}}
+FAIR_SHARE = {"tiered": True, "fair": True, "flat": False}
 KEYS = {"ci": "sk-bench-ci", "dev": "sk-bench-dev"}
 
 
-def config(port: int, model_path: str, priorities: dict[str, int], max_num_seqs: int) -> dict:
+def config(port: int, model_path: str, priorities: dict[str, int], max_num_seqs: int, fair_share: bool = True) -> dict:
     cfg = ours_config(port, model_path, 1, engine_placement="ingress", front="listen", ingress_set={
         "api_keys": [{"key": KEYS[t], "tenant": t} for t in KEYS],
         "tenants": {t: {"priority": p} for t, p in priorities.items()},
+        "fair_share": fair_share,
         "log_requests": True,
     })
     model = cfg["applications"][0]["args"]["models"][0]
@@ -88,7 +92,8 @@ def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     tmp = Path(tempfile.mkdtemp(prefix=f"tiers-{name}-"))
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config(port, model_path, TIERS[name], a.max_num_seqs)))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config(port, model_path, TIERS[name], a.max_num_seqs,
+                                                               FAIR_SHARE[name])))
     log_path = tmp / "serve.log"
     with open(log_path, "w") as log:
         proc = start_server(tmp / "config.yaml", "single_process", log)
@@ -104,7 +109,7 @@ def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
     ci = [r["ttft_s"] for r in rows if r.get("tenant") == "ci"]
     if len(dev) < a.dev_requests:
         raise RuntimeError(f"{name}: {len(dev)} dev requests in the request log, {a.dev_requests} sent")
-    out = {"priorities": TIERS[name], "dev_requests": len(dev), "ci_requests": len(ci),
+    out = {"priorities": TIERS[name], "fair_share": FAIR_SHARE[name], "dev_requests": len(dev), "ci_requests": len(ci),
            "dev_ttft_p50_s": round(statistics.median(dev), 3), "dev_ttft_p95_s": round(pct(dev, 0.95), 3),
            "ci_ttft_p50_s": round(statistics.median(ci), 3) if ci else None,
            "ci_tokens_per_s": round(seen["ci_tokens"] / seen["ci_s"], 1), **seen}
@@ -126,18 +131,23 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     doc = provenance.header("load.bench_tiers", argv)
     model_path = ensure_tiny_model()
-    variants = {name: run_variant(name, a, model_path) for name in ("tiered", "flat")}
-    t, f = variants["tiered"], variants["flat"]
+    variants = {name: run_variant(name, a, model_path) for name in TIERS}
+    f = variants["flat"]
+
+    def over_flat(v: dict) -> dict:
+        return {
+            "dev_ttft_p50": round(v["dev_ttft_p50_s"] / f["dev_ttft_p50_s"], 3),
+            "dev_ttft_p95": round(v["dev_ttft_p95_s"] / f["dev_ttft_p95_s"], 3),
+            "ci_tokens_per_s": round(v["ci_tokens_per_s"] / f["ci_tokens_per_s"], 3),
+        }
+
     doc.update({
         "settings": {k: v for k, v in vars(a).items() if k != "json"},
         "variants": variants,
-        "ratios_tiered_over_flat": {
-            "dev_ttft_p50": round(t["dev_ttft_p50_s"] / f["dev_ttft_p50_s"], 3),
-            "dev_ttft_p95": round(t["dev_ttft_p95_s"] / f["dev_ttft_p95_s"], 3),
-            "ci_tokens_per_s": round(t["ci_tokens_per_s"] / f["ci_tokens_per_s"], 3),
-        },
+        "ratios_tiered_over_flat": over_flat(variants["tiered"]),
+        "ratios_fair_over_flat": over_flat(variants["fair"]),
     })
-    print(doc["ratios_tiered_over_flat"], flush=True)
+    print(doc["ratios_tiered_over_flat"], doc["ratios_fair_over_flat"], flush=True)
     if a.json:
         provenance.write(a.json, doc)
 

@@ -402,6 +402,7 @@ class GenerationService:
             logit_bias=opts.logit_bias,
             stop=list(opts.stop),
             priority=tenants.engine_priority(self.settings.ingress, prepared.tenant, opts.hints.priority),
+            tenant=prepared.tenant if self.settings.ingress.fair_share else None,
             skip_special_tokens=not needs_special_tokens(prepared.model.reasoning_parser, prepared.model.tool_parser),
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,

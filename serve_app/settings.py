@@ -193,6 +193,9 @@ class IngressConfig(_Strict):
     # Plain strings (the default tenant) or {key, tenant} entries; empty = open.
     api_keys: list[str | ApiKey] = Field(default_factory=list)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict)
+    # Tenants of one tier share each engine's queue fairly (serve_app/engine/fair_share.py): a tenant with many
+    # requests waiting no longer holds back another's next one. false: first come, first served within a tier.
+    fair_share: bool = True
     log_requests: bool = True  # one JSON line per request on stdout (serve_app/request_log.py)
     log_request_text: bool = False  # debug only: also the prompt's last input text in that line
     max_body_bytes: int = 32 * 1024 * 1024

@@ -38,6 +38,10 @@ class EngineRequest:
     # The tenant's prefix-cache namespace (vLLM mixes it into the first block's hash): no cached tokens across
     # tenants that do not share one. None = the shared, unsalted cache.
     cache_salt: str | None = None
+    # Whose share of the engine's queue the request takes (engine/fair_share.py): its tenant; None = no one's
+    # (a speculative warm-up, or `ingress.fair_share` off), and then arrival orders it within its priority. During
+    # a rolling upgrade an ingress of the version before sends requests without it, and unpickled, its slot is unset.
+    tenant: str | None = None
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ import time
 from typing import Any, AsyncIterator
 
 from serve_app.engine import reaper
+from serve_app.engine.fair_share import FairShare
 from serve_app.engine.types import EngineChunk, EngineRequest
 from serve_app.settings import ModelConfig
 
@@ -252,6 +253,9 @@ class VLLMEngine:
         # Sampling defaults for what a request leaves unset: the model's generation_config.json with the config's
         # `override_generation_config` on top, as vLLM's own server applies them (read at start).
         self.default_sampling: dict[str, Any] = {}
+        # Tenants' shares of this engine's queue (fair_share.py); only under vLLM's priority policy, which alone
+        # takes priorities (read at start).
+        self.fair: FairShare | None = None
 
     def start(self, cache_envs: bool = True) -> None:
         """`cache_envs=False` where more engines start in this process after this one: their engine cores are
@@ -295,6 +299,7 @@ class VLLMEngine:
             log.info("sampling defaults for requests that set none: %s", self.default_sampling)
         self.block_size = cfg.cache_config.block_size
         self.max_model_len = cfg.model_config.max_model_len
+        self.fair = FairShare() if str(cfg.scheduler_config.policy) == "priority" else None
 
     def sampling_params(self, req: EngineRequest):
         from vllm import SamplingParams
@@ -358,7 +363,10 @@ class VLLMEngine:
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt
         first, entered = True, time.monotonic()
-        outputs = self.engine.generate(prompt, params, req.request_id, priority=req.priority)
+        # getattr: a request pickled by an ingress of the version before has no tenant (engine/types.py)
+        tenant = getattr(req, "tenant", None)
+        priority, start = self.fair.tag(tenant, req.priority) if self.fair is not None else (req.priority, 0)
+        outputs = self.engine.generate(prompt, params, req.request_id, priority=priority)
         try:
             async for out in outputs:
                 comp = out.outputs[0]
@@ -369,6 +377,8 @@ class VLLMEngine:
                     stop_reason=comp.stop_reason if out.finished else None,
                 )
                 if first:
+                    if self.fair is not None:
+                        self.fair.started(start)
                     chunk.num_cached_tokens = out.num_cached_tokens or 0
                     chunk.engine_ms = first_chunk_ms(entered, out.metrics, time.monotonic())
                     first = False

