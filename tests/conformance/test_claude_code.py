@@ -1,7 +1,7 @@
 """The real Claude Code CLI against the service: `claude -p` answers, and a forced two-turn Bash tool loop completes
 with the second request reusing the first's prompt prefix.
 
-Claude Code is npm-installed at test time into `.tools/claude-code` (gitignored); without npm or the registry the
+Claude Code is npm-installed at test time into `.tools/claude-code` (gitignored; npm_tools.py); without npm or the registry the
 tests say why and skip (fail under CI). The model's words come from `tests/configs/script_rules/anthropic.yaml` (forced scripts
 keyed on markers in the prompt), through the real engine.
 """
@@ -15,19 +15,18 @@ from pathlib import Path
 
 import pytest
 
-from npm_tools import TOOLS, npm_bin, unavailable
+from npm_tools import CLAUDE_CODE, ensure, unavailable
 
 # The first request carries a ~16-20K-token system prompt and tool set: its cold prefill on the 32K engine takes
 # about 9 minutes on two CPU cores, the longest single step of CI. It runs anyway: it is the request users send.
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
-PREFIX = TOOLS / "claude-code"
 MODEL = "claude-sonnet-4-6"  # alias of the 32K engine in tests/configs/test.yaml: Claude Code's prompt is ~20K
 
 
 @pytest.fixture(scope="module")
 def claude() -> Path:
-    path = npm_bin(PREFIX, "@anthropic-ai/claude-code", "claude")
+    path = ensure(CLAUDE_CODE)
     r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         unavailable(f"the installed claude binary does not run here: {r.stderr[-300:]}")

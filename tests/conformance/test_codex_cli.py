@@ -18,18 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from npm_tools import ROOT, TOOLS, npm_bin, unavailable
+from npm_tools import CODEX, ROOT, ensure, unavailable
 
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
-PREFIX = TOOLS / "codex"
 MODEL = "smollm2-135m-instruct-32k"  # Codex's request (tools + context) is ~6K tokens; the 32K engine holds it
 CPU_BLOCK = 128
 
 
 @pytest.fixture(scope="module")
 def codex() -> Path:
-    path = npm_bin(PREFIX, "@openai/codex", "codex")
+    path = ensure(CODEX)
     r = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         unavailable(f"the installed codex binary does not run here: {r.stderr[-300:]}")

