@@ -26,18 +26,20 @@ from __future__ import annotations
 SPAN = 1 << 40
 PRIORITY_BOUND = (1 << 62) // SPAN
 # Tenants whose finish tag V has passed carry no state (they would start at V anyway); past this many entries
-# they are dropped, so the table stays the size of the tenants with requests waiting.
+# they are dropped, so the table stays about the size of the tenants with requests waiting. The next prune waits
+# until the table has doubled again, so many tenants all waiting cost no walk per request.
 _PRUNE_AT = 256
 
 
 class FairShare:
     """The start tags of one engine's requests. Pure and single-threaded (the engine's event loop)."""
 
-    __slots__ = ("vtime", "_finish")
+    __slots__ = ("vtime", "_finish", "_prune_at")
 
     def __init__(self) -> None:
         self.vtime = 0
         self._finish: dict[str, int] = {}
+        self._prune_at = _PRUNE_AT
 
     def tag(self, tenant: str | None, priority: int) -> tuple[int, int]:
         """(vLLM's priority, the start tag) for a request of `tenant` at `priority` (lower first)."""
@@ -47,8 +49,9 @@ class FairShare:
         if tenant is not None:
             start = max(start, self._finish.get(tenant, 0))
             self._finish[tenant] = start + 1
-            if len(self._finish) > _PRUNE_AT:
+            if len(self._finish) > self._prune_at:
                 self._finish = {t: f for t, f in self._finish.items() if f > self.vtime}
+                self._prune_at = max(_PRUNE_AT, 2 * len(self._finish))
         return priority * SPAN + start, start
 
     def started(self, start: int) -> None:

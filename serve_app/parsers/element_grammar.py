@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from serve_app.parsers.schema import types_of
-from serve_app.parsers.xml_elements import TEXT_ONLY, schema_container
+from serve_app.parsers.schema import STRINGY, types_of
+from serve_app.parsers.xml_elements import schema_container
 
 _ANY = {"type": "any_text"}
 MAX_DEPTH = 8  # deeper schemas are free text there (the parser still types what is written)
@@ -32,7 +32,7 @@ def _value(prop: Any, ns: str, depth: int) -> dict[str, Any]:
     enum = prop.get("enum")
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         return {"type": "or", "elements": [{"type": "const_string", "value": v} for v in enum]}
-    if types & TEXT_ONLY - {"null"}:
+    if types & STRINGY:
         return _ANY  # a string may be written, so anything may
     box = schema_container(prop)
     if box is not None and not types - {box[0]}:

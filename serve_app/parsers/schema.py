@@ -13,7 +13,7 @@ import ast
 import json
 from typing import Any
 
-_STRINGY = frozenset({"string", "str", "text", "varchar", "char", "enum"})
+STRINGY = frozenset({"string", "str", "text", "varchar", "char", "enum"})
 
 
 def types_of(prop: Any) -> frozenset[str]:
@@ -63,12 +63,12 @@ class ToolSchemas:
 
     def streams_as_string(self, tool: str, param: str) -> bool:
         """True when the value may be streamed as a JSON string: the schema allows a string."""
-        return bool(self.types(tool, param) & _STRINGY)
+        return bool(self.types(tool, param) & STRINGY)
 
     def nullable_string(self, tool: str, param: str) -> bool:
         """A string that may also be null (`anyOf [string, null]`): the text `null` (or Python's `None`) means null."""
         types = self.types(tool, param)
-        return bool(types & _STRINGY) and "null" in types
+        return bool(types & STRINGY) and "null" in types
 
     def properties(self, tool: str) -> dict:
         """The tool's parameter schemas as the client wrote them ({} for an unknown tool)."""
@@ -104,7 +104,7 @@ def coerce(raw: str, types: frozenset[str]) -> str:
     if types & {"object", "array", "dict", "list"} or not types:
         try:
             v = json.loads(s)
-            if isinstance(v, str) and types and not types & _STRINGY and (inner := _container(v.strip())) is not None:
+            if isinstance(v, str) and types and not types & STRINGY and (inner := _container(v.strip())) is not None:
                 return inner  # an object written as a JSON string of itself (a template that json.dumps'd str(dict))
             return json.dumps(v, ensure_ascii=False)
         except ValueError:
@@ -135,7 +135,7 @@ def coerce_marked_json(raw: str, types: frozenset[str]) -> str:
     as the model's marker says (decode_or_string), where vLLM keeps it a string."""
     if not types:
         return decode_or_string(raw)
-    if types & _STRINGY and not types - _STRINGY - {"null"}:
+    if types & STRINGY and not types - STRINGY - {"null"}:
         s = raw.strip()
         if s == "null" and "null" in types:
             return "null"

@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from serve_app.parsers.markers import Matcher
-from serve_app.parsers.schema import ToolSchemas, types_of, coerce
+from serve_app.parsers.schema import STRINGY, ToolSchemas, coerce, types_of
 from serve_app.parsers.section import FedSectionEngine
 from serve_app.parsers.sink import Sink
 from serve_app.parsers.xml_tags import HEAD_CAP, strip_name
 
 MAX_DEPTH = 128
 _OPEN = re.compile(r"<([^\s<>/][^<>]*)>")  # an element's open tag after the namespace marker
-TEXT_ONLY = frozenset({"string", "str", "text", "varchar", "char", "enum", "null"})
+TEXT_ONLY = STRINGY | {"null"}  # a value written as the text it is
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +157,7 @@ def convert(value: Element, schema: Any) -> Any:
     if isinstance(value, str):
         if schema is None:
             return value
-        if box is not None and not types_of(schema) & TEXT_ONLY - {"null"} and not value.strip():
+        if box is not None and not types_of(schema) & STRINGY and not value.strip():
             return [] if box[0] == "array" else {}  # the template writes an empty list or object as nothing
         return _scalar(value, schema)
     if schema is None and all(k == "item" for k, _ in value):
