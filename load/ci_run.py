@@ -29,17 +29,29 @@ _DURATION = re.compile(r"^(?P<secs>[\d.]+)s (?P<phase>call|setup|teardown)\s+(?P
 
 
 def parse_log(text: str) -> dict:
-    """pytest's summary (counts, seconds) and its `--durations` table from a `.ci/run` log."""
-    out: dict = {"summary": None, "counts": {}, "pytest_s": None, "slowest": []}
+    """pytest's summaries (counts, seconds) and its `--durations` table from a `.ci/run` log. scripts/test.sh runs
+    two pytest sessions (the unit tests over every core, then the served ones): their counts and seconds add up,
+    and `phases` keeps each summary line."""
+    out: dict = {"summary": None, "counts": {}, "pytest_s": None, "phases": [], "slowest": []}
     for line in text.splitlines():
         line = line.strip()
         if m := _SUMMARY.match(line):
-            out["summary"] = line.strip("= ")
-            out["pytest_s"] = float(m["secs"])
-            out["counts"] = {kind.rstrip("s") if kind.startswith(("error", "warning")) else kind: int(n)
-                             for n, kind in _COUNT.findall(m["body"])}
+            out["phases"].append(line.strip("= "))
+            out["pytest_s"] = round((out["pytest_s"] or 0.0) + float(m["secs"]), 2)
+            for n, kind in _COUNT.findall(m["body"]):
+                kind = kind.rstrip("s") if kind.startswith(("error", "warning")) else kind
+                if kind != "deselected":  # each phase deselects the other's tests
+                    out["counts"][kind] = out["counts"].get(kind, 0) + int(n)
         elif m := _DURATION.match(line):
             out["slowest"].append({"seconds": float(m["secs"]), "phase": m["phase"], "test": m["test"]})
+    if len(out["phases"]) == 1:
+        out["summary"] = out["phases"][0]
+    elif out["phases"]:  # one line for all, in pytest's words
+        order = ("failed", "passed", "skipped", "xfailed", "xpassed", "error", "warning")
+        plural = {"error": "errors", "warning": "warnings"}
+        counts = ", ".join(f"{n} {plural.get(k, k) if n != 1 else k}" for k in order
+                           if (n := out["counts"].get(k)) is not None)
+        out["summary"] = f"{counts} in {out['pytest_s']:.2f}s"
     return out
 
 

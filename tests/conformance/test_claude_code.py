@@ -18,7 +18,8 @@ import pytest
 from npm_tools import CLAUDE_CODE, ensure, unavailable
 
 # The first request carries a ~16-20K-token system prompt and tool set: its cold prefill on the 32K engine takes
-# about 9 minutes on two CPU cores, the longest single step of CI. It runs anyway: it is the request users send.
+# about two minutes on two CPU cores (test_print_mode_answers' call in load/results/ci_run.json), one of the longest
+# single steps of CI. It runs anyway: it is the request users send.
 pytestmark = [pytest.mark.conformance, pytest.mark.integration]
 
 MODEL = "claude-sonnet-4-6"  # alias of the 32K engine in tests/configs/test.yaml: Claude Code's prompt is ~20K
@@ -37,7 +38,7 @@ def claude() -> Path:
 def home(tmp_path_factory) -> Path:
     """One fresh home and working directory for the module's sessions. Claude Code puts the working directory in
     its system prompt, so sessions in one directory share their ~20K-token prefix, as a user's do: only the first
-    pays the cold prefill (about 9 minutes on two CPU cores)."""
+    pays the cold prefill."""
     return tmp_path_factory.mktemp("claude-home")
 
 

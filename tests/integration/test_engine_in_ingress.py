@@ -54,7 +54,9 @@ def app_url(serve_url, serve_config):
              "max_model_len": 4096, "max_output_tokens": 1024}
     args["models"] = [base, short]
     args["engine_placement"] = "ingress"
-    args["ingress"] = {**args.get("ingress", {}), "deployment": {"num_replicas": 1}}
+    # Serve calls a replica unhealthy after three failed checks in a row: every 2 s instead of its 10, the last
+    # test's replica past its restart limit is replaced some 25 s sooner.
+    args["ingress"] = {**args.get("ingress", {}), "deployment": {"num_replicas": 1, "health_check_period_s": 2}}
     args["engine_restarts"] = {"limit": 1}  # the last test kills the engines twice: replaced, then past the limit
     yield run_app(args, APP, serve_url)
     serve.delete(APP)

@@ -67,4 +67,24 @@ def test_ci_run_reads_pytest_s_summary_and_slowest_tests():
     assert [(d["seconds"], d["phase"], d["test"].split("::")[-1]) for d in got["slowest"]] == [
         (129.31, "call", "test_engine_core_replacement"), (109.02, "setup", "test_print_mode[tool]"),
         (0.5, "teardown", "test_y")]
+    assert got["phases"] == ["1 failed, 3899 passed, 2 skipped, 5 warnings in 2248.12s (0:37:28)"]
     assert ci_run.parse_log("no summary here")["pytest_s"] is None
+
+
+def test_ci_run_adds_up_the_unit_and_served_phases():
+    """scripts/test.sh runs two pytest sessions: the record's counts and seconds are their sums (each phase's
+    deselected tests are the other's, so they are not counted), and each phase's own line is kept."""
+    from load import ci_run
+
+    log = "\n".join([
+        "=================== 4140 passed, 187 deselected, 66 warnings in 116.53s (0:01:56) ===================",
+        "============================= slowest 30 durations =============================",
+        "175.71s call     tests/integration/test_engine_in_ingress.py::test_dead",
+        "========== 1 error, 186 passed, 4140 deselected, 1 warning in 2900.00s (0:48:20) ==========",
+    ])
+    got = ci_run.parse_log(log)
+    assert got["counts"] == {"passed": 4326, "warning": 67, "error": 1}
+    assert got["pytest_s"] == 3016.53
+    assert got["summary"] == "4326 passed, 1 error, 67 warnings in 3016.53s"
+    assert len(got["phases"]) == 2 and got["phases"][1].startswith("1 error, 186 passed")
+    assert [d["test"].split("::")[-1] for d in got["slowest"]] == ["test_dead"]
