@@ -35,10 +35,13 @@ FAIR_SHARE = {"tiered": True, "fair": True, "flat": False}
 KEYS = {"ci": "sk-bench-ci", "dev": "sk-bench-dev"}
 
 
-def config(port: int, model_path: str, priorities: dict[str, int], max_num_seqs: int, fair_share: bool = True) -> dict:
+def config(port: int, model_path: str, tenants: dict[str, dict], max_num_seqs: int, fair_share: bool = True,
+           keys: dict[str, str] = KEYS) -> dict:
+    """The single-process server on the tiny model with `tenants` (name -> TenantConfig fields), each reached
+    with its key of `keys`, and room for `max_num_seqs` running requests (the rest wait inside vLLM)."""
     cfg = ours_config(port, model_path, 1, engine_placement="ingress", front="listen", ingress_set={
-        "api_keys": [{"key": KEYS[t], "tenant": t} for t in KEYS],
-        "tenants": {t: {"priority": p} for t, p in priorities.items()},
+        "api_keys": [{"key": keys[t], "tenant": t} for t in keys],
+        "tenants": tenants,
         "fair_share": fair_share,
         "log_requests": True,
     })
@@ -47,7 +50,7 @@ def config(port: int, model_path: str, priorities: dict[str, int], max_num_seqs:
     return cfg
 
 
-async def _stream(client: httpx.AsyncClient, key: str, tokens: int) -> int:
+async def stream(client: httpx.AsyncClient, key: str, tokens: int) -> int:
     body = {"model": MODEL_ID, "messages": [{"role": "user", "content": "go"}], "max_tokens": tokens,
             "ignore_eos": True, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     out = 0
@@ -71,7 +74,7 @@ async def load(url: str, a: argparse.Namespace) -> dict:
         async def ci_worker() -> None:
             nonlocal ci_tokens
             while not done.is_set():
-                n = await _stream(client, KEYS["ci"], a.ci_tokens)
+                n = await stream(client, KEYS["ci"], a.ci_tokens)
                 ci_tokens += n  # not `+= await`: that reads the total before the wait, and the others' adds are lost
 
         begun = time.monotonic()
@@ -79,7 +82,7 @@ async def load(url: str, a: argparse.Namespace) -> dict:
         await asyncio.sleep(a.warmup_s)  # the queue fills
         started = time.monotonic()
         for _ in range(a.dev_requests):
-            await _stream(client, KEYS["dev"], a.dev_tokens)
+            await stream(client, KEYS["dev"], a.dev_tokens)
             await asyncio.sleep(a.gap_s)
         elapsed = time.monotonic() - started
         done.set()
@@ -92,7 +95,8 @@ def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     tmp = Path(tempfile.mkdtemp(prefix=f"tiers-{name}-"))
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config(port, model_path, TIERS[name], a.max_num_seqs,
+    tenants = {t: {"priority": p} for t, p in TIERS[name].items()}
+    (tmp / "config.yaml").write_text(yaml.safe_dump(config(port, model_path, tenants, a.max_num_seqs,
                                                                FAIR_SHARE[name])))
     log_path = tmp / "serve.log"
     with open(log_path, "w") as log:

@@ -403,6 +403,7 @@ class GenerationService:
             stop=list(opts.stop),
             priority=tenants.engine_priority(self.settings.ingress, prepared.tenant, opts.hints.priority),
             tenant=prepared.tenant if self.settings.ingress.fair_share else None,
+            share=tenants.config_of(self.settings.ingress, prepared.tenant).share,
             skip_special_tokens=not needs_special_tokens(prepared.model.reasoning_parser, prepared.model.tool_parser),
             ignore_eos=opts.ignore_eos,
             min_tokens=opts.min_tokens,

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from serve_app.engine.fair_share import MAX_SHARE
 from serve_app.ingress.autoscaling import with_listener_policy
 
 
@@ -172,6 +173,9 @@ class TenantConfig(_Strict):
     # preempted for them. A request's own `agent_hints.priority` orders it within its tenant's tier, never across
     # (tenants.engine_priority).
     priority: int = Field(default=0, ge=-100, le=100)
+    # The tenant's weight among the tenants of its tier (`ingress.fair_share`): while both have requests waiting
+    # for an engine, a tenant of share 2 is admitted twice as often as one of share 1 (engine/fair_share.py).
+    share: int = Field(default=1, ge=1, le=MAX_SHARE)
 
     @property
     def limited(self) -> bool:

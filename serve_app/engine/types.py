@@ -42,6 +42,7 @@ class EngineRequest:
     # (a speculative warm-up, or `ingress.fair_share` off), and then arrival orders it within its priority. During
     # a rolling upgrade an ingress of the version before sends requests without it, and unpickled, its slot is unset.
     tenant: str | None = None
+    share: int = 1  # the tenant's weight in those shares (TenantConfig.share); unset like `tenant` in an upgrade
 
 
 @dataclass(slots=True)

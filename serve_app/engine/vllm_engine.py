@@ -363,9 +363,9 @@ class VLLMEngine:
         if req.cache_salt:
             prompt["cache_salt"] = req.cache_salt
         first, entered = True, time.monotonic()
-        # getattr: a request pickled by an ingress of the version before has no tenant (engine/types.py)
-        tenant = getattr(req, "tenant", None)
-        priority, start = self.fair.tag(tenant, req.priority) if self.fair is not None else (req.priority, 0)
+        # getattr: a request pickled by an ingress of a version before has no tenant or share (engine/types.py)
+        tenant, share = getattr(req, "tenant", None), getattr(req, "share", 1)
+        priority, start = self.fair.tag(tenant, req.priority, share) if self.fair is not None else (req.priority, 0)
         outputs = self.engine.generate(prompt, params, req.request_id, priority=priority)
         try:
             async for out in outputs:

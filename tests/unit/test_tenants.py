@@ -447,7 +447,7 @@ def test_a_tenants_priority_is_a_tier_its_requests_hints_never_leave():
 
 
 async def test_a_tenants_tier_reaches_the_engine_request():
-    cfg = settings(tenants={**INGRESS["tenants"], "bob": {"priority": 2}})
+    cfg = settings(tenants={**INGRESS["tenants"], "bob": {"priority": 2, "share": 3}})
     eng = engines()
     app = replica(cfg, LimitState(), eng)
     msg = [{"role": "user", "content": "x"}]
@@ -457,6 +457,9 @@ async def test_a_tenants_tier_reaches_the_engine_request():
     assert [r.priority for r in eng.requests] == [-2007, 0]
     # and whose share of the engine's queue it takes (engine/fair_share.py)
     assert [r.tenant for r in eng.requests] == ["bob", "alice"]
+    assert [r.share for r in eng.requests] == [3, 1]  # its weight there (TenantConfig.share; unset: 1)
+    with pytest.raises(ValueError):
+        ingress(tenants={**INGRESS["tenants"], "t": {"share": 0}})
 
 
 async def test_with_fair_share_off_no_request_is_charged_to_its_tenant():
