@@ -114,10 +114,11 @@ class LocalEngineClient:
               replica_id: str = "local", stat_loggers: list | None = None,
               kv_events: bool = False, restarts: EngineRestarts | None = None) -> "LocalEngineClient":
         """One VLLMEngine per engine key of `models` (models that share weights and engine settings share one),
-        started one after another in this process. `kv_events`: publish each engine's KV events (for a Router
-        that routes to this process, `report_to`). A dead engine is replaced in place, up to `restarts`."""
+        started in this process, those with the same environment at the same time (`start_engines`). `kv_events`:
+        publish each engine's KV events (for a Router that routes to this process, `report_to`). A dead engine is
+        replaced in place, up to `restarts`."""
         from serve_app.engine.provision import ensure_model
-        from serve_app.engine.vllm_engine import VLLMEngine, freeze_vllm_envs, thaw_vllm_envs
+        from serve_app.engine.vllm_engine import VLLMEngine, freeze_vllm_envs, start_engines, thaw_vllm_envs
         from serve_app.service import engine_key
 
         def make(m: ModelConfig):
@@ -126,19 +127,11 @@ class LocalEngineClient:
 
         engines: dict = {}
         configs: dict[str, ModelConfig] = {}
-        try:
-            for m in models:
-                key = engine_key(m)
-                if key in engines:
-                    continue
-                engine = make(m)
-                engine.start(cache_envs=False)
-                engines[key] = engine
-                configs[key] = m
-        except BaseException:
-            for engine in engines.values():
-                engine.shutdown()
-            raise
+        for m in models:
+            key = engine_key(m)
+            if key not in engines:
+                engines[key], configs[key] = make(m), m
+        start_engines(list(engines.values()))
         freeze_vllm_envs()
 
         def restart(key: str, dead) -> object:

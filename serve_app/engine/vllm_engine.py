@@ -234,6 +234,57 @@ def thaw_vllm_envs() -> None:
 _CPU_STOP_GRACE_S = 1.0
 
 
+def start_engines(engines: list["VLLMEngine"]) -> None:
+    """Start `engines` in this process (vLLM's settings are left unfrozen: `freeze_vllm_envs` after). Engines that
+    set the same environment start at the same time, each in a thread of its own: a start is mostly spawning vLLM's
+    engine core and worker processes and importing vLLM into each, one core apiece, so on two cores two engines
+    come up in about the time of one. Engines whose environments differ (a GPU each, other `engine_env`) start one
+    group after another, since their engine cores take it from this process's environment as they spawn. One
+    reaper watches each group's new processes (reaper.py). If any start fails, every engine started is stopped and
+    the first error raised."""
+    groups: dict[tuple, list[VLLMEngine]] = {}
+    for engine in engines:
+        groups.setdefault(tuple(sorted(engine.environment().items())), []).append(engine)
+    try:
+        for group in groups.values():
+            _start_group(group)
+    except BaseException:
+        for engine in engines:
+            if engine.engine is not None:
+                engine.shutdown()
+        raise
+
+
+def _start_group(group: list["VLLMEngine"]) -> None:
+    if len(group) == 1:
+        group[0].start(cache_envs=False)
+        return
+    import threading
+
+    before = reaper.children()
+    guard = reaper.Guard(before)  # watching from now: a replica killed mid-start leaves no engine behind
+    errors: list[BaseException] = []
+
+    def start(engine: VLLMEngine) -> None:
+        try:
+            engine.start(cache_envs=False, watched=False)
+        except BaseException as e:  # noqa: BLE001 - raised in the starting thread below
+            errors.append(e)
+
+    try:
+        threads = [threading.Thread(target=start, args=(e,), name=f"engine-start-{i}") for i, e in enumerate(group)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        watcher = guard.arm(reaper.children() - before)
+        for engine in group:
+            engine._reaper = watcher
+    if errors:
+        raise errors[0]
+
+
 class VLLMEngine:
     """Owns one AsyncLLM. `start()` builds it; `generate()` streams `EngineChunk`s."""
 
@@ -257,16 +308,22 @@ class VLLMEngine:
         # takes priorities (read at start).
         self.fair: FairShare | None = None
 
-    def start(self, cache_envs: bool = True) -> None:
-        """`cache_envs=False` where more engines start in this process after this one: their engine cores are
-        started from this process and read their settings (`engine_env`) from it, so vLLM's settings are frozen
-        only after the last (`freeze_vllm_envs`)."""
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+    def environment(self) -> dict[str, str]:
+        """What this engine sets in this process's environment before it starts: its engine core and vLLM's
+        settings read it from there (`engine_env`, and on a CPU its threads' binding)."""
         env = dict(self.model.engine_env)
         if _on_cpu_platform():
             env = {**cpu_thread_env(os.sched_getaffinity(0), {**os.environ, **env}), **env}
-        for key, value in env.items():
+        return env
+
+    def start(self, cache_envs: bool = True, watched: bool = True) -> None:
+        """`cache_envs=False` where more engines start in this process after this one: their engine cores are
+        started from this process and read their settings (`engine_env`) from it, so vLLM's settings are frozen
+        only after the last (`freeze_vllm_envs`). `watched=False`: the caller has a reaper watching for the
+        processes this start creates (`start_engines`, which starts several at once)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        for key, value in self.environment().items():
             os.environ[key] = value
         args = build_engine_args(
             self.model,
@@ -276,12 +333,15 @@ class VLLMEngine:
             kv_replay_port=self.kv_replay_port,
         )
         self.reasoning_gate = bool(getattr(args, "reasoning_parser", None))
-        before = reaper.children()
-        guard = reaper.Guard(before)  # watching from now: a replica killed mid-start leaves no engine behind
-        try:
+        if watched:
+            before = reaper.children()
+            guard = reaper.Guard(before)  # watching from now: a replica killed mid-start leaves no engine behind
+            try:
+                self.engine = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
+            finally:
+                self._reaper = guard.arm(reaper.children() - before)
+        else:
             self.engine = AsyncLLM.from_engine_args(args, stat_loggers=self.stat_loggers)
-        finally:
-            self._reaper = guard.arm(reaper.children() - before)
         # vLLM reads its settings from the environment through a module __getattr__ on every access, several
         # times per output on the output path (a tenth of the replica's output thread, profiled); its engine core
         # freezes them after start-up and so does this process now that the engine is up.

@@ -84,16 +84,22 @@ def test_the_front_doors_router_reads_the_store_the_ingress_uses(monkeypatch):
 class StandIn:
     """VLLMEngine's interface, recording what was asked of it."""
 
-    def __init__(self, chunks=(), invalid: bool = False, fail_start: bool = False):
+    def __init__(self, chunks=(), invalid: bool = False, fail_start: bool = False, env: dict | None = None):
         self.block_size, self.reasoning_gate, self.dead = 128, True, False
         self.chunks, self.invalid, self.fail_start = list(chunks), invalid, fail_start
         self.validated, self.closed, self.stopped = [], False, False
         self.started_with: bool | None = None
+        self.env = env or {}
+        self.engine = None  # the AsyncLLM, once started
 
-    def start(self, cache_envs: bool = True) -> None:
+    def environment(self) -> dict:
+        return self.env
+
+    def start(self, cache_envs: bool = True, watched: bool = True) -> None:
         if self.fail_start:
             raise RuntimeError("no memory")
         self.started_with = cache_envs
+        self.engine = object()
 
     def validate(self, req):
         self.validated.append(req.request_id)
@@ -120,6 +126,20 @@ class StandIn:
 
 def run(coro):
     return asyncio.new_event_loop().run_until_complete(coro)
+
+
+class Guard:
+    """reaper.Guard without its watcher process (which would watch this test process's children)."""
+
+    armed: list = []
+
+    def __init__(self, existing=()):
+        pass
+
+    def arm(self, pids):
+        watcher = object()
+        Guard.armed.append(watcher)
+        return watcher
 
 
 def test_choose_names_this_process_and_refuses_an_engine_it_lacks():
@@ -170,7 +190,10 @@ def test_start_builds_one_engine_per_key_and_stops_them_all_if_one_fails(monkeyp
     import serve_app.engine.provision as provision
     import serve_app.engine.vllm_engine as vllm_engine
 
+    from serve_app.engine import reaper
+
     frozen = []
+    monkeypatch.setattr(reaper, "Guard", Guard)
     monkeypatch.setattr(vllm_engine, "VLLMEngine", fake_engine)
     monkeypatch.setattr(vllm_engine, "freeze_vllm_envs", lambda: frozen.append(True))
     monkeypatch.setattr(provision, "ensure_model", lambda source, cache: f"/models/{source}")
@@ -186,6 +209,50 @@ def test_start_builds_one_engine_per_key_and_stops_them_all_if_one_fails(monkeyp
     with pytest.raises(RuntimeError, match="no memory"):
         LocalEngineClient.start(settings.models, forced_scripts=False, model_cache_dir=None)
     assert made[0].stopped  # the engine that did start is not left running
+
+
+def test_engines_of_one_environment_start_together_and_of_different_ones_one_after_another(monkeypatch):
+    """A start is mostly vLLM's processes spawning and importing, a core each: engines that set the same
+    environment start at once (here they meet at a barrier, which breaks if they start one after another); an
+    engine whose environment differs starts after them, since its engine core takes its settings from this
+    process's environment as it spawns. One reaper watches each group's new processes."""
+    import threading
+
+    from serve_app.engine import reaper
+    from serve_app.engine.vllm_engine import start_engines
+
+    events: list[tuple[str, str]] = []
+    together = threading.Barrier(2, timeout=30)
+
+    class Starting(StandIn):
+        def __init__(self, name: str, env: dict, meet: bool):
+            super().__init__(env=env)
+            self.name, self.meet = name, meet
+
+        def start(self, cache_envs: bool = True, watched: bool = True) -> None:
+            events.append(("start", self.name))
+            if self.meet:
+                together.wait()
+            super().start(cache_envs, watched)
+            self.watched = watched
+            events.append(("end", self.name))
+
+    Guard.armed.clear()
+    monkeypatch.setattr(reaper, "Guard", Guard)
+    a, b = Starting("a", {"X": "1"}, True), Starting("b", {"X": "1"}, True)
+    gpu = Starting("gpu", {"X": "2"}, False)
+    start_engines([a, gpu, b])
+    assert events.index(("start", "gpu")) > max(events.index(("end", "a")), events.index(("end", "b")))
+    assert a.started_with is b.started_with is gpu.started_with is False  # vLLM's settings left unfrozen
+    assert a.watched is b.watched is False and a._reaper is b._reaper is Guard.armed[0]  # one watcher for both
+    assert gpu.watched is True and len(Guard.armed) == 1  # alone, it starts (and is watched) as before
+
+    # One of a group fails: the error is raised once every start of it has ended, and the engines that did
+    # start are stopped.
+    ok, bad = StandIn(env={"X": "1"}), StandIn(env={"X": "1"}, fail_start=True)
+    with pytest.raises(RuntimeError, match="no memory"):
+        start_engines([ok, bad])
+    assert ok.stopped and not bad.stopped
 
 
 def test_local_client_is_the_services_engine_client():
@@ -417,6 +484,9 @@ def test_start_replaces_a_dead_engine_with_one_built_as_the_first_and_vllm_s_set
     import serve_app.engine.provision as provision
     import serve_app.engine.vllm_engine as vllm_engine
 
+    from serve_app.engine import reaper
+
+    monkeypatch.setattr(reaper, "Guard", Guard)
     monkeypatch.setattr(vllm_engine, "VLLMEngine", fake_engine)
     monkeypatch.setattr(vllm_engine, "freeze_vllm_envs", lambda: envs.append("frozen"))
     monkeypatch.setattr(vllm_engine, "thaw_vllm_envs", lambda: envs.append("thawed"))
