@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 from ray.serve.schema import ServeDeploySchema
 
+from kuberay.generate import gpu_deployments
 from serve_app.families import get_family
 from serve_app.parsers import REASONING_PARSERS, TOOL_PARSERS
 from serve_app.settings import AppSettings
@@ -21,23 +22,8 @@ CODING = ROOT / "deployments" / "b200-coding-models.yaml"
 
 
 SERVE_CONFIGS = [*DEPLOYMENTS, ROOT / "config.yaml", ROOT / "tests" / "configs" / "test.yaml"]
-
-
-def _uses_gpus(path: Path) -> bool:
-    """A config any of whose Serve deployments (engines, ingress, router) asks Ray for a GPU."""
-    for app in yaml.safe_load(path.read_text())["applications"]:
-        args = app.get("args") or {}
-        deps = [(m.get("deployment") or {}) for m in args.get("models", [])]
-        deps += [(args.get(part) or {}).get("deployment") or {} for part in ("ingress", "router")]
-        for dep in deps:
-            if (dep.get("ray_actor_options") or {}).get("num_gpus") or any(
-                    b.get("GPU") for b in dep.get("placement_group_bundles") or []):
-                return True
-    return False
-
-
-# The production configs: every check on GPU placement and engines runs over each of them.
-GPU_CONFIGS = [p for p in DEPLOYMENTS if _uses_gpus(p)]
+# Configs any of whose Serve deployments (engines, ingress, router) asks Ray for a GPU.
+GPU_CONFIGS = [p for p in DEPLOYMENTS if gpu_deployments(yaml.safe_load(p.read_text()))]
 # Ids Claude Code and Codex send by default.
 CLIENT_DEFAULT_IDS = ("claude-sonnet-4-6", "claude-opus-4-6", "claude-haiku-4-5", "gpt-5.5")
 # Weight formats a checkpoint's repo name may add to the family's model name.
