@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from typing import Any, AsyncIterator
 
@@ -165,6 +166,25 @@ def first_chunk_ms(entered: float, stats: Any, now: float) -> dict[str, float] |
     return out if len(out) > 1 else None
 
 
+# vLLM's CPU platform reads VLLM_CPU_KVCACHE_SPACE (GiB, its legacy setting) from this process's environment as it
+# builds an engine's config, and it overrides the engine's `kv_cache_memory_bytes`. Each engine's value (its
+# engine_env's, else the process's own) goes into its engine args instead, and the variable leaves this process's
+# environment: engines of one process with different KV cache sizes then set the same environment and start
+# together (start_engines).
+KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+_kv_space_lock = threading.Lock()
+_process_kv_space: list[str | None] = []  # the process's own value, read once as it leaves the environment
+
+
+def kv_cache_gib(model: ModelConfig) -> str | None:
+    """A CPU engine's KV cache size in GiB: its engine_env's VLLM_CPU_KVCACHE_SPACE, else the process's."""
+    with _kv_space_lock:
+        if not _process_kv_space:
+            _process_kv_space.append(os.environ.pop(KV_SPACE_ENV, None))
+        os.environ.pop(KV_SPACE_ENV, None)  # set again since (an operator's library, a test): still not vLLM's to read
+        return model.engine_env.get(KV_SPACE_ENV) or _process_kv_space[0] or None
+
+
 def build_engine_args(
     model: ModelConfig,
     model_path: str,
@@ -173,6 +193,7 @@ def build_engine_args(
     kv_events_port: int | None = None,
     kv_replay_port: int | None = None,
     priority_scheduling: bool = True,
+    kv_cache_gib: str | None = None,
 ):
     from vllm.config import KVEventsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -213,6 +234,8 @@ def build_engine_args(
         kwargs["reasoning_parser"] = gate
     if "dtype" not in model.engine_kwargs and cpu_float32(model_path):
         kwargs["dtype"] = "float32"
+    if kv_cache_gib:  # a CPU engine's VLLM_CPU_KVCACHE_SPACE (kv_cache_gib()); engine_kwargs' own value wins
+        kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib) << 30
     kwargs.update(model.engine_kwargs)
     return AsyncEngineArgs(**kwargs)
 
@@ -259,8 +282,6 @@ def _start_group(group: list["VLLMEngine"]) -> None:
     if len(group) == 1:
         group[0].start(cache_envs=False)
         return
-    import threading
-
     before = reaper.children()
     guard = reaper.Guard(before)  # watching from now: a replica killed mid-start leaves no engine behind
     errors: list[BaseException] = []
@@ -314,6 +335,7 @@ class VLLMEngine:
         env = dict(self.model.engine_env)
         if _on_cpu_platform():
             env = {**cpu_thread_env(os.sched_getaffinity(0), {**os.environ, **env}), **env}
+            env.pop(KV_SPACE_ENV, None)  # an engine arg instead (kv_cache_gib)
         return env
 
     def start(self, cache_envs: bool = True, watched: bool = True) -> None:
@@ -331,6 +353,7 @@ class VLLMEngine:
             forced_scripts=self.forced_scripts,
             kv_events_port=self.kv_events_port,
             kv_replay_port=self.kv_replay_port,
+            kv_cache_gib=kv_cache_gib(self.model) if _on_cpu_platform() else None,
         )
         self.reasoning_gate = bool(getattr(args, "reasoning_parser", None))
         if watched:
