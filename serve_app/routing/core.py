@@ -45,6 +45,9 @@ class _Reservation:
     prefilled: bool = False
     predicted: float | None = None  # TTFT the router predicted at the decision (its error is measured)
     placed: int = 0  # the uncached prompt tokens the decision added to the replica's recent work
+    # When `placed` was added there (the decision, or `redirect`): taking it back decays it from then, so nothing
+    # is left over when a request moved before it was released unused.
+    placed_at: float = 0.0
     moved: bool = False  # taken by another replica than the one chosen (`redirect`)
     # What `redirect` moves besides the load: the prompt's block hashes, the leading blocks the replica held at
     # the decision (a predicted index gained the rest), and the session the replica became the home of.
@@ -254,7 +257,8 @@ class RouterCore:
         if req.request_id in self._inflight:  # a retried id: its old reservation is superseded
             self.release(req.request_id, measured=False)
         r = self._inflight[req.request_id] = _Reservation(rid, prefill_tokens, req.expected_output_tokens, now,
-                                                          prompt_tokens(req, self.block_size), placed=prefill_tokens)
+                                                          prompt_tokens(req, self.block_size), placed=prefill_tokens,
+                                                          placed_at=now)
         load = self.loads[rid]
         _hold(load, r, 1)
         load.routed += 1
@@ -326,7 +330,7 @@ class RouterCore:
             _hold(old, r, -1)
             self.rates[r.replica_id].finished(now, None, r.prefilled, r.prefill)  # not a measurement there
             if not restart:  # never prefilled there: its placement work and its count go with it
-                old.take_back_recent(r.placed, r.at, now)
+                old.take_back_recent(r.placed, r.placed_at, now)
                 old.routed -= 1
         held_before, held = r.held_blocks, 0
         if r.hashes:
@@ -338,6 +342,7 @@ class RouterCore:
             r.at = now
             self._inflight.move_to_end(request_id)  # the sweeps read the reservations oldest first
         new.add_recent(r.placed, now)
+        r.placed_at = now
         new.routed += 1
         _hold(new, r, 1)
         self.rates[replica_id].started(now, r.prefill)
@@ -379,7 +384,7 @@ class RouterCore:
             return False
         load = self.loads.get(r.replica_id)
         if load is not None and unused:
-            load.take_back_recent(r.placed, r.at, self.now())
+            load.take_back_recent(r.placed, r.placed_at, self.now())
             load.routed -= 1
         if load is not None:
             _hold(load, r, -1)
