@@ -16,16 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import httpx
-import yaml
 
 from load import provenance
-from load.bench_capacity import free_port, start_server, stop, wait_healthy
-from load.bench_tiers import config, stream
+from load.bench_capacity import free_port
+from load.bench_tiers import config, serve_and_load, stream
 from load.tiny_model import ensure_tiny_model
 
 KEYS = {"a": "sk-bench-a", "b": "sk-bench-b"}
@@ -62,19 +59,10 @@ async def load(url: str, a: argparse.Namespace) -> dict:
 
 
 def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    tmp = Path(tempfile.mkdtemp(prefix=f"shares-{name}-"))
     tenants = {t: {"share": s} for t, s in SHARES[name].items()}
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config(port, model_path, tenants, a.max_num_seqs,
-                                                               FAIR_SHARE[name], keys=KEYS)))
-    with open(tmp / "serve.log", "w") as log:
-        proc = start_server(tmp / "config.yaml", "single_process", log)
-    try:
-        wait_healthy(url, proc, headers={"authorization": f"Bearer {KEYS['a']}"})
-        seen = asyncio.run(load(url, a))
-    finally:
-        stop([proc])
+    port = free_port()
+    cfg = config(port, model_path, tenants, a.max_num_seqs, FAIR_SHARE[name], keys=KEYS)
+    seen, _, _ = serve_and_load(f"shares-{name}", cfg, port, KEYS["a"], lambda url: load(url, a))
     if not seen["tokens"]["a"] or not seen["tokens"]["b"]:
         raise RuntimeError(f"{name}: a tenant finished nothing in the window: {seen}")
     out = {"shares": SHARES[name], "fair_share": FAIR_SHARE[name], **seen,

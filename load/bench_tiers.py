@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -91,22 +92,30 @@ async def load(url: str, a: argparse.Namespace) -> dict:
     return {"ci_tokens": ci_tokens, "ci_s": round(ci_s, 2), "dev_phase_s": round(elapsed, 2)}
 
 
-def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
-    port = free_port()
+def serve_and_load(name: str, cfg: dict, port: int, key: str, load_fn) -> tuple[Any, Path, float]:
+    """The single-process server on `cfg` (listening on `port`) in a folder of its own, ready when it answers with
+    `key`; `load_fn(url)` (a coroutine function) run against it, then the server stopped. Returns what the load
+    returned, the server's log and the wall time the load began."""
     url = f"http://127.0.0.1:{port}"
-    tmp = Path(tempfile.mkdtemp(prefix=f"tiers-{name}-"))
-    tenants = {t: {"priority": p} for t, p in TIERS[name].items()}
-    (tmp / "config.yaml").write_text(yaml.safe_dump(config(port, model_path, tenants, a.max_num_seqs,
-                                                               FAIR_SHARE[name])))
+    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    (tmp / "config.yaml").write_text(yaml.safe_dump(cfg))
     log_path = tmp / "serve.log"
     with open(log_path, "w") as log:
         proc = start_server(tmp / "config.yaml", "single_process", log)
     try:
-        wait_healthy(url, proc, headers={"authorization": f"Bearer {KEYS['dev']}"})
+        wait_healthy(url, proc, headers={"authorization": f"Bearer {key}"})
         started = time.time()
-        seen = asyncio.run(load(url, a))
+        seen = asyncio.run(load_fn(url))
     finally:
         stop([proc])
+    return seen, log_path, started
+
+
+def run_variant(name: str, a: argparse.Namespace, model_path: str) -> dict:
+    tenants = {t: {"priority": p} for t, p in TIERS[name].items()}
+    port = free_port()
+    cfg = config(port, model_path, tenants, a.max_num_seqs, FAIR_SHARE[name])
+    seen, log_path, started = serve_and_load(f"tiers-{name}", cfg, port, KEYS["dev"], lambda url: load(url, a))
     # The load's requests: the readiness probe ended before `started`.
     rows = [r for r in request_log(log_path) if r.get("ts", 0) >= started and r.get("ttft_s") is not None]
     dev = [r["ttft_s"] for r in rows if r.get("tenant") == "dev"]
