@@ -10,6 +10,7 @@ export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 # A temp root of its own: pytest deletes all but the three newest numbered roots, so another pytest on the same
 # machine (a developer's unit run) would otherwise remove this run's PostgreSQL data and sockets mid-suite.
 BASE="${TMPDIR:-/tmp}/serve-app-tests-$$"
+mkdir -p "$BASE"  # each phase's --basetemp is a folder in it, which pytest makes without its parents
 PYTEST=(.venv/bin/python -m pytest -p no:cacheprovider -ra)
 
 set +e

@@ -260,8 +260,9 @@ _CPU_STOP_GRACE_S = 1.0
 def start_engines(engines: list["VLLMEngine"]) -> None:
     """Start `engines` in this process (vLLM's settings are left unfrozen: `freeze_vllm_envs` after). Engines that
     set the same environment start at the same time, each in a thread of its own: a start is mostly spawning vLLM's
-    engine core and worker processes and importing vLLM into each, one core apiece, so on two cores two engines
-    come up in about the time of one. Engines whose environments differ (a GPU each, other `engine_env`) start one
+    engine core and worker processes and importing vLLM into each, one core apiece, while this process's own part
+    holds Python's lock (config.yaml's two engines: 0.81x the time of one after another on two cores,
+    load/results/engine_start.json). Engines whose environments differ (a GPU each, other `engine_env`) start one
     group after another, since their engine cores take it from this process's environment as they spawn. One
     reaper watches each group's new processes (reaper.py). If any start fails, every engine started is stopped and
     the first error raised."""
