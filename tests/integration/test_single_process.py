@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 
 import anthropic
@@ -108,10 +109,13 @@ def test_metrics_show_the_service_and_the_engines(launched):
     assert {"serve_app_requests", "serve_app_ttft_seconds", "vllm:generation_tokens"} <= names, sorted(names)
 
 
-def _engine_cores(pid: int) -> list:
-    """The process's vLLM engine cores, oldest first (config.yaml's engines start in its order)."""
-    procs = [p for p in tree(pid)[1:] if "EngineCore" in " ".join(titles([p]))]
-    return sorted(procs, key=lambda p: p.create_time())
+def _engine_cores(pid: int, log) -> dict:
+    """The process's vLLM engine cores by their engine's context length, from the line each engine core logs as it
+    starts (config.yaml's engines start together: which core is whose is not their order)."""
+    procs = {p.pid: p for p in tree(pid)[1:] if "EngineCore" in " ".join(titles([p]))}
+    lines = re.finditer(r"\(EngineCore pid=(\d+)\)[^\n]*Initializing a V1 LLM engine[^\n]*max_seq_len=(\d+)",
+                        log.read_text())
+    return {int(m[2]): procs[int(m[1])] for m in lines if int(m[1]) in procs}
 
 
 def test_a_dead_engine_is_replaced_while_the_other_engine_serves_on(launched):
@@ -121,8 +125,8 @@ def test_a_dead_engine_is_replaced_while_the_other_engine_serves_on(launched):
     import time
 
     proc, url, log = launched
-    cores = _engine_cores(proc.pid)
-    assert len(cores) == 2, titles(cores)
+    cores = _engine_cores(proc.pid, log)
+    assert sorted(cores) == [8192, 32768], (cores, titles(tree(proc.pid)))
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
     script = " ".join(f"step{i}" for i in range(40))
     stream = client.chat.completions.create(model="smollm2-135m-instruct-32k", stream=True,
@@ -132,7 +136,7 @@ def test_a_dead_engine_is_replaced_while_the_other_engine_serves_on(launched):
     for chunk in stream:
         text += "".join(c.delta.content or "" for c in chunk.choices)
         if text and not killed:
-            cores[0].kill()  # config.yaml's first engine: the 8K model's
+            cores[8192].kill()  # the 8K model's engine
             killed = True
     assert killed and text == script
 
@@ -156,8 +160,8 @@ def test_a_dead_engine_is_replaced_while_the_other_engine_serves_on(launched):
     assert refusals >= 1, "no request was refused while the engine was replaced"
     assert reply.choices[0].message.content == "Back again."
     assert proc.poll() is None and "replaced, serving again" in log.read_text()
-    now = _engine_cores(proc.pid)
-    assert len(now) == 2 and cores[0].pid not in {p.pid for p in now} and cores[1].pid in {p.pid for p in now}
+    now = _engine_cores(proc.pid, log)
+    assert sorted(now) == [8192, 32768] and now[8192].pid != cores[8192].pid and now[32768].pid == cores[32768].pid
     metrics = httpx.get(f"{url}/metrics", timeout=30).text
     for model in (MODEL, "smollm2-135m-instruct-32k"):
         assert metrics.count(f'vllm:num_requests_running{{engine="0",model_name="{model}"}}') == 1, model
