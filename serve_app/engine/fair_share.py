@@ -7,8 +7,8 @@ interactive turn waiting for the whole burst to be admitted first.
 
 Start-time fair queuing (Goyal, Vin and Cheng, 1996) orders them by share instead. Each request of tenant T gets a
 start tag `S = max(V, F[T])` and moves T's finish tag to `F[T] = S + COST / share[T]`; V, the engine's virtual time,
-is the largest tag of a request that has begun (its first output). vLLM then sees `priority * SPAN + S`: the tier and the
-hint first, as before, and within them the tag, lowest first. So a tenant with fifty requests waiting holds tags
+is the largest tag of a request that has begun (its first output). vLLM then sees `priority * SPAN + S`: the tier
+and the hint first, as before, and within them the tag, lowest first. So a tenant with fifty requests waiting holds tags
 V..V+49 while another tenant's next request gets V and is admitted at the next free slot; two tenants that both keep
 requests waiting alternate; a tenant that was idle starts at V, with no credit saved up and no debt carried over
 (the tags before V belong to requests already running). One tenant alone gets increasing tags: first come, first
@@ -59,11 +59,11 @@ class FairShare:
         start = self.vtime
         if tenant is not None:
             start = max(start, self._finish.get(tenant, 0))
-            finish = start + (COST + share // 2) // share
-            if finish >= SPAN:  # after ~2**31 admissions: requests still waiting keep their old, higher tags
+            cost = (COST + share // 2) // share
+            if start + cost >= SPAN:  # after ~2**31 admissions: requests still waiting keep their old, higher tags
                 self._restart()
-                start, finish = 0, (COST + share // 2) // share
-            self._finish[tenant] = finish
+                start = 0
+            self._finish[tenant] = start + cost
             if len(self._finish) > self._prune_at:
                 self._finish = {t: f for t, f in self._finish.items() if f > self.vtime}
                 self._prune_at = max(_PRUNE_AT, 2 * len(self._finish))
