@@ -179,9 +179,10 @@ _process_kv_space: list[str | None] = []  # the process's own value, read once a
 def kv_cache_gib(model: ModelConfig) -> str | None:
     """A CPU engine's KV cache size in GiB: its engine_env's VLLM_CPU_KVCACHE_SPACE, else the process's."""
     with _kv_space_lock:
+        # Removed on every call: set again since (an operator's library, a test), it is still not vLLM's to read.
+        value = os.environ.pop(KV_SPACE_ENV, None)
         if not _process_kv_space:
-            _process_kv_space.append(os.environ.pop(KV_SPACE_ENV, None))
-        os.environ.pop(KV_SPACE_ENV, None)  # set again since (an operator's library, a test): still not vLLM's to read
+            _process_kv_space.append(value)
         return model.engine_env.get(KV_SPACE_ENV) or _process_kv_space[0] or None
 
 
